@@ -1,0 +1,81 @@
+/**
+ * Typed errors with stable codes. Every failure pgsub reports carries a `code` that
+ * operators and tests can match on, a `retryable` classification (reconnect-and-resume
+ * vs stop-and-alert), and context fields naming what and where (relation, column, LSN…).
+ * Errors are logged once, where they are handled (the service loop), never where thrown.
+ */
+export interface ErrorContext {
+  command?: string;
+  relation?: string;
+  column?: string;
+  remoteXid?: number;
+  finishLsn?: string;
+  [key: string]: unknown;
+}
+
+export abstract class PgsubError extends Error {
+  abstract readonly code: string;
+  abstract readonly retryable: boolean;
+  constructor(message: string, readonly context: ErrorContext = {}, options?: ErrorOptions) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+export type ProtocolErrorCode =
+  | 'PGSUB_PROTOCOL_TRUNCATED'
+  | 'PGSUB_PROTOCOL_TRAILING_BYTES'
+  | 'PGSUB_PROTOCOL_UNKNOWN_MESSAGE'
+  | 'PGSUB_PROTOCOL_BAD_FIELD'
+  | 'PGSUB_PROTOCOL_OUT_OF_ORDER';
+
+/** Bytes from the publisher that do not form a valid message (proto.c's PROTOCOL_VIOLATION). */
+export class ProtocolError extends PgsubError {
+  readonly retryable = false;
+  constructor(readonly code: ProtocolErrorCode, message: string, context: ErrorContext = {}) {
+    super(message, context);
+  }
+}
+
+/** Configuration that cannot be used as given; names the key and where it came from. */
+export class ConfigError extends PgsubError {
+  readonly code = 'PGSUB_CONFIG_INVALID';
+  readonly retryable = false;
+}
+
+/** An option users know from CREATE SUBSCRIPTION that this version does not implement yet. */
+export class NotImplementedError extends PgsubError {
+  readonly code = 'PGSUB_NOT_IMPLEMENTED';
+  readonly retryable = false;
+}
+
+/** The target's schema cannot receive what the publisher sends (missing table or column…). */
+export class SchemaMismatchError extends PgsubError {
+  readonly code = 'PGSUB_SCHEMA_MISMATCH';
+  // The operator can fix the target while pgsub waits; apply resumes by itself.
+  readonly retryable = true;
+}
+
+/** A change that cannot be applied as sent (e.g. UPDATE on a table with REPLICA IDENTITY NOTHING). */
+export class ApplyError extends PgsubError {
+  readonly code = 'PGSUB_APPLY_FAILED';
+  readonly retryable = true;
+}
+
+/** The source or target connection broke; resume from the committed origin after backoff. */
+export class ConnectionLostError extends PgsubError {
+  readonly code = 'PGSUB_CONNECTION_LOST';
+  readonly retryable = true;
+}
+
+/** The publisher's slot is ahead of what the target recorded: changes would be missing. */
+export class SlotAheadError extends PgsubError {
+  readonly code = 'PGSUB_SLOT_AHEAD';
+  readonly retryable = false;
+}
+
+/** Publisher-side setup is unusable (wal_level, publication missing, version too old…). */
+export class SourceSetupError extends PgsubError {
+  readonly code = 'PGSUB_SOURCE_SETUP';
+  readonly retryable = false;
+}
