@@ -50,3 +50,6 @@ export async function waitFor(
     await new Promise((r) => setTimeout(r, Math.min(intervalMs, Math.max(0, deadline - Date.now()))));
   }
 }
+
+export { tableChecksum, compareTables, currentWalLsn, slotConfirmedLsn, lsnToBigint, connect } from './compare.js';
+export type { TableChecksum } from './compare.js';

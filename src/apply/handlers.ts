@@ -1,0 +1,177 @@
+/**
+ * One handler per pgoutput message, like worker.c's apply_dispatch → apply_handle_*.
+ * A remote transaction becomes one target transaction: BEGIN is sent with its first
+ * change, each change is pipelined, and COMMIT is preceded by the origin update in the
+ * same transaction. A transaction whose commit LSN lies below the recorded origin was
+ * applied before a restart and is dropped whole (walsender's own rule: it resends a
+ * transaction unless its commit record starts before the confirmed position).
+ */
+import { ApplyError, ProtocolError } from '../errors.js';
+import { formatLsn } from '../protocol/lsn.js';
+import type {
+  BeginMessage,
+  CommitMessage,
+  DeleteMessage,
+  InsertMessage,
+  LogicalMessage,
+  MessageTag,
+  OriginMessage,
+  PgOutputMessage,
+  RelationMessage,
+  TruncateMessage,
+  TypeMessage,
+  UpdateMessage,
+} from '../protocol/messages.js';
+import { commitProgressStatement } from '../origin/store.js';
+import type { ApplyState, RemoteTransaction } from './state.js';
+import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Statement } from './statements.js';
+import { send } from './target.js';
+
+type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
+
+function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
+  if (!state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received outside a transaction`);
+  return state.xact;
+}
+
+/** The transaction to apply into, opening the target transaction on first use; null when skipping. */
+async function changeTarget(state: ApplyState, what: string): Promise<RemoteTransaction | null> {
+  const xact = requireTransaction(state, what);
+  if (xact.skipping) return null;
+  if (!xact.open) {
+    xact.open = true;
+    await state.pipeline.push(send(state.sql, 'BEGIN'));
+  }
+  xact.changes++;
+  return xact;
+}
+
+function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void): Promise<void> {
+  const result: Promise<unknown> = send(state.sql, statement.text, statement.params);
+  return state.pipeline.push(onCount ? result.then((r) => onCount((r as { count: number }).count)) : result);
+}
+
+function onBegin(state: ApplyState, m: BeginMessage): void {
+  if (state.xact) {
+    throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN of xid ${m.xid} while xid ${state.xact.xid} is still open`);
+  }
+  const skipping = m.finalLsn < state.progress.durable;
+  if (skipping) state.log.info({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'skipping transaction already applied');
+  state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, skipping, open: false, changes: 0 };
+}
+
+async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
+  const xact = requireTransaction(state, 'COMMIT');
+  if (m.commitLsn !== xact.finalLsn) {
+    throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `incorrect commit LSN ${formatLsn(m.commitLsn)} in commit message (expected ${formatLsn(xact.finalLsn)})`);
+  }
+  if (!xact.open) {
+    // Nothing to write: skipped, or no published change. The position is recorded later.
+    if (xact.skipping) state.counters.transactionsSkipped++;
+    state.xact = null;
+    state.progress.noteProcessed(m.endLsn);
+    return;
+  }
+  const progress = commitProgressStatement(state.subscription, m.endLsn, m.commitTime);
+  await sendStatement(state, progress, (count) => {
+    if (count !== 1) throw new ApplyError(`origin row of subscription "${state.subscription}" is missing in the target`);
+  });
+  const commit = send(state.sql, 'COMMIT');
+  await state.pipeline.push(commit);
+  await state.pipeline.drain();
+  // COMMIT of a failed transaction answers ROLLBACK without an error; never count that.
+  const { command } = await commit;
+  if (command !== 'COMMIT') throw new ApplyError(`target answered ${command} to COMMIT of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  state.xact = null;
+  state.counters.transactionsApplied++;
+  state.counters.changesApplied += xact.changes;
+  state.progress.noteDurable(m.endLsn);
+  state.onDurable();
+}
+
+function onRelation(state: ApplyState, m: RelationMessage): void {
+  state.relations.onRelation(m);
+}
+
+function onType(state: ApplyState, m: TypeMessage): void {
+  state.relations.onType(m.typeOid, m.namespace, m.name);
+}
+
+function onOrigin(state: ApplyState, m: OriginMessage): void {
+  state.log.debug({ origin: m.originName, lsn: formatLsn(m.originLsn) }, 'transaction from another origin');
+}
+
+function onMessage(state: ApplyState, m: LogicalMessage): void {
+  state.log.debug({ prefix: m.prefix, lsn: formatLsn(m.lsn), transactional: m.transactional, bytes: m.content.length }, 'logical decoding message ignored');
+}
+
+async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
+  if (!(await changeTarget(state, 'INSERT'))) return;
+  const rel = await state.relations.resolve(state.sql, m.relationId);
+  await sendStatement(state, insertStatement(rel, m.newTuple));
+}
+
+async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
+  const xact = await changeTarget(state, 'UPDATE');
+  if (!xact) return;
+  const rel = await state.relations.resolve(state.sql, m.relationId);
+  await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
+    if (count === 0) {
+      // Native's update_missing default: the change is skipped, logged and counted.
+      state.counters.updateMissing++;
+      state.log.warn({ conflict: 'update_missing', table: rel.displayName, xid: xact.xid }, 'row to update not found; change skipped');
+    }
+  });
+}
+
+async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
+  const xact = await changeTarget(state, 'DELETE');
+  if (!xact) return;
+  const rel = await state.relations.resolve(state.sql, m.relationId);
+  await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
+    if (count === 0) {
+      state.counters.deleteMissing++;
+      state.log.warn({ conflict: 'delete_missing', table: rel.displayName, xid: xact.xid }, 'row to delete not found; change skipped');
+    }
+  });
+}
+
+async function onTruncate(state: ApplyState, m: TruncateMessage): Promise<void> {
+  if (!(await changeTarget(state, 'TRUNCATE'))) return;
+  const rels = [];
+  for (const id of m.relationIds) rels.push(await state.relations.resolve(state.sql, id));
+  await sendStatement(state, truncateStatement(rels, m.restartIdentity));
+}
+
+/** Messages of options pgsub did not request (streaming, two_phase) are protocol violations here. */
+function notRequested(what: string) {
+  return (): never => {
+    throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received, but it was not requested from the publisher`);
+  };
+}
+
+export const handlers: { [T in MessageTag]: Handler<T> } = {
+  begin: onBegin,
+  commit: onCommit,
+  relation: onRelation,
+  type: onType,
+  origin: onOrigin,
+  message: onMessage,
+  insert: onInsert,
+  update: onUpdate,
+  delete: onDelete,
+  truncate: onTruncate,
+  streamStart: notRequested('STREAM START'),
+  streamStop: notRequested('STREAM STOP'),
+  streamCommit: notRequested('STREAM COMMIT'),
+  streamAbort: notRequested('STREAM ABORT'),
+  beginPrepare: notRequested('BEGIN PREPARE'),
+  prepare: notRequested('PREPARE'),
+  commitPrepared: notRequested('COMMIT PREPARED'),
+  rollbackPrepared: notRequested('ROLLBACK PREPARED'),
+  streamPrepare: notRequested('STREAM PREPARE'),
+};
+
+export async function dispatch(state: ApplyState, message: PgOutputMessage): Promise<void> {
+  await (handlers[message.tag] as Handler<typeof message.tag>)(state, message as never);
+}

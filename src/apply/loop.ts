@@ -1,0 +1,197 @@
+/**
+ * The streaming apply loop (worker.c's LogicalRepApplyLoop), as two cooperating tasks:
+ *  - the receiver reads CopyData frames, answers keepalives, decodes pgoutput messages
+ *    and queues them (bounded: a full queue stops the reading, back-pressuring the socket);
+ *  - the applier takes queued items in order and dispatches them to the handlers.
+ * Feedback ('r') reports only the durable position (see origin/progress.ts): after each
+ * applied commit, every status interval, and at once when the publisher asks. A silent
+ * publisher is pinged after half the receive timeout and dropped after all of it.
+ * Stopping rolls back an open target transaction: a partial source transaction is never
+ * committed; it is received again after restart.
+ */
+import { ConnectionLostError } from '../errors.js';
+import type { Logger } from '../log.js';
+import { decode } from '../protocol/decoder.js';
+import { parseReplicationFrame } from '../protocol/framing.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import type { PgOutputMessage } from '../protocol/messages.js';
+import type { ReplicationStream } from '../protocol/replication.js';
+import { idleProgressStatement } from '../origin/store.js';
+import type { Progress } from '../origin/progress.js';
+import { dispatch } from './handlers.js';
+import { BoundedQueue } from './queue.js';
+import type { RelationMap } from './relmap.js';
+import type { ApplyCounters, ApplyState } from './state.js';
+import { Pipeline, send, type Sql } from './target.js';
+
+type WorkItem =
+  | { kind: 'message'; message: PgOutputMessage }
+  /** A keepalive between transactions: everything before `lsn` has been sent to us. */
+  | { kind: 'position'; lsn: Lsn }
+  /** Wakes the applier so an idle position gets recorded. */
+  | { kind: 'tick' };
+
+export interface ApplyLoopOptions {
+  subscription: string;
+  stream: ReplicationStream;
+  sql: Sql;
+  relations: RelationMap;
+  progress: Progress;
+  counters: ApplyCounters;
+  log: Logger;
+  statusIntervalMs: number;
+  receiveTimeoutMs: number;
+  maxInFlight: number;
+  queueSize: number;
+  /** Minimum spacing of idle-position records in the target. */
+  idleRecordIntervalMs?: number;
+}
+
+export interface ApplyLoop {
+  /** Settles when the loop ends: resolves after stop(), rejects with the first failure. */
+  done: Promise<void>;
+  stop(): void;
+}
+
+export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
+  const { stream, progress, log } = opts;
+  const queue = new BoundedQueue<WorkItem>(opts.queueSize);
+  const pipeline = new Pipeline(opts.maxInFlight);
+  const idleRecordIntervalMs = opts.idleRecordIntervalMs ?? 1000;
+  let stopping = false;
+  let failure: unknown = null;
+  let lastFrameAt = Date.now();
+  let pingSent = false;
+  let lastFeedbackAt = 0;
+  let lastRecordAt = 0;
+  let feedbackScheduled = false;
+
+  const sendFeedback = (replyRequested = false) => {
+    lastFeedbackAt = Date.now();
+    const status = progress.standbyStatus();
+    stream.sendStandbyStatus({ ...status, replyRequested });
+    log.trace({ write: formatLsn(status.written), flush: formatLsn(status.flushed) }, 'feedback sent');
+  };
+
+  const state: ApplyState = {
+    subscription: opts.subscription,
+    sql: opts.sql,
+    pipeline,
+    relations: opts.relations,
+    progress,
+    log,
+    counters: opts.counters,
+    xact: null,
+    onDurable() {
+      // Coalesce: one feedback for a burst of commits.
+      if (feedbackScheduled) return;
+      feedbackScheduled = true;
+      setTimeout(() => {
+        feedbackScheduled = false;
+        if (!stopping && failure === null) sendFeedback();
+      }, 20).unref();
+    },
+  };
+
+  const fail = (err: unknown) => {
+    if (failure === null && !stopping) failure = err;
+    queue.close();
+    stream.destroy();
+  };
+
+  async function receive(): Promise<void> {
+    let inTransaction = false;
+    for await (const frame of stream.frames()) {
+      lastFrameAt = Date.now();
+      pingSent = false;
+      const parsed = parseReplicationFrame(frame as Buffer);
+      if (parsed.kind === 'keepalive') {
+        progress.noteReceived(parsed.walEnd);
+        if (!inTransaction) await queue.put({ kind: 'position', lsn: parsed.walEnd });
+        if (parsed.replyRequested) sendFeedback();
+        continue;
+      }
+      progress.noteReceived(parsed.walEnd);
+      const message = decode(parsed.data, { inStream: false });
+      if (message.tag === 'begin') inTransaction = true;
+      else if (message.tag === 'commit') inTransaction = false;
+      if (!(await queue.put({ kind: 'message', message }))) return;
+      // Time spent waiting for queue space is not publisher silence.
+      lastFrameAt = Date.now();
+    }
+    if (!stopping) throw new ConnectionLostError('replication stream ended');
+  }
+
+  async function recordIdlePosition(): Promise<void> {
+    const lsn = progress.processed;
+    lastRecordAt = Date.now();
+    const statement = idleProgressStatement(opts.subscription, lsn);
+    await send(opts.sql, statement.text, statement.params);
+    progress.noteDurable(lsn);
+    state.onDurable();
+  }
+
+  async function apply(): Promise<void> {
+    while (!stopping) {
+      const item = await queue.take();
+      if (item === undefined || stopping) break;
+      if (item.kind === 'message') await dispatch(state, item.message);
+      else if (item.kind === 'position' && state.xact === null) progress.noteProcessed(item.lsn);
+      const now = Date.now();
+      if (
+        state.xact === null &&
+        progress.hasUnrecordedPosition &&
+        now - lastRecordAt >= idleRecordIntervalMs &&
+        (queue.length === 0 || now - lastFeedbackAt >= opts.statusIntervalMs)
+      ) {
+        await recordIdlePosition();
+      }
+    }
+  }
+
+  const timer = setInterval(() => {
+    const now = Date.now();
+    if (now - lastFeedbackAt >= opts.statusIntervalMs) sendFeedback();
+    const silentFor = now - lastFrameAt;
+    if (!queue.full) {
+      if (silentFor >= opts.receiveTimeoutMs) {
+        fail(new ConnectionLostError(`no message from the publisher for ${Math.round(silentFor / 1000)} s (receive_timeout)`));
+      } else if (silentFor >= opts.receiveTimeoutMs / 2 && !pingSent) {
+        pingSent = true;
+        sendFeedback(true);
+      }
+    }
+    if (queue.length === 0 && progress.hasUnrecordedPosition && now - lastRecordAt >= idleRecordIntervalMs) {
+      void queue.put({ kind: 'tick' });
+    }
+  }, Math.min(250, opts.statusIntervalMs));
+  timer.unref();
+
+  const receiver = receive().catch(fail);
+  const applier = apply().catch(fail);
+
+  const done = (async () => {
+    await applier;
+    queue.close();
+    clearInterval(timer);
+    if (state.xact?.open) {
+      // Roll back the partial remote transaction; it is resent after restart.
+      pipeline.reset();
+      await send(opts.sql, 'ROLLBACK').catch(() => {});
+    }
+    state.xact = null;
+    if (failure === null) sendFeedback();
+    stream.destroy();
+    await receiver;
+    if (failure !== null) throw failure;
+  })();
+
+  return {
+    done,
+    stop() {
+      if (stopping) return;
+      stopping = true;
+      queue.close();
+    },
+  };
+}

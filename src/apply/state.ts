@@ -1,0 +1,47 @@
+/**
+ * The apply worker's state between messages (worker.c's file-level statics, gathered):
+ * the target connection and its statement pipeline, the relation map, the remote
+ * transaction being applied, progress positions and counters. Handlers read and change
+ * it; only the applier creates it.
+ */
+import type { Logger } from '../log.js';
+import type { Lsn } from '../protocol/lsn.js';
+import type { Progress } from '../origin/progress.js';
+import type { RelationMap } from './relmap.js';
+import type { Pipeline, Sql } from './target.js';
+
+export interface RemoteTransaction {
+  xid: number;
+  finalLsn: Lsn;
+  commitTime: bigint;
+  /** Already applied before (commit LSN below the recorded origin): received and dropped. */
+  skipping: boolean;
+  /** A target BEGIN has been sent (deferred until the first change). */
+  open: boolean;
+  changes: number;
+}
+
+export interface ApplyCounters {
+  transactionsApplied: number;
+  transactionsSkipped: number;
+  changesApplied: number;
+  updateMissing: number;
+  deleteMissing: number;
+}
+
+export interface ApplyState {
+  readonly subscription: string;
+  readonly sql: Sql;
+  readonly pipeline: Pipeline;
+  readonly relations: RelationMap;
+  readonly progress: Progress;
+  readonly log: Logger;
+  readonly counters: ApplyCounters;
+  xact: RemoteTransaction | null;
+  /** Called after the target committed a new durable position. */
+  onDurable(): void;
+}
+
+export function newCounters(): ApplyCounters {
+  return { transactionsApplied: 0, transactionsSkipped: 0, changesApplied: 0, updateMissing: 0, deleteMissing: 0 };
+}

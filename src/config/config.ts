@@ -1,0 +1,188 @@
+/**
+ * pgsub's configuration: one validated, frozen object built from a YAML/JSON file,
+ * then the environment (PGSUB_*), then command-line overrides, in that order of
+ * precedence. Subscription options keep the names users know from CREATE SUBSCRIPTION;
+ * an option whose value this version cannot honour is a startup error naming the key —
+ * never silently ignored or downgraded.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import YAML from 'yaml';
+import { z } from 'zod';
+import { ConfigError, NotImplementedError } from '../errors.js';
+import { parseConninfo, type ConnInfo } from './conninfo.js';
+
+const boolish = z.union([
+  z.boolean(),
+  z.enum(['true', 'false', 'on', 'off', '1', '0', 'yes', 'no']).transform((v) => ['true', 'on', '1', 'yes'].includes(v)),
+]);
+const seconds = z.coerce.number().positive();
+const identifier = z.string().min(1).max(63);
+
+/** Keys accepted in the file, each also settable as PGSUB_<KEY uppercased>. */
+const fileSchema = z
+  .object({
+    subscription: identifier.default('pgsub'),
+    source: z.string().min(1),
+    target: z.string().min(1),
+    publication: z.union([z.string().min(1), z.array(z.string().min(1)).min(1)]),
+    slot_name: identifier.optional(),
+    // CREATE SUBSCRIPTION options.
+    copy_data: boolish.default(true),
+    create_slot: boolish.default(true),
+    enabled: boolish.default(true),
+    connect: boolish.default(true),
+    binary: boolish.default(false),
+    streaming: z.enum(['off', 'on', 'parallel', 'false', 'true']).default('off'),
+    synchronous_commit: z.enum(['on', 'off', 'local', 'remote_write', 'remote_apply']).default('on'),
+    two_phase: boolish.default(false),
+    disable_on_error: boolish.default(false),
+    origin: z.enum(['any', 'none']).default('any'),
+    password_required: boolish.default(true),
+    run_as_owner: boolish.default(false),
+    failover: boolish.default(false),
+    // pgsub's own settings.
+    status_interval: seconds.default(10),
+    receive_timeout: seconds.default(60),
+    retry_min_delay: seconds.default(1),
+    retry_max_delay: seconds.default(60),
+    max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(1000),
+    queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
+    log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  })
+  .strict();
+
+type FileConfig = z.infer<typeof fileSchema>;
+
+export interface Config {
+  subscription: string;
+  source: ConnInfo;
+  target: ConnInfo;
+  publications: string[];
+  slotName: string;
+  copyData: boolean;
+  createSlot: boolean;
+  binary: boolean;
+  streaming: 'off' | 'on' | 'parallel';
+  synchronousCommit: 'on' | 'local' | 'remote_write' | 'remote_apply' | 'off';
+  twoPhase: boolean;
+  disableOnError: boolean;
+  origin: 'any' | 'none';
+  statusIntervalMs: number;
+  receiveTimeoutMs: number;
+  retryMinDelayMs: number;
+  retryMaxDelayMs: number;
+  maxInFlight: number;
+  queueSize: number;
+  logLevel: FileConfig['log_level'];
+}
+
+export const CONFIG_KEYS = Object.keys(fileSchema.shape) as (keyof FileConfig)[];
+
+/** Environment names: PGSUB_<KEY>, plus the short aliases documented in README. */
+const ENV_ALIASES: Record<string, keyof FileConfig> = {
+  PGSUB_SLOT: 'slot_name',
+  PGSUB_PUBLICATIONS: 'publication',
+  PGSUB_PUBLICATION_NAMES: 'publication',
+};
+
+export interface LoadOptions {
+  file?: string;
+  env?: NodeJS.ProcessEnv;
+  overrides?: Partial<Record<keyof FileConfig, unknown>>;
+}
+
+export function loadConfig(opts: LoadOptions = {}): Config {
+  const env = opts.env ?? process.env;
+  const raw: Record<string, unknown> = {};
+  if (opts.file) Object.assign(raw, readConfigFile(opts.file));
+  for (const [name, value] of Object.entries(env)) {
+    if (!name.startsWith('PGSUB_') || value === undefined) continue;
+    const key = ENV_ALIASES[name] ?? (name.slice('PGSUB_'.length).toLowerCase() as keyof FileConfig);
+    if (!(CONFIG_KEYS as string[]).includes(key)) {
+      throw new ConfigError(`environment variable ${name} is not a pgsub setting (known: ${CONFIG_KEYS.join(', ')})`, { key: name });
+    }
+    raw[key] = key === 'publication' ? value.split(',').map((s) => s.trim()).filter(Boolean) : value;
+  }
+  for (const [key, value] of Object.entries(opts.overrides ?? {})) if (value !== undefined) raw[key] = value;
+  return validate(raw, env);
+}
+
+function readConfigFile(file: string): Record<string, unknown> {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (err) {
+    throw new ConfigError(`cannot read config file ${file}: ${(err as Error).message}`, { file });
+  }
+  let parsed: unknown;
+  try {
+    parsed = path.extname(file) === '.json' ? JSON.parse(text) : YAML.parse(text);
+  } catch (err) {
+    throw new ConfigError(`config file ${file} is not valid ${path.extname(file) === '.json' ? 'JSON' : 'YAML'}: ${(err as Error).message}`, { file });
+  }
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed)) {
+    throw new ConfigError(`config file ${file} must hold a mapping of settings`, { file });
+  }
+  return parsed as Record<string, unknown>;
+}
+
+function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config {
+  const result = fileSchema.safeParse(raw);
+  if (!result.success) {
+    const problems = result.error.issues.map((i) => {
+      const key = i.path.join('.') || (i.code === 'unrecognized_keys' ? (i as { keys?: string[] }).keys?.join(', ') : '') || '(config)';
+      return `${key}: ${i.message}`;
+    });
+    throw new ConfigError(`invalid configuration: ${problems.join('; ')}`, { problems });
+  }
+  const c = result.data;
+  const streaming = c.streaming === 'true' ? 'on' : c.streaming === 'false' ? 'off' : c.streaming;
+  const config: Config = {
+    subscription: c.subscription,
+    source: parseConninfo(c.source, 'source', env),
+    target: parseConninfo(c.target, 'target', env),
+    publications: Array.isArray(c.publication) ? c.publication : c.publication.split(',').map((s) => s.trim()).filter(Boolean),
+    slotName: c.slot_name ?? c.subscription,
+    copyData: c.copy_data,
+    createSlot: c.create_slot,
+    binary: c.binary,
+    streaming,
+    synchronousCommit: c.synchronous_commit,
+    twoPhase: c.two_phase,
+    disableOnError: c.disable_on_error,
+    origin: c.origin,
+    statusIntervalMs: c.status_interval * 1000,
+    receiveTimeoutMs: c.receive_timeout * 1000,
+    retryMinDelayMs: c.retry_min_delay * 1000,
+    retryMaxDelayMs: c.retry_max_delay * 1000,
+    maxInFlight: c.max_in_flight,
+    queueSize: c.queue_size,
+    logLevel: c.log_level,
+  };
+  if (!/^[a-z0-9_]+$/.test(config.slotName)) {
+    // The walsender only accepts these characters in slot names.
+    throw new ConfigError(`slot_name ${JSON.stringify(config.slotName)} may contain only lower-case letters, digits and underscores`, { key: 'slot_name' });
+  }
+  rejectUnimplemented(c, streaming);
+  return Object.freeze(config);
+}
+
+/** Options users know from CREATE SUBSCRIPTION whose non-default values are not built yet. */
+function rejectUnimplemented(c: FileConfig, streaming: string): void {
+  const refuse = (key: string, value: unknown, hint: string) => {
+    throw new NotImplementedError(`${key} = ${String(value)} is not implemented yet: ${hint}`, { key });
+  };
+  if (c.copy_data) refuse('copy_data', true, 'the initial table copy is not built yet; set copy_data: false (PGSUB_COPY_DATA=false) to replicate changes only, with the target tables already holding the same rows');
+  if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
+  if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
+  if (c.binary) refuse('binary', true, 'values are exchanged in text format for now');
+  if (streaming !== 'off') refuse('streaming', streaming, 'large transactions are received whole (streaming off)');
+  if (c.synchronous_commit === 'off') refuse('synchronous_commit', 'off', 'flush tracking for asynchronous commits is not built yet; use on, local, remote_write or remote_apply');
+  if (c.two_phase) refuse('two_phase', true, 'prepared transactions are decoded at COMMIT PREPARED (two_phase false)');
+  if (c.disable_on_error) refuse('disable_on_error', true, 'apply errors are retried with backoff');
+  if (c.origin !== 'any') refuse('origin', c.origin, 'origin filtering is not built yet (origin any)');
+  if (!c.password_required) refuse('password_required', false, 'pgsub connects as a client; authentication is the server\'s choice');
+  if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');
+  if (c.failover) refuse('failover', true, 'failover slots are not built yet');
+}

@@ -1,0 +1,142 @@
+/**
+ * Connection strings as libpq users write them — `postgresql://` URIs or `key=value`
+ * conninfo — normalised into one explicit shape that both drivers (`pg` for the
+ * replication connection, `postgres` for the apply connection) are given field by field.
+ * Neither driver implements libpq's sslmode semantics, so TLS options are decided here.
+ * `redactConninfo` is the only form of a conninfo that may reach a log line.
+ */
+import fs from 'node:fs';
+import type { ConnectionOptions as TlsOptions } from 'node:tls';
+import { ConfigError } from '../errors.js';
+
+export type SslMode = 'disable' | 'allow' | 'prefer' | 'require' | 'verify-ca' | 'verify-full';
+
+export interface ConnInfo {
+  host: string;
+  port: number;
+  database: string;
+  user: string;
+  password?: string;
+  sslmode: SslMode;
+  sslrootcert?: string;
+  applicationName?: string;
+  connectTimeoutSeconds?: number;
+}
+
+const SSL_MODES: readonly SslMode[] = ['disable', 'allow', 'prefer', 'require', 'verify-ca', 'verify-full'];
+
+/** Parse a URI or key=value conninfo; libpq environment variables fill what it omits. */
+export function parseConninfo(text: string, what: string, env: NodeJS.ProcessEnv = process.env): ConnInfo {
+  const raw = /^postgres(ql)?:\/\//i.test(text.trim()) ? parseUri(text.trim(), what) : parseKeyValue(text, what);
+  const get = (key: string, envKey: string) => raw[key] ?? env[envKey];
+  const host = get('host', 'PGHOST') ?? 'localhost';
+  const portText = get('port', 'PGPORT') ?? '5432';
+  const port = Number(portText);
+  if (!Number.isInteger(port) || port <= 0 || port > 65535) {
+    throw new ConfigError(`${what}: port ${JSON.stringify(portText)} is not a TCP port`, { key: what });
+  }
+  const user = get('user', 'PGUSER') ?? env.USER ?? 'postgres';
+  const sslmode = (get('sslmode', 'PGSSLMODE') ?? 'prefer') as SslMode;
+  if (!SSL_MODES.includes(sslmode)) {
+    throw new ConfigError(`${what}: sslmode ${JSON.stringify(sslmode)} is not one of ${SSL_MODES.join(', ')}`, { key: what });
+  }
+  const info: ConnInfo = { host, port, user, database: get('dbname', 'PGDATABASE') ?? user, sslmode };
+  const password = get('password', 'PGPASSWORD');
+  if (password !== undefined) info.password = password;
+  const rootCert = get('sslrootcert', 'PGSSLROOTCERT');
+  if (rootCert !== undefined) info.sslrootcert = rootCert;
+  const app = get('application_name', 'PGAPPNAME');
+  if (app !== undefined) info.applicationName = app;
+  const timeout = get('connect_timeout', 'PGCONNECT_TIMEOUT');
+  if (timeout !== undefined) info.connectTimeoutSeconds = Number(timeout);
+  return info;
+}
+
+function parseUri(text: string, what: string): Record<string, string> {
+  let url: URL;
+  try {
+    url = new URL(text);
+  } catch {
+    throw new ConfigError(`${what}: not a valid postgresql:// URI`, { key: what });
+  }
+  const out: Record<string, string> = {};
+  if (url.hostname) out.host = decodeURIComponent(url.hostname.replace(/^\[|\]$/g, ''));
+  if (url.port) out.port = url.port;
+  if (url.username) out.user = decodeURIComponent(url.username);
+  if (url.password) out.password = decodeURIComponent(url.password);
+  const db = decodeURIComponent(url.pathname.replace(/^\//, ''));
+  if (db) out.dbname = db;
+  for (const [k, v] of url.searchParams) out[k] = v;
+  return out;
+}
+
+/** libpq's key=value form: values may be single-quoted with \' and \\ escapes. */
+function parseKeyValue(text: string, what: string): Record<string, string> {
+  const out: Record<string, string> = {};
+  let i = 0;
+  const skipSpace = () => {
+    while (i < text.length && /\s/.test(text[i]!)) i++;
+  };
+  while (true) {
+    skipSpace();
+    if (i >= text.length) break;
+    const keyStart = i;
+    while (i < text.length && /[A-Za-z0-9_]/.test(text[i]!)) i++;
+    const key = text.slice(keyStart, i);
+    skipSpace();
+    if (!key || text[i] !== '=') {
+      throw new ConfigError(`${what}: expected key=value at character ${keyStart + 1}`, { key: what });
+    }
+    i++;
+    skipSpace();
+    let value = '';
+    if (text[i] === "'") {
+      i++;
+      while (i < text.length && text[i] !== "'") {
+        if (text[i] === '\\' && i + 1 < text.length) i++;
+        value += text[i++];
+      }
+      if (text[i] !== "'") throw new ConfigError(`${what}: unterminated quoted value for ${key}`, { key: what });
+      i++;
+    } else {
+      while (i < text.length && !/\s/.test(text[i]!)) {
+        if (text[i] === '\\' && i + 1 < text.length) i++;
+        value += text[i++];
+      }
+    }
+    out[key] = value;
+  }
+  return out;
+}
+
+/** A conninfo fit for logs: everything but the password. */
+export function redactConninfo(info: ConnInfo): string {
+  return `host=${info.host} port=${info.port} dbname=${info.database} user=${info.user} sslmode=${info.sslmode}`;
+}
+
+/** Remove a password from free text (error messages echo conninfo strings sometimes). */
+export function redactSecrets(text: string): string {
+  return text
+    .replace(/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^@\s]*@/gi, '$1****@')
+    .replace(/(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)/gi, '$1****');
+}
+
+/** TLS options for sslmode, identical for both drivers (libpq semantics). */
+export function tlsOptions(info: ConnInfo): TlsOptions | false {
+  switch (info.sslmode) {
+    case 'disable':
+    case 'allow':
+    case 'prefer':
+      // Neither driver can fall back from TLS to plain; these modes connect without TLS.
+      return false;
+    case 'require':
+      return { rejectUnauthorized: false };
+    case 'verify-ca':
+    case 'verify-full': {
+      const tls: TlsOptions = { rejectUnauthorized: true, servername: info.host };
+      if (info.sslrootcert) tls.ca = fs.readFileSync(info.sslrootcert);
+      if (info.sslmode === 'verify-ca') tls.checkServerIdentity = () => undefined;
+      return tls;
+    }
+  }
+}

@@ -1,0 +1,107 @@
+/**
+ * Progress kept in the target (the analogue of pg_replication_origin_status): one row
+ * per subscription in pgsub.origin. Migrations run at startup, serialised by an advisory
+ * lock so two pgsub processes starting together do not race. The per-commit update is a
+ * raw statement sent down the apply pipeline inside the same target transaction as the
+ * changes it covers: the row and the data commit or vanish together.
+ */
+import { eq } from 'drizzle-orm';
+import { drizzle } from 'drizzle-orm/postgres-js';
+import { migrate } from 'drizzle-orm/postgres-js/migrator';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { ConnInfo } from '../config/conninfo.js';
+import { formatLsn, parseLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
+import { pgTimestampToDate } from '../protocol/messages.js';
+import { openTarget, type Sql } from '../apply/target.js';
+import { origin } from './schema.js';
+
+/** migrations/ sits at the package root, above src/ (tsx) or dist/src/ (built). */
+function findMigrationsFolder(): string {
+  let dir = path.dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    const candidate = path.join(dir, 'migrations');
+    if (fs.existsSync(path.join(candidate, 'meta', '_journal.json'))) return candidate;
+    const parent = path.dirname(dir);
+    if (parent === dir) throw new Error('pgsub installation is incomplete: migrations/meta/_journal.json not found');
+    dir = parent;
+  }
+}
+const MIGRATIONS_FOLDER = findMigrationsFolder();
+// Arbitrary but fixed: "pgsub" in ASCII, the advisory lock key of schema migrations.
+const MIGRATION_LOCK_KEY = 0x7067737562;
+
+export interface OriginRow {
+  subscription: string;
+  slotName: string;
+  remoteLsn: Lsn;
+  lastCommitEndLsn: Lsn | null;
+  lastCommitTime: string | null;
+  transactionsApplied: bigint;
+}
+
+/** Create or upgrade pgsub's schema in the target; idempotent. */
+export async function migrateTarget(info: ConnInfo, applicationName: string): Promise<void> {
+  const sql = openTarget(info, { applicationName, synchronousCommit: 'on', replicaRole: false });
+  try {
+    await sql.unsafe('SELECT pg_catalog.pg_advisory_lock($1)', [String(MIGRATION_LOCK_KEY)]);
+    try {
+      await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_FOLDER, migrationsSchema: 'pgsub', migrationsTable: 'schema_migrations' });
+    } finally {
+      await sql.unsafe('SELECT pg_catalog.pg_advisory_unlock($1)', [String(MIGRATION_LOCK_KEY)]);
+    }
+  } finally {
+    await sql.end({ timeout: 5 });
+  }
+}
+
+export async function loadOrigin(sql: Sql, subscription: string): Promise<OriginRow | null> {
+  const rows = await drizzle(sql).select().from(origin).where(eq(origin.subscription, subscription));
+  const row = rows[0];
+  if (!row) return null;
+  return {
+    subscription: row.subscription,
+    slotName: row.slotName,
+    remoteLsn: parseLsn(row.remoteLsn),
+    lastCommitEndLsn: row.lastCommitEndLsn ? parseLsn(row.lastCommitEndLsn) : null,
+    lastCommitTime: row.lastCommitTime,
+    transactionsApplied: row.transactionsApplied,
+  };
+}
+
+/** First start of a subscription against this target: its row, at the slot's start. */
+export async function createOrigin(sql: Sql, subscription: string, slotName: string, startLsn: Lsn): Promise<void> {
+  await drizzle(sql)
+    .insert(origin)
+    .values({
+      subscription,
+      slotName,
+      remoteLsn: formatLsn(startLsn),
+      transactionsApplied: 0n,
+      createdAt: new Date().toISOString(),
+      updatedAt: new Date().toISOString(),
+    })
+    .onConflictDoNothing();
+}
+
+/** Statement recording an applied remote commit; rides inside that commit's target transaction. */
+export function commitProgressStatement(subscription: string, endLsn: Lsn, commitTime: bigint): { text: string; params: string[] } {
+  return {
+    text:
+      'UPDATE "pgsub"."origin" SET "remote_lsn" = $2::pg_catalog.pg_lsn, "last_commit_end_lsn" = $2::pg_catalog.pg_lsn, ' +
+      '"last_commit_time" = $3::pg_catalog.timestamptz, "transactions_applied" = "transactions_applied" + 1, "updated_at" = pg_catalog.now() ' +
+      'WHERE "subscription" = $1',
+    params: [subscription, formatLsn(endLsn), pgTimestampToDate(commitTime).toISOString()],
+  };
+}
+
+/** Statement recording an idle position before it is confirmed to the publisher. */
+export function idleProgressStatement(subscription: string, lsn: Lsn): { text: string; params: string[] } {
+  return {
+    text: 'UPDATE "pgsub"."origin" SET "remote_lsn" = $2::pg_catalog.pg_lsn, "updated_at" = pg_catalog.now() WHERE "subscription" = $1 AND "remote_lsn" < $2::pg_catalog.pg_lsn',
+    params: [subscription, formatLsn(lsn)],
+  };
+}
+
+export { ZERO_LSN };

@@ -1,0 +1,200 @@
+/**
+ * The replication connection to the publisher (`pg` with replication=database):
+ * IDENTIFY_SYSTEM, slot lookup and creation, and START_REPLICATION … LOGICAL with
+ * pgoutput options, after which the connection is in CopyBoth mode, carried by
+ * pg-copy-streams' `both()` aligned on CopyData frames. This file moves bytes; framing
+ * ('w'/'k' in, 'r' out) is in framing.ts and message decoding in decoder.ts.
+ */
+import type { Duplex } from 'node:stream';
+import pg from 'pg';
+import copyStreams from 'pg-copy-streams';
+import { redactConninfo, redactSecrets, tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { ConnectionLostError, SourceSetupError } from '../errors.js';
+import { quoteIdent, quoteLiteral } from '../quote.js';
+import { encodeStandbyStatus } from './framing.js';
+import { formatLsn, parseLsn, type Lsn } from './lsn.js';
+
+// pg-copy-streams ships `both` but its type package does not declare it.
+const copyBoth = (copyStreams as unknown as { both(text: string, opts: { alignOnCopyDataFrame: boolean; readableObjectMode: boolean; readableHighWaterMark: number }): Duplex & pg.Submittable }).both;
+
+export interface SystemIdentity {
+  systemId: string;
+  timeline: number;
+  walPosition: Lsn;
+  database: string | null;
+}
+
+export interface SlotInfo {
+  plugin: string | null;
+  slotType: string;
+  database: string | null;
+  active: boolean;
+  confirmedFlushLsn: Lsn | null;
+}
+
+export interface StartOptions {
+  slotName: string;
+  startLsn: Lsn;
+  protoVersion: number;
+  publications: string[];
+  binary?: boolean;
+  messages?: boolean;
+  streaming?: 'off' | 'on' | 'parallel';
+  twoPhase?: boolean;
+  origin?: 'any' | 'none';
+}
+
+export interface StandbyStatus {
+  written: Lsn;
+  flushed: Lsn;
+  applied: Lsn;
+  replyRequested?: boolean;
+}
+
+export class ReplicationConnection {
+  private constructor(
+    private readonly client: pg.Client,
+    readonly serverVersionNum: number,
+    readonly describe: string,
+  ) {}
+
+  static async open(info: ConnInfo, applicationName: string): Promise<ReplicationConnection> {
+    const client = new pg.Client({
+      host: info.host,
+      port: info.port,
+      user: info.user,
+      password: info.password,
+      database: info.database,
+      ssl: tlsOptions(info),
+      application_name: applicationName,
+      connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
+      replication: 'database',
+    } as pg.ClientConfig);
+    // Errors after connect surface through the stream; this keeps pg from throwing globally.
+    client.on('error', () => {});
+    try {
+      await client.connect();
+    } catch (err) {
+      throw new ConnectionLostError(`cannot open replication connection to ${redactConninfo(info)}: ${redactSecrets((err as Error).message)}`, { source: redactConninfo(info) }, { cause: err });
+    }
+    const version = await client.query<{ server_version_num: string }>('SHOW server_version_num');
+    const num = Number(version.rows[0]?.server_version_num);
+    return new ReplicationConnection(client, num, redactConninfo(info));
+  }
+
+  async identifySystem(): Promise<SystemIdentity> {
+    const res = await this.client.query<{ systemid: string; timeline: string; xlogpos: string; dbname: string | null }>('IDENTIFY_SYSTEM');
+    const row = res.rows[0];
+    if (!row) throw new SourceSetupError('IDENTIFY_SYSTEM returned no row');
+    return { systemId: row.systemid, timeline: Number(row.timeline), walPosition: parseLsn(row.xlogpos), database: row.dbname };
+  }
+
+  /** Simple-query SQL on the walsender (allowed with replication=database; no parameters). */
+  async sql<T extends pg.QueryResultRow>(text: string): Promise<T[]> {
+    return (await this.client.query<T>(text)).rows;
+  }
+
+  async settings(): Promise<{ walLevel: string }> {
+    const rows = await this.sql<{ wal_level: string }>('SHOW wal_level');
+    return { walLevel: rows[0]?.wal_level ?? 'unknown' };
+  }
+
+  async getSlot(name: string): Promise<SlotInfo | null> {
+    const rows = await this.sql<{ plugin: string | null; slot_type: string; database: string | null; active: boolean; confirmed_flush_lsn: string | null }>(
+      `SELECT plugin, slot_type, database, active, confirmed_flush_lsn::text AS confirmed_flush_lsn
+         FROM pg_catalog.pg_replication_slots WHERE slot_name = ${quoteLiteral(name)}`,
+    );
+    const row = rows[0];
+    if (!row) return null;
+    return {
+      plugin: row.plugin,
+      slotType: row.slot_type,
+      database: row.database,
+      active: row.active,
+      confirmedFlushLsn: row.confirmed_flush_lsn ? parseLsn(row.confirmed_flush_lsn) : null,
+    };
+  }
+
+  /** CREATE_REPLICATION_SLOT … LOGICAL pgoutput; the pre-15 syntax every version 10–18 accepts. */
+  async createSlot(name: string): Promise<{ consistentPoint: Lsn }> {
+    const res = await this.client.query<{ consistent_point: string }>(
+      `CREATE_REPLICATION_SLOT ${quoteIdent(name)} LOGICAL pgoutput NOEXPORT_SNAPSHOT`,
+    );
+    const row = res.rows[0];
+    if (!row) throw new SourceSetupError(`CREATE_REPLICATION_SLOT ${name} returned no row`);
+    return { consistentPoint: parseLsn(row.consistent_point) };
+  }
+
+  /** Enter CopyBoth mode. The returned stream yields one Buffer per CopyData frame. */
+  startReplication(opts: StartOptions): ReplicationStream {
+    const options: string[] = [
+      `proto_version ${quoteLiteral(String(opts.protoVersion))}`,
+      `publication_names ${quoteLiteral(opts.publications.map(quoteIdent).join(','))}`,
+    ];
+    if (opts.binary) options.push(`binary 'true'`);
+    if (opts.messages) options.push(`messages 'true'`);
+    if (opts.streaming && opts.streaming !== 'off') options.push(`streaming ${quoteLiteral(opts.streaming)}`);
+    if (opts.twoPhase) options.push(`two_phase 'true'`);
+    if (opts.origin) options.push(`origin ${quoteLiteral(opts.origin)}`);
+    const command = `START_REPLICATION SLOT ${quoteIdent(opts.slotName)} LOGICAL ${formatLsn(opts.startLsn)} (${options.join(', ')})`;
+    // Object mode keeps one CopyData frame per chunk; a byte-mode read() would concatenate them.
+    const duplex = copyBoth(command, { alignOnCopyDataFrame: true, readableObjectMode: true, readableHighWaterMark: 256 });
+    this.client.query(duplex);
+    return new ReplicationStream(duplex, this.client);
+  }
+
+  async close(): Promise<void> {
+    try {
+      await this.client.end();
+    } catch {
+      // Already broken; nothing more to release.
+    }
+  }
+}
+
+/** CopyBoth in: raw CopyData payloads; out: standby status updates. */
+export class ReplicationStream {
+  private failure: Error | null = null;
+
+  constructor(
+    private readonly duplex: Duplex,
+    client: pg.Client,
+  ) {
+    const lost = (why: string) => (err?: Error) => {
+      const e = new ConnectionLostError(`replication connection ${why}${err ? `: ${redactSecrets(err.message)}` : ''}`, {}, { cause: err });
+      this.failure ??= e;
+      duplex.destroy(e);
+    };
+    duplex.on('error', (err: Error) => {
+      this.failure ??= err instanceof ConnectionLostError ? err : new SourceSetupError(`replication stream failed: ${redactSecrets(err.message)}`, {}, { cause: err });
+    });
+    client.on('error', lost('failed'));
+    client.on('end', lost('closed by the publisher'));
+  }
+
+  /** Async iteration pulls frames; not pulling applies back-pressure down to the socket. */
+  frames(): AsyncIterable<Buffer> {
+    return this.duplex as AsyncIterable<Buffer>;
+  }
+
+  get error(): Error | null {
+    return this.failure;
+  }
+
+  sendStandbyStatus(status: StandbyStatus): void {
+    if (this.duplex.destroyed || this.duplex.writableEnded) return;
+    this.duplex.write(
+      encodeStandbyStatus({
+        written: status.written,
+        flushed: status.flushed,
+        applied: status.applied,
+        clientTime: BigInt(Date.now() - 946_684_800_000) * 1000n,
+        replyRequested: status.replyRequested ?? false,
+      }),
+    );
+  }
+
+  destroy(err?: Error): void {
+    this.duplex.destroy(err);
+  }
+}

@@ -1,0 +1,126 @@
+/**
+ * One apply session, from connect to stop or failure: migrate pgsub's schema in the
+ * target, open the apply and replication connections, check the publisher (version,
+ * wal_level), find or create the slot, reconcile the slot with the origin recorded in
+ * the target, and stream from that origin. The slot must never be ahead of what the
+ * target recorded — that would mean changes the target never got — so that is fatal.
+ */
+import type { Config } from '../config/config.js';
+import { SlotAheadError, SourceSetupError } from '../errors.js';
+import type { Logger } from '../log.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import { ReplicationConnection } from '../protocol/replication.js';
+import { protoVersionFor } from '../protocol/version.js';
+import { Progress } from '../origin/progress.js';
+import { createOrigin, loadOrigin, migrateTarget } from '../origin/store.js';
+import { startApplyLoop, type ApplyLoop } from '../apply/loop.js';
+import { RelationMap } from '../apply/relmap.js';
+import type { ApplyCounters } from '../apply/state.js';
+import { openTarget, type Sql } from '../apply/target.js';
+
+export interface SessionHandle {
+  /** Resolves when stopped, rejects on failure. */
+  done: Promise<void>;
+  stop(): void;
+  progress: Progress;
+}
+
+export interface SessionEvents {
+  /** Streaming has started from `startLsn`. */
+  onStreaming?(info: { startLsn: Lsn; protoVersion: number; publisherVersion: number }): void;
+}
+
+export async function startSession(config: Config, counters: ApplyCounters, log: Logger, events: SessionEvents = {}): Promise<SessionHandle> {
+  const appName = `pgsub_${config.subscription}`;
+  await migrateTarget(config.target, appName);
+  let sql: Sql | null = null;
+  let replication: ReplicationConnection | null = null;
+  try {
+    sql = openTarget(config.target, { applicationName: appName, synchronousCommit: config.synchronousCommit, replicaRole: true });
+    const [targetVersion] = await sql.unsafe<{ server_version_num: string }[]>('SHOW server_version_num');
+    replication = await ReplicationConnection.open(config.source, appName);
+    const protoVersion = protoVersionFor(replication.serverVersionNum);
+    const { walLevel } = await replication.settings();
+    if (walLevel !== 'logical') {
+      throw new SourceSetupError(`publisher has wal_level = ${walLevel}; logical replication needs wal_level = logical (restart the publisher after changing it)`);
+    }
+    const identity = await replication.identifySystem();
+    const startLsn = await reconcileSlot(config, replication, sql, log);
+    const progress = new Progress(startLsn);
+    const relations = new RelationMap(Number(targetVersion?.server_version_num));
+    const stream = replication.startReplication({
+      slotName: config.slotName,
+      startLsn,
+      protoVersion,
+      publications: config.publications,
+    });
+    log.info(
+      { subscription: config.subscription, slot: config.slotName, lsn: formatLsn(startLsn), protoVersion, publisher: replication.describe, systemId: identity.systemId },
+      'streaming started',
+    );
+    events.onStreaming?.({ startLsn, protoVersion, publisherVersion: replication.serverVersionNum });
+    const loop: ApplyLoop = startApplyLoop({
+      subscription: config.subscription,
+      stream,
+      sql,
+      relations,
+      progress,
+      counters,
+      log,
+      statusIntervalMs: config.statusIntervalMs,
+      receiveTimeoutMs: config.receiveTimeoutMs,
+      maxInFlight: config.maxInFlight,
+      queueSize: config.queueSize,
+    });
+    const openSql = sql;
+    const openReplication = replication;
+    const done = loop.done.finally(async () => {
+      await openReplication.close();
+      await openSql.end({ timeout: 5 }).catch(() => {});
+    });
+    return { done, stop: () => loop.stop(), progress };
+  } catch (err) {
+    await replication?.close();
+    await sql?.end({ timeout: 5 }).catch(() => {});
+    throw err;
+  }
+}
+
+/** Where to start streaming: the origin recorded in the target, checked against the slot. */
+async function reconcileSlot(config: Config, replication: ReplicationConnection, sql: Sql, log: Logger): Promise<Lsn> {
+  const origin = await loadOrigin(sql, config.subscription);
+  const slot = await replication.getSlot(config.slotName);
+  if (slot && (slot.slotType !== 'logical' || slot.plugin !== 'pgoutput')) {
+    throw new SourceSetupError(`replication slot "${config.slotName}" exists but is a ${slot.slotType} slot with plugin ${slot.plugin ?? 'none'}, not a logical pgoutput slot`, { slot: config.slotName });
+  }
+  if (!slot && origin) {
+    throw new SourceSetupError(
+      `replication slot "${config.slotName}" is missing on the publisher, but the target holds progress of subscription "${config.subscription}" at ${formatLsn(origin.remoteLsn)}; a new slot would silently miss changes. Re-create the subscription from scratch (drop its row in pgsub.origin and re-sync the tables).`,
+      { slot: config.slotName },
+    );
+  }
+  if (!slot) {
+    if (!config.createSlot) throw new SourceSetupError(`replication slot "${config.slotName}" does not exist and create_slot is false`, { slot: config.slotName });
+    const created = await replication.createSlot(config.slotName);
+    log.info({ slot: config.slotName, lsn: formatLsn(created.consistentPoint) }, 'replication slot created');
+    await createOrigin(sql, config.subscription, config.slotName, created.consistentPoint);
+    return created.consistentPoint;
+  }
+  const slotLsn = slot.confirmedFlushLsn;
+  if (!origin) {
+    if (slotLsn === null) throw new SourceSetupError(`replication slot "${config.slotName}" has no confirmed position yet`, { slot: config.slotName });
+    log.warn({ slot: config.slotName, lsn: formatLsn(slotLsn) }, 'using an existing slot with no progress recorded in the target; streaming from the slot position');
+    await createOrigin(sql, config.subscription, config.slotName, slotLsn);
+    return slotLsn;
+  }
+  if (origin.slotName !== config.slotName) {
+    throw new SourceSetupError(`subscription "${config.subscription}" was recorded with slot "${origin.slotName}", config says "${config.slotName}"`, { slot: config.slotName });
+  }
+  if (slotLsn !== null && slotLsn > origin.remoteLsn) {
+    throw new SlotAheadError(
+      `replication slot "${config.slotName}" has confirmed ${formatLsn(slotLsn)}, beyond the ${formatLsn(origin.remoteLsn)} recorded in the target: changes in between would be missing. Was the target restored from a backup, or the slot used by another consumer?`,
+      { slot: config.slotName, slotLsn: formatLsn(slotLsn), originLsn: formatLsn(origin.remoteLsn) },
+    );
+  }
+  return origin.remoteLsn;
+}
