@@ -53,3 +53,5 @@ export async function waitFor(
 
 export { tableChecksum, compareTables, currentWalLsn, slotConfirmedLsn, lsnToBigint, connect } from './compare.js';
 export type { TableChecksum } from './compare.js';
+export { spawnPgsub, PGSUB_BIN } from './pgsub-process.js';
+export type { PgsubProcess } from './pgsub-process.js';
