@@ -16,6 +16,9 @@ const boolish = z.union([
   z.boolean(),
   z.enum(['true', 'false', 'on', 'off', '1', '0', 'yes', 'no']).transform((v) => ['true', 'on', '1', 'yes'].includes(v)),
 ]);
+/** An enum setting that PostgreSQL also accepts as a boolean (`streaming: false` in JSON or YAML). */
+const boolEnum = <const T extends readonly [string, ...string[]]>(values: T) =>
+  z.union([z.boolean().transform((b) => (b ? 'on' : 'off')), z.enum(values)]);
 const seconds = z.coerce.number().positive();
 const identifier = z.string().min(1).max(63);
 
@@ -33,8 +36,8 @@ const fileSchema = z
     enabled: boolish.default(true),
     connect: boolish.default(true),
     binary: boolish.default(false),
-    streaming: z.enum(['off', 'on', 'parallel', 'false', 'true']).default('off'),
-    synchronous_commit: z.enum(['on', 'off', 'local', 'remote_write', 'remote_apply']).default('on'),
+    streaming: boolEnum(['off', 'on', 'parallel', 'false', 'true']).default('off'),
+    synchronous_commit: boolEnum(['on', 'off', 'local', 'remote_write', 'remote_apply']).default('on'),
     two_phase: boolish.default(false),
     disable_on_error: boolish.default(false),
     origin: z.enum(['any', 'none']).default('any'),
@@ -165,6 +168,9 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     throw new ConfigError(`slot_name ${JSON.stringify(config.slotName)} may contain only lower-case letters, digits and underscores`, { key: 'slot_name' });
   }
   rejectUnimplemented(c, streaming);
+  Object.freeze(config.source);
+  Object.freeze(config.target);
+  Object.freeze(config.publications);
   return Object.freeze(config);
 }
 

@@ -25,9 +25,25 @@ export interface ConnInfo {
 
 const SSL_MODES: readonly SslMode[] = ['disable', 'allow', 'prefer', 'require', 'verify-ca', 'verify-full'];
 
+/** libpq's connection keywords (PostgreSQL 18). Like libpq, any other key is an error, so a
+ *  misspelt `sslmode` cannot silently connect without TLS. Keys outside ConnInfo are ignored. */
+const LIBPQ_KEYWORDS = new Set([
+  'host', 'hostaddr', 'port', 'dbname', 'user', 'password', 'passfile', 'require_auth', 'channel_binding',
+  'connect_timeout', 'client_encoding', 'options', 'application_name', 'fallback_application_name',
+  'keepalives', 'keepalives_idle', 'keepalives_interval', 'keepalives_count', 'tcp_user_timeout', 'replication',
+  'gssencmode', 'sslmode', 'sslnegotiation', 'sslcompression', 'sslcert', 'sslkey', 'sslpassword', 'sslcertmode',
+  'sslrootcert', 'sslcrl', 'sslcrldir', 'sslsni', 'requirepeer', 'ssl_min_protocol_version', 'ssl_max_protocol_version',
+  'krbsrvname', 'gsslib', 'gssdelegation', 'service', 'target_session_attrs', 'load_balance_hosts',
+  'min_protocol_version', 'max_protocol_version', 'scram_client_key', 'scram_server_key',
+  'oauth_issuer', 'oauth_client_id', 'oauth_client_secret', 'oauth_scope',
+]);
+
 /** Parse a URI or key=value conninfo; libpq environment variables fill what it omits. */
 export function parseConninfo(text: string, what: string, env: NodeJS.ProcessEnv = process.env): ConnInfo {
   const raw = /^postgres(ql)?:\/\//i.test(text.trim()) ? parseUri(text.trim(), what) : parseKeyValue(text, what);
+  for (const key of Object.keys(raw)) {
+    if (!LIBPQ_KEYWORDS.has(key)) throw new ConfigError(`${what}: invalid connection option ${JSON.stringify(key)}`, { key: what, option: key });
+  }
   const get = (key: string, envKey: string) => raw[key] ?? env[envKey];
   const host = get('host', 'PGHOST') ?? 'localhost';
   const portText = get('port', 'PGPORT') ?? '5432';
@@ -48,7 +64,13 @@ export function parseConninfo(text: string, what: string, env: NodeJS.ProcessEnv
   const app = get('application_name', 'PGAPPNAME');
   if (app !== undefined) info.applicationName = app;
   const timeout = get('connect_timeout', 'PGCONNECT_TIMEOUT');
-  if (timeout !== undefined) info.connectTimeoutSeconds = Number(timeout);
+  if (timeout !== undefined) {
+    const secondsValue = Number(timeout);
+    if (timeout.trim() === '' || !Number.isInteger(secondsValue) || secondsValue < 0) {
+      throw new ConfigError(`${what}: connect_timeout ${JSON.stringify(timeout)} is not a whole number of seconds`, { key: what });
+    }
+    info.connectTimeoutSeconds = secondsValue;
+  }
   return info;
 }
 
@@ -66,7 +88,18 @@ function parseUri(text: string, what: string): Record<string, string> {
   if (url.password) out.password = decodeURIComponent(url.password);
   const db = decodeURIComponent(url.pathname.replace(/^\//, ''));
   if (db) out.dbname = db;
-  for (const [k, v] of url.searchParams) out[k] = v;
+  // Not url.searchParams: that is form decoding, which turns '+' into a space; libpq
+  // only percent-decodes.
+  for (const pair of url.search.replace(/^\?/, '').split('&')) {
+    if (!pair) continue;
+    const eq = pair.indexOf('=');
+    if (eq < 0) throw new ConfigError(`${what}: URI query parameter ${JSON.stringify(pair)} has no value`, { key: what });
+    try {
+      out[decodeURIComponent(pair.slice(0, eq))] = decodeURIComponent(pair.slice(eq + 1));
+    } catch {
+      throw new ConfigError(`${what}: bad percent-encoding in the URI query`, { key: what });
+    }
+  }
   return out;
 }
 
@@ -117,7 +150,8 @@ export function redactConninfo(info: ConnInfo): string {
 /** Remove a password from free text (error messages echo conninfo strings sometimes). */
 export function redactSecrets(text: string): string {
   return text
-    .replace(/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^@\s]*@/gi, '$1****@')
+    // Up to the last '@' of the authority: a password may hold a raw '@' (URL parsing accepts it).
+    .replace(/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^/?#\s]*@/gi, '$1****@')
     .replace(/(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)/gi, '$1****');
 }
 
