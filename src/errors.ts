@@ -79,3 +79,9 @@ export class SourceSetupError extends PgsubError {
   readonly code = 'PGSUB_SOURCE_SETUP';
   readonly retryable = false;
 }
+
+/** Target-side setup pgsub cannot work without (privileges, settings); fix and restart. */
+export class TargetSetupError extends PgsubError {
+  readonly code = 'PGSUB_TARGET_SETUP';
+  readonly retryable = false;
+}

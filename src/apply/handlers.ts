@@ -22,6 +22,7 @@ import type {
   TypeMessage,
   UpdateMessage,
 } from '../protocol/messages.js';
+import { originXactSetupStatement } from '../origin/replorigin.js';
 import { commitProgressStatement } from '../origin/store.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Statement } from './statements.js';
@@ -72,6 +73,8 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
     state.progress.noteProcessed(m.endLsn);
     return;
   }
+  // The commit record carries the remote LSN and time, like a native apply's (origin.c).
+  await sendStatement(state, originXactSetupStatement(m.endLsn, m.commitTime));
   const progress = commitProgressStatement(state.subscription, m.endLsn, m.commitTime);
   await sendStatement(state, progress, (count) => {
     if (count !== 1) throw new ApplyError(`origin row of subscription "${state.subscription}" is missing in the target`);

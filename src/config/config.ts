@@ -41,6 +41,7 @@ const fileSchema = z
     two_phase: boolish.default(false),
     disable_on_error: boolish.default(false),
     origin: z.enum(['any', 'none']).default('any'),
+    messages: boolish.default(false),
     password_required: boolish.default(true),
     run_as_owner: boolish.default(false),
     failover: boolish.default(false),
@@ -71,6 +72,8 @@ export interface Config {
   twoPhase: boolean;
   disableOnError: boolean;
   origin: 'any' | 'none';
+  /** Ask for logical decoding messages (pg_logical_emit_message); logged, not applied. */
+  messages: boolean;
   statusIntervalMs: number;
   receiveTimeoutMs: number;
   retryMinDelayMs: number;
@@ -155,6 +158,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     twoPhase: c.two_phase,
     disableOnError: c.disable_on_error,
     origin: c.origin,
+    messages: c.messages,
     statusIntervalMs: c.status_interval * 1000,
     receiveTimeoutMs: c.receive_timeout * 1000,
     retryMinDelayMs: c.retry_min_delay * 1000,
@@ -187,7 +191,6 @@ function rejectUnimplemented(c: FileConfig, streaming: string): void {
   if (c.synchronous_commit === 'off') refuse('synchronous_commit', 'off', 'flush tracking for asynchronous commits is not built yet; use on, local, remote_write or remote_apply');
   if (c.two_phase) refuse('two_phase', true, 'prepared transactions are decoded at COMMIT PREPARED (two_phase false)');
   if (c.disable_on_error) refuse('disable_on_error', true, 'apply errors are retried with backoff');
-  if (c.origin !== 'any') refuse('origin', c.origin, 'origin filtering is not built yet (origin any)');
   if (!c.password_required) refuse('password_required', false, 'pgsub connects as a client; authentication is the server\'s choice');
   if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');
   if (c.failover) refuse('failover', true, 'failover slots are not built yet');

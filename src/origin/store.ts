@@ -13,7 +13,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { ConnInfo } from '../config/conninfo.js';
 import { formatLsn, parseLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
-import { pgTimestampToDate } from '../protocol/messages.js';
+import { formatPgTimestamp } from '../protocol/messages.js';
 import { openTarget, type Sql } from '../apply/target.js';
 import { origin } from './schema.js';
 
@@ -92,7 +92,7 @@ export function commitProgressStatement(subscription: string, endLsn: Lsn, commi
       'UPDATE "pgsub"."origin" SET "remote_lsn" = $2::pg_catalog.pg_lsn, "last_commit_end_lsn" = $2::pg_catalog.pg_lsn, ' +
       '"last_commit_time" = $3::pg_catalog.timestamptz, "transactions_applied" = "transactions_applied" + 1, "updated_at" = pg_catalog.now() ' +
       'WHERE "subscription" = $1',
-    params: [subscription, formatLsn(endLsn), pgTimestampToDate(commitTime).toISOString()],
+    params: [subscription, formatLsn(endLsn), formatPgTimestamp(commitTime)],
   };
 }
 

@@ -174,3 +174,15 @@ export function dateToPgTimestamp(date: Date | number): bigint {
   const ms = typeof date === 'number' ? date : date.getTime();
   return BigInt(ms - PG_EPOCH_MS) * 1000n;
 }
+
+/** ISO 8601 text of a PostgreSQL timestamp with its full microsecond precision. */
+export function formatPgTimestamp(micros: bigint): string {
+  const ms = micros / 1000n;
+  let rest = micros % 1000n;
+  let date = new Date(PG_EPOCH_MS + Number(ms));
+  if (rest < 0n) {
+    rest += 1000n;
+    date = new Date(date.getTime() - 1);
+  }
+  return date.toISOString().replace('Z', `${rest.toString().padStart(3, '0')}Z`);
+}

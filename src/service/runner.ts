@@ -64,9 +64,10 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           throw err;
         }
         log.error({ err: describeError(err), retryInMs: delay }, 'apply failed; retrying');
+        // Not unref'd: between sessions this timer is what keeps the service alive.
         await new Promise<void>((resolve) => {
           wake = resolve;
-          setTimeout(resolve, delay).unref();
+          setTimeout(resolve, delay);
         });
         wake = null;
         delay = Math.min(delay * 2, config.retryMaxDelayMs);

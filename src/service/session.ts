@@ -6,17 +6,19 @@
  * target recorded — that would mean changes the target never got — so that is fatal.
  */
 import type { Config } from '../config/config.js';
-import { SlotAheadError, SourceSetupError } from '../errors.js';
+import { ConfigError, SlotAheadError, SourceSetupError } from '../errors.js';
+import { quoteLiteral } from '../quote.js';
 import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { protoVersionFor } from '../protocol/version.js';
 import { Progress } from '../origin/progress.js';
+import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
 import { createOrigin, loadOrigin, migrateTarget } from '../origin/store.js';
 import { startApplyLoop, type ApplyLoop } from '../apply/loop.js';
 import { RelationMap } from '../apply/relmap.js';
 import type { ApplyCounters } from '../apply/state.js';
-import { openTarget, type Sql } from '../apply/target.js';
+import { openTarget, send, type Sql } from '../apply/target.js';
 
 export interface SessionHandle {
   /** Resolves when stopped, rejects on failure. */
@@ -38,13 +40,17 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
   try {
     sql = openTarget(config.target, { applicationName: appName, synchronousCommit: config.synchronousCommit, replicaRole: true });
     const [targetVersion] = await sql.unsafe<{ server_version_num: string }[]>('SHOW server_version_num');
+    const applySql = sql;
+    await setupSessionOrigin((text, params) => send(applySql, text, params), replicationOriginName(config.subscription));
     replication = await ReplicationConnection.open(config.source, appName);
     const protoVersion = protoVersionFor(replication.serverVersionNum);
+    checkOptionsAgainstPublisher(config, replication.serverVersionNum);
     const { walLevel } = await replication.settings();
     if (walLevel !== 'logical') {
       throw new SourceSetupError(`publisher has wal_level = ${walLevel}; logical replication needs wal_level = logical (restart the publisher after changing it)`);
     }
     const identity = await replication.identifySystem();
+    await checkPublications(config, replication);
     const startLsn = await reconcileSlot(config, replication, sql, log);
     const progress = new Progress(startLsn);
     const relations = new RelationMap(Number(targetVersion?.server_version_num));
@@ -53,6 +59,8 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       startLsn,
       protoVersion,
       publications: config.publications,
+      origin: config.origin === 'none' ? 'none' : undefined,
+      messages: config.messages,
     });
     log.info(
       { subscription: config.subscription, slot: config.slotName, lsn: formatLsn(startLsn), protoVersion, publisher: replication.describe, systemId: identity.systemId },
@@ -123,4 +131,26 @@ async function reconcileSlot(config: Config, replication: ReplicationConnection,
     );
   }
   return origin.remoteLsn;
+}
+
+/** Options the publisher's protocol cannot carry are startup errors, never silent downgrades. */
+function checkOptionsAgainstPublisher(config: Config, serverVersionNum: number): void {
+  const major = Math.floor(serverVersionNum / 10000);
+  if (config.origin === 'none' && serverVersionNum < 160000) {
+    throw new ConfigError(`origin = none needs a PostgreSQL 16 or later publisher; this one is ${major}`, { key: 'origin' });
+  }
+  if (config.messages && serverVersionNum < 140000) {
+    throw new ConfigError(`messages = true needs a PostgreSQL 14 or later publisher; this one is ${major}`, { key: 'messages' });
+  }
+}
+
+/** PG15+ publishers only warn about a missing publication and then send nothing; refuse it here. */
+async function checkPublications(config: Config, replication: ReplicationConnection): Promise<void> {
+  const names = config.publications.map(quoteLiteral).join(', ');
+  const rows = await replication.sql<{ pubname: string }>(`SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN (${names})`);
+  const found = new Set(rows.map((r) => r.pubname));
+  const missing = config.publications.filter((p) => !found.has(p));
+  if (missing.length > 0) {
+    throw new SourceSetupError(`publication${missing.length > 1 ? 's' : ''} ${missing.map((m) => `"${m}"`).join(', ')} not found in the publisher's database`, { publication: missing.join(', ') });
+  }
 }

@@ -1,0 +1,50 @@
+/**
+ * The target session's replication origin, as the native apply worker sets one up:
+ * every change pgsub applies is tagged with origin `pgsub_<subscription>`, so a
+ * publication on the target with `origin = none` does not send those changes back
+ * (bidirectional and cascaded set-ups), and the target's pg_replication_origin_status
+ * shows the remote commit LSN too. The functions are superuser-only unless granted:
+ *   GRANT EXECUTE ON FUNCTION pg_replication_origin_create(text),
+ *     pg_replication_origin_session_setup(text), pg_replication_origin_xact_setup(pg_lsn, timestamptz),
+ *     pg_replication_origin_oid(text) TO <pgsub role>;
+ */
+import { TargetSetupError } from '../errors.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import { formatPgTimestamp } from '../protocol/messages.js';
+
+export function replicationOriginName(subscription: string): string {
+  return `pgsub_${subscription}`;
+}
+
+export interface OriginSetupRunner {
+  (text: string, params: (string | null)[]): Promise<unknown>;
+}
+
+/** Create the origin if needed and bind it to this session. */
+export async function setupSessionOrigin(run: OriginSetupRunner, name: string): Promise<void> {
+  try {
+    await run(
+      'SELECT pg_catalog.pg_replication_origin_create($1) WHERE pg_catalog.pg_replication_origin_oid($1) IS NULL',
+      [name],
+    );
+    await run('SELECT pg_catalog.pg_replication_origin_session_setup($1)', [name]);
+  } catch (err) {
+    const e = err as { code?: string; message?: string };
+    if (e.code === '42501') {
+      throw new TargetSetupError(
+        `the target role may not use replication origins (${e.message}); pgsub tags applied changes with origin "${name}" like a native subscription. Run pgsub as a superuser or GRANT EXECUTE ON FUNCTION pg_replication_origin_create(text), pg_replication_origin_oid(text), pg_replication_origin_session_setup(text), pg_replication_origin_xact_setup(pg_lsn, timestamptz) TO the pgsub role`,
+        { origin: name },
+        { cause: err },
+      );
+    }
+    throw err;
+  }
+}
+
+/** Statement stamping the current target transaction with the remote commit it applies. */
+export function originXactSetupStatement(endLsn: Lsn, commitTime: bigint): { text: string; params: string[] } {
+  return {
+    text: 'SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)',
+    params: [formatLsn(endLsn), formatPgTimestamp(commitTime)],
+  };
+}

@@ -1,0 +1,360 @@
+/**
+ * loadConfig: a YAML or JSON file, then PGSUB_* variables, then overrides; one frozen
+ * Config out. Unknown settings are errors naming the setting; CREATE SUBSCRIPTION options
+ * whose value pgsub cannot honour yet are NotImplementedError naming the key. Every test
+ * passes its own env, so the machine's environment never leaks in.
+ */
+import { after, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { loadConfig, CONFIG_KEYS, type LoadOptions } from '../../src/config/config.js';
+import { ConfigError, NotImplementedError } from '../../src/errors.js';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-config-'));
+after(() => fs.rmSync(dir, { recursive: true, force: true }));
+
+let fileCounter = 0;
+function writeFile(ext: string, text: string): string {
+  const file = path.join(dir, `config-${++fileCounter}${ext}`);
+  fs.writeFileSync(file, text);
+  return file;
+}
+
+/** The smallest config that loads: copy_data must be false since the table copy is not built. */
+const MINIMAL_ENV: NodeJS.ProcessEnv = {
+  PGSUB_SOURCE: 'postgresql://rep@pub.example.com:5433/shop',
+  PGSUB_TARGET: 'host=tgt.example.com dbname=shop user=apply',
+  PGSUB_PUBLICATION: 'shop_pub',
+  PGSUB_COPY_DATA: 'false',
+};
+
+const load = (opts: LoadOptions) => loadConfig({ env: {}, ...opts });
+
+function assertConfigError(fn: () => unknown, names: string | RegExp): void {
+  assert.throws(fn, (err: unknown) => {
+    assert.ok(err instanceof ConfigError, `expected ConfigError, got ${String(err)}`);
+    assert.equal(err.code, 'PGSUB_CONFIG_INVALID');
+    if (typeof names === 'string') assert.ok(err.message.includes(names), `message names ${names}: ${err.message}`);
+    else assert.match(err.message, names);
+    return true;
+  });
+}
+
+function assertNotImplemented(fn: () => unknown, key: string): void {
+  assert.throws(fn, (err: unknown) => {
+    assert.ok(err instanceof NotImplementedError, `expected NotImplementedError, got ${String(err)}`);
+    assert.equal(err.code, 'PGSUB_NOT_IMPLEMENTED');
+    assert.equal(err.context.key, key);
+    assert.ok(err.message.startsWith(`${key} = `), `message names ${key}: ${err.message}`);
+    return true;
+  });
+}
+
+describe('config file', () => {
+  test('YAML: every kind of value, publication as a list', () => {
+    const file = writeFile(
+      '.yaml',
+      [
+        'subscription: orders_sub',
+        'source: "postgresql://rep:pw@pub:5433/shop?sslmode=require"',
+        "target: host=tgt dbname=shop user=apply password='a b'",
+        'publication: [pub_a, pub_b]',
+        'copy_data: false',
+        'create_slot: no',
+        'streaming: off',
+        'synchronous_commit: remote_apply',
+        'status_interval: 2.5',
+        'receive_timeout: 30',
+        'max_in_flight: 50',
+        'log_level: debug',
+      ].join('\n'),
+    );
+    const c = load({ file });
+    assert.equal(c.subscription, 'orders_sub');
+    assert.equal(c.slotName, 'orders_sub');
+    assert.deepEqual(c.publications, ['pub_a', 'pub_b']);
+    assert.deepEqual({ ...c.source }, { host: 'pub', port: 5433, user: 'rep', password: 'pw', database: 'shop', sslmode: 'require' });
+    assert.equal(c.target.password, 'a b');
+    assert.equal(c.target.database, 'shop');
+    assert.equal(c.copyData, false);
+    assert.equal(c.createSlot, false);
+    assert.equal(c.streaming, 'off');
+    assert.equal(c.synchronousCommit, 'remote_apply');
+    assert.equal(c.statusIntervalMs, 2500);
+    assert.equal(c.receiveTimeoutMs, 30_000);
+    assert.equal(c.maxInFlight, 50);
+    assert.equal(c.logLevel, 'debug');
+  });
+
+  test('JSON: booleans and publication as a comma-separated string', () => {
+    const file = writeFile(
+      '.json',
+      JSON.stringify({ source: 'host=pub', target: 'host=tgt', publication: 'p1, p2 ,p3', copy_data: false, streaming: false, synchronous_commit: true, binary: false }),
+    );
+    const c = load({ file });
+    assert.deepEqual(c.publications, ['p1', 'p2', 'p3']);
+    assert.equal(c.subscription, 'pgsub');
+    assert.equal(c.slotName, 'pgsub');
+    assert.equal(c.streaming, 'off');
+    assert.equal(c.synchronousCommit, 'on');
+    assert.equal(c.binary, false);
+  });
+
+  test('defaults for everything not given', () => {
+    const c = load({ env: MINIMAL_ENV });
+    assert.equal(c.subscription, 'pgsub');
+    assert.equal(c.createSlot, true);
+    assert.equal(c.binary, false);
+    assert.equal(c.streaming, 'off');
+    assert.equal(c.synchronousCommit, 'on');
+    assert.equal(c.twoPhase, false);
+    assert.equal(c.disableOnError, false);
+    assert.equal(c.origin, 'any');
+    assert.equal(c.messages, false);
+    assert.equal(c.statusIntervalMs, 10_000);
+    assert.equal(c.receiveTimeoutMs, 60_000);
+    assert.equal(c.retryMinDelayMs, 1000);
+    assert.equal(c.retryMaxDelayMs, 60_000);
+    assert.equal(c.maxInFlight, 1000);
+    assert.equal(c.queueSize, 10_000);
+    assert.equal(c.logLevel, 'info');
+  });
+
+  test('an unknown key in the file is a ConfigError naming it', () => {
+    const file = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\nslot: s1\n');
+    assertConfigError(() => load({ file }), /slot: Unrecognized key: "slot"/);
+  });
+
+  test('unreadable, malformed and non-mapping files', () => {
+    assertConfigError(() => load({ file: path.join(dir, 'missing.yaml') }), /cannot read config file .*missing\.yaml/);
+    assertConfigError(() => load({ file: writeFile('.json', '{"source": ') }), /is not valid JSON/);
+    assertConfigError(() => load({ file: writeFile('.yaml', 'source: [unclosed\n') }), /is not valid YAML/);
+    assertConfigError(() => load({ file: writeFile('.yaml', '- a\n- b\n') }), /must hold a mapping of settings/);
+    assertConfigError(() => load({ file: writeFile('.yaml', '') }), /must hold a mapping of settings/);
+  });
+
+  test('wrongly typed values name the key', () => {
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_STATUS_INTERVAL: 'soon' } }), 'status_interval');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_MAX_IN_FLIGHT: '0' } }), 'max_in_flight');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_LOG_LEVEL: 'loud' } }), 'log_level');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_COPY_DATA: 'maybe' } }), 'copy_data');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_PUBLICATION: ' , ' } }), 'publication');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_SUBSCRIPTION: 'x'.repeat(64) } }), 'subscription');
+  });
+
+  test('missing required settings name them', () => {
+    const { PGSUB_TARGET: _t, ...noTarget } = MINIMAL_ENV;
+    assertConfigError(() => load({ env: noTarget }), /target: /);
+    const { PGSUB_SOURCE: _s, PGSUB_PUBLICATION: _p, ...neither } = MINIMAL_ENV;
+    assertConfigError(() => load({ env: neither }), /source: .*publication: /);
+  });
+});
+
+describe('environment', () => {
+  const file = writeFile(
+    '.yaml',
+    'subscription: file_sub\nsource: host=file-src\ntarget: host=file-tgt\npublication: file_pub\nslot_name: file_slot\ncopy_data: true\nstreaming: on\nstatus_interval: 5\n',
+  );
+
+  test('PGSUB_* overrides the file, key by key', () => {
+    const c = load({
+      file,
+      env: {
+        PGSUB_SOURCE: 'postgresql://env-src/db',
+        PGSUB_TARGET: 'host=env-tgt',
+        PGSUB_PUBLICATION: 'a, b,c',
+        PGSUB_SLOT: 'env_slot',
+        PGSUB_SUBSCRIPTION: 'env_sub',
+        PGSUB_COPY_DATA: 'false',
+        PGSUB_STREAMING: 'off',
+      },
+    });
+    assert.equal(c.source.host, 'env-src');
+    assert.equal(c.target.host, 'env-tgt');
+    assert.deepEqual(c.publications, ['a', 'b', 'c']);
+    assert.equal(c.slotName, 'env_slot');
+    assert.equal(c.subscription, 'env_sub');
+    assert.equal(c.copyData, false);
+    assert.equal(c.streaming, 'off');
+    // Not overridden: still from the file.
+    assert.equal(c.statusIntervalMs, 5000);
+  });
+
+  test('without the env overrides, the same file is refused for its copy_data', () => {
+    assertNotImplemented(() => load({ file }), 'copy_data');
+  });
+
+  test('PGSUB_SLOT_NAME and the publication aliases', () => {
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_SLOT_NAME: 's2' } }).slotName, 's2');
+    const { PGSUB_PUBLICATION: _p, ...rest } = MINIMAL_ENV;
+    assert.deepEqual(load({ env: { ...rest, PGSUB_PUBLICATIONS: 'x,y' } }).publications, ['x', 'y']);
+    assert.deepEqual(load({ env: { ...rest, PGSUB_PUBLICATION_NAMES: 'z' } }).publications, ['z']);
+  });
+
+  test('boolean spellings', () => {
+    for (const v of ['false', 'off', '0', 'no']) assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_CREATE_SLOT: v } }).createSlot, false, v);
+    for (const v of ['true', 'on', '1', 'yes']) assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_CREATE_SLOT: v } }).createSlot, true, v);
+  });
+
+  test('an unknown PGSUB_ variable is a ConfigError naming it', () => {
+    assert.throws(
+      () => load({ env: { ...MINIMAL_ENV, PGSUB_PUBLICATON: 'typo' } }),
+      (err: unknown) => err instanceof ConfigError && err.context.key === 'PGSUB_PUBLICATON' && /environment variable PGSUB_PUBLICATON is not a pgsub setting/.test(err.message),
+    );
+  });
+
+  test('non-PGSUB variables are ignored; libpq variables fill the conninfo', () => {
+    const c = load({ env: { ...MINIMAL_ENV, PGSUB_TARGET: 'dbname=t', PGHOST: 'libpq-host', PGPASSWORD: 'pw', HOME: '/x', PGSUBX: '1' } });
+    assert.equal(c.target.host, 'libpq-host');
+    assert.equal(c.target.password, 'pw');
+  });
+
+  test('overrides beat the environment', () => {
+    const c = load({ env: { ...MINIMAL_ENV, PGSUB_LOG_LEVEL: 'warn' }, overrides: { log_level: 'trace', subscription: 'ov' } });
+    assert.equal(c.logLevel, 'trace');
+    assert.equal(c.subscription, 'ov');
+    // An undefined override (an absent CLI flag) leaves the lower layer alone.
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_LOG_LEVEL: 'warn' }, overrides: { log_level: undefined } }).logLevel, 'warn');
+  });
+
+  test('the process environment is not read when env is given', () => {
+    process.env.PGSUB_BOGUS_FROM_PROCESS = '1';
+    try {
+      assert.equal(load({ env: MINIMAL_ENV }).subscription, 'pgsub');
+    } finally {
+      delete process.env.PGSUB_BOGUS_FROM_PROCESS;
+    }
+  });
+
+  test('every key is settable as PGSUB_<KEY>', () => {
+    // Not an exhaustive value check: the point is that no key is unknown to the env path.
+    for (const key of CONFIG_KEYS) {
+      const name = `PGSUB_${key.toUpperCase()}`;
+      try {
+        load({ env: { ...MINIMAL_ENV, [name]: 'x' } });
+      } catch (err) {
+        assert.ok(!(err as Error).message.includes(`${name} is not a pgsub setting`), name);
+      }
+    }
+  });
+});
+
+describe('slot name', () => {
+  test('defaults to the subscription name', () => {
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_SUBSCRIPTION: 'orders_2' } }).slotName, 'orders_2');
+  });
+
+  for (const bad of ['Orders', 'my-slot', 'slot name', 'été']) {
+    test(`invalid slot name ${JSON.stringify(bad)} is a ConfigError`, () => {
+      assert.throws(
+        () => load({ env: { ...MINIMAL_ENV, PGSUB_SLOT: bad } }),
+        (err: unknown) => err instanceof ConfigError && err.context.key === 'slot_name' && err.message.includes(JSON.stringify(bad)),
+      );
+    });
+  }
+
+  test('a subscription name that is not a valid slot name needs an explicit slot_name', () => {
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_SUBSCRIPTION: 'Orders-Sub' } }), /slot_name "Orders-Sub"/);
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_SUBSCRIPTION: 'Orders-Sub', PGSUB_SLOT: 'orders_sub' } }).subscription, 'Orders-Sub');
+  });
+
+  test('over 63 characters is refused', () => {
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_SLOT: 'a'.repeat(64) } }), 'slot_name');
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_SLOT: 'a'.repeat(63) } }).slotName.length, 63);
+  });
+});
+
+describe('unimplemented CREATE SUBSCRIPTION options', () => {
+  test('copy_data true is the default, and refused', () => {
+    const { PGSUB_COPY_DATA: _c, ...env } = MINIMAL_ENV;
+    assertNotImplemented(() => load({ env }), 'copy_data');
+    assertNotImplemented(() => load({ env: { ...env, PGSUB_COPY_DATA: 'true' } }), 'copy_data');
+  });
+
+  const refused: [string, string, string][] = [
+    ['binary', 'PGSUB_BINARY', 'true'],
+    ['streaming', 'PGSUB_STREAMING', 'on'],
+    ['streaming', 'PGSUB_STREAMING', 'true'],
+    ['streaming', 'PGSUB_STREAMING', 'parallel'],
+    ['two_phase', 'PGSUB_TWO_PHASE', 'true'],
+    ['disable_on_error', 'PGSUB_DISABLE_ON_ERROR', 'true'],
+    ['synchronous_commit', 'PGSUB_SYNCHRONOUS_COMMIT', 'off'],
+    ['failover', 'PGSUB_FAILOVER', 'true'],
+    ['enabled', 'PGSUB_ENABLED', 'false'],
+    ['connect', 'PGSUB_CONNECT', 'false'],
+    ['password_required', 'PGSUB_PASSWORD_REQUIRED', 'false'],
+    ['run_as_owner', 'PGSUB_RUN_AS_OWNER', 'true'],
+  ];
+  for (const [key, name, value] of refused) {
+    test(`${key} = ${value}`, () => assertNotImplemented(() => load({ env: { ...MINIMAL_ENV, [name]: value } }), key));
+  }
+
+  test('the same values from a file and as JSON booleans', () => {
+    const file = writeFile('.json', JSON.stringify({ source: 'host=a', target: 'host=b', publication: 'p', copy_data: false, streaming: true }));
+    assertNotImplemented(() => load({ file }), 'streaming');
+    const file2 = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\nsynchronous_commit: false\n');
+    assertNotImplemented(() => load({ file: file2 }), 'synchronous_commit');
+    const file3 = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\ntwo_phase: true\n');
+    assertNotImplemented(() => load({ file: file3 }), 'two_phase');
+  });
+
+  test('implemented values of those options load', () => {
+    const c = load({
+      env: {
+        ...MINIMAL_ENV,
+        PGSUB_BINARY: 'false',
+        PGSUB_STREAMING: 'false',
+        PGSUB_TWO_PHASE: 'off',
+        PGSUB_DISABLE_ON_ERROR: 'no',
+        PGSUB_ORIGIN: 'none',
+        PGSUB_MESSAGES: 'true',
+        PGSUB_SYNCHRONOUS_COMMIT: 'local',
+        PGSUB_FAILOVER: '0',
+        PGSUB_ENABLED: 'true',
+        PGSUB_CONNECT: 'true',
+        PGSUB_PASSWORD_REQUIRED: 'true',
+        PGSUB_RUN_AS_OWNER: 'false',
+      },
+    });
+    assert.equal(c.streaming, 'off');
+    assert.equal(c.synchronousCommit, 'local');
+    assert.equal(c.origin, 'none');
+    assert.equal(c.messages, true);
+  });
+
+  test('origin accepts only any and none', () => {
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_ORIGIN: 'local' } }), 'origin');
+  });
+
+  test('a config error is reported before an unimplemented option', () => {
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_STREAMING: 'on', PGSUB_SLOT: 'Bad-Slot' } }), 'slot_name');
+  });
+});
+
+describe('conninfo errors through loadConfig', () => {
+  test('a bad source port names source, a bad target sslmode names target', () => {
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_SOURCE: 'host=a port=x' } }), /^source: port "x"/);
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_TARGET: 'postgresql://b/db?sslmode=bogus' } }), /^target: sslmode "bogus"/);
+  });
+});
+
+describe('the returned config is frozen', () => {
+  test('top level and nested objects', () => {
+    const c = load({ env: MINIMAL_ENV });
+    assert.ok(Object.isFrozen(c));
+    assert.ok(Object.isFrozen(c.source));
+    assert.ok(Object.isFrozen(c.target));
+    assert.ok(Object.isFrozen(c.publications));
+    assert.throws(() => {
+      (c as { slotName: string }).slotName = 'other';
+    }, TypeError);
+    assert.throws(() => {
+      (c.target as { host: string }).host = 'elsewhere';
+    }, TypeError);
+    assert.throws(() => (c.publications as string[]).push('more'), TypeError);
+    assert.equal(c.slotName, 'pgsub');
+    assert.equal(c.target.host, 'tgt.example.com');
+  });
+});
