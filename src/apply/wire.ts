@@ -1,0 +1,536 @@
+/**
+ * The apply connection's wire: a pipelined extended-query executor on top of node-postgres.
+ * A `pg.Client` connects normally (auth, TLS from tlsOptions, startup parameters), then
+ * this module takes its `Connection` over — it removes every listener the Client attached
+ * and is the only reader of backend messages from then on; the Client object is never
+ * used again (never call client.query on it). pg-protocol's Bind sends a Buffer parameter
+ * in binary format and a string in text format, which is how pgoutput's binary-mode
+ * values reach the target unchanged; results always come back in text format.
+ *
+ * Invariants:
+ *  - Every message that earns a response has an op in `#ops`, in wire order; responses are
+ *    matched FIFO (exec: [ParseComplete] BindComplete DataRow* CommandComplete; close:
+ *    CloseComplete; sync and simple query: … ReadyForQuery).
+ *  - Writes are corked and released once per tick, followed by a Flush so results of an
+ *    unsynced batch come back. Sync is sent only when the caller asks (sync()).
+ *  - A statement counts as prepared only after its ParseComplete. A Parse whose outcome is
+ *    unknown may be relied on only within its own sync segment: if it fails or is skipped,
+ *    every statement after it up to the Sync is skipped by the server anyway.
+ *  - After an ErrorResponse the server skips everything up to the next Sync. The failing
+ *    statement rejects with the server's DatabaseError; every later statement in that
+ *    segment rejects at once with PipelineAbortedError, and execute() rejects without
+ *    sending anything until the caller calls sync().
+ *  - Socket loss, or a FATAL error, rejects everything pending with ConnectionLostError
+ *    and every later call too. Mass rejections (aborted, lost) are pre-marked handled so
+ *    they cannot crash the process as unhandled; the root cause is not.
+ * Statement text and what the values mean live in statements.ts / handlers.ts.
+ */
+import type { Duplex } from 'node:stream';
+import type { EventEmitter } from 'node:events';
+import pg from 'pg';
+import { redactConninfo, redactSecrets, tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { ConnectionLostError, PgsubError } from '../errors.js';
+
+export type WireValue = string | Buffer | null;
+export type TxStatus = 'I' | 'T' | 'E';
+export interface WireResult { command: string; rowCount: number; rows: unknown[][] }
+export interface WireNotice { severity?: string; code?: string; message: string; detail?: string; hint?: string }
+export interface WireOptions {
+  applicationName: string;
+  /** Sent in the StartupMessage (search_path, session_replication_role, synchronous_commit…). */
+  startupParameters?: Record<string, string>;
+  /** Named prepared statements kept per connection; LRU, evicted ones are Closed. Default 1000. */
+  statementCacheSize?: number;
+  onNotice?: (notice: WireNotice) => void;
+}
+
+/** A statement the server skipped because an earlier one in the same sync segment failed. */
+export class PipelineAbortedError extends PgsubError {
+  readonly code = 'PGSUB_PIPELINE_ABORTED';
+  readonly retryable = false;
+  constructor(cause: unknown) {
+    super(`statement skipped: an earlier statement in the pipeline failed (${(cause as Error)?.message ?? String(cause)})`, {}, { cause });
+  }
+}
+
+/** The connection was used against its protocol contract (a bug in the caller). */
+export class WireUsageError extends PgsubError {
+  readonly code = 'PGSUB_WIRE_USAGE';
+  readonly retryable = false;
+}
+
+/** The parts of pg's (untyped-for-this-use) Connection that are driven directly. */
+interface PgConnection extends EventEmitter {
+  stream: Duplex;
+  _emitMessage: boolean;
+  parse(q: { name: string; text: string; types: readonly number[] }): void;
+  bind(c: { statement: string; values: readonly WireValue[] }): void;
+  execute(c?: undefined): void;
+  close(m: { type: 'S'; name: string }): void;
+  query(text: string): void;
+  flush(): void;
+  sync(): void;
+  end(): void;
+  sendCopyFail(message: string): void;
+}
+interface Message { name: string; fields?: unknown[]; text?: string; status?: string; parameterName?: string; parameterValue?: string }
+
+abstract class Deferred<T> {
+  done = false;
+  resolve!: (value: T) => void;
+  reject!: (err: unknown) => void;
+  readonly promise = new Promise<T>((res, rej) => { this.resolve = res; this.reject = rej; });
+}
+class ExecOp extends Deferred<WireResult> {
+  readonly kind = 'exec';
+  constructor(readonly parsed: Stmt | null, readonly rows: unknown[][] | null) { super(); }
+}
+class SyncOp extends Deferred<TxStatus> {
+  readonly kind = 'sync';
+  error: unknown = null;
+}
+export type SimpleQueryResult = { command: string; rowCount: number; rows: Record<string, string | null>[] };
+class QueryOp extends Deferred<SimpleQueryResult> {
+  readonly kind = 'query';
+  error: unknown = null;
+  columns: string[] = [];
+  rows: Record<string, string | null>[] = [];
+  result: SimpleQueryResult = { command: '', rowCount: 0, rows: [] };
+}
+class CloseOp { readonly kind = 'close'; constructor(readonly name: string) {} }
+type Op = ExecOp | SyncOp | QueryOp | CloseOp;
+
+class Stmt {
+  prepared = false;
+  constructor(readonly name: string, readonly key: string, readonly segment: number) {}
+}
+
+/** FIFO with O(1) shift; compacts occasionally. */
+class Fifo<T> {
+  #items: (T | undefined)[] = [];
+  #head = 0;
+  get length(): number { return this.#items.length - this.#head; }
+  push(item: T): void { this.#items.push(item); }
+  peek(): T | undefined { return this.#items[this.#head]; }
+  at(i: number): T | undefined { return this.#items[this.#head + i]; }
+  shift(): T | undefined {
+    const item = this.#items[this.#head];
+    if (item === undefined) return undefined;
+    this.#items[this.#head++] = undefined;
+    if (this.#head === this.#items.length) { this.#items.length = 0; this.#head = 0; }
+    else if (this.#head >= 4096 && this.#head * 2 >= this.#items.length) { this.#items.splice(0, this.#head); this.#head = 0; }
+    return item;
+  }
+  takeAll(): T[] { const all = this.#items.slice(this.#head) as T[]; this.#items = []; this.#head = 0; return all; }
+}
+
+const NO_VALUES: readonly WireValue[] = [];
+const NO_TYPES: readonly number[] = [];
+const NO_ROWS = Object.freeze([]) as unknown as unknown[][];
+const noop = () => {};
+const EARLY_RELEASE_BYTES = 256 * 1024;
+
+/** A rejection that is a consequence of another error: never reported as unhandled. */
+function consequential<T>(err: unknown): Promise<T> {
+  const p = Promise.reject(err);
+  p.catch(noop);
+  return p as Promise<T>;
+}
+
+export class WireConnection {
+  readonly serverVersionNum: number;
+  readonly processId: number;
+  readonly #con: PgConnection;
+  readonly #info: ConnInfo;
+  readonly #onNotice: ((n: WireNotice) => void) | undefined;
+  readonly #cacheSize: number;
+  readonly #cache = new Map<string, Stmt>();
+  readonly #ops = new Fifo<Op>();
+  readonly #params: Map<string, string>;
+  #nextName = 0;
+  #segment = 0;           // incremented by every Sync written
+  #unsynced = false;      // execute() written since the last Sync
+  #needFlush = false;
+  #corked = false;
+  #aborted = false;       // an ErrorResponse arrived; the server skips until its Sync
+  #abortCause: unknown = null; // set while no Sync follows the failure on the wire
+  #pending = 0;
+  #txStatus: TxStatus = 'I';
+  #lost: ConnectionLostError | null = null;
+  #closing: ConnectionLostError | null = null;
+  #closed: Promise<void>;
+  #markClosed!: () => void;
+
+  private constructor(con: PgConnection, info: ConnInfo, opts: WireOptions, params: Map<string, string>, processId: number) {
+    this.#con = con;
+    this.#info = info;
+    this.#onNotice = opts.onNotice;
+    this.#cacheSize = Math.max(1, opts.statementCacheSize ?? 1000);
+    this.#params = params;
+    this.processId = processId;
+    this.serverVersionNum = parseServerVersion(params.get('server_version') ?? '');
+    this.#closed = new Promise((resolve) => { this.#markClosed = resolve; });
+    // Take the connection over: the Client's handlers would treat every result as
+    // "unexpected" (no active query) and turn it into a client 'error'.
+    for (const event of con.eventNames()) if (event !== 'newListener') con.removeAllListeners(event);
+    con._emitMessage = true;
+    con.on('message', this.#onMessage);
+    con.on('error', (err: Error) => this.#fail(err.message, err));
+    con.on('end', () => {
+      this.#fail(this.#closing ? 'connection closed' : 'server closed the connection');
+      this.#markClosed();
+    });
+  }
+
+  static async connect(info: ConnInfo, opts: WireOptions): Promise<WireConnection> {
+    const client = new pg.Client({
+      host: info.host,
+      port: info.port,
+      user: info.user,
+      password: info.password,
+      database: info.database,
+      ssl: tlsOptions(info),
+      application_name: opts.applicationName,
+      connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
+      keepAlive: true,
+    } as pg.ClientConfig);
+    // pg only forwards a fixed set of startup keys; any GUC is a valid startup parameter.
+    const internals = client as unknown as { getStartupConf(): Record<string, string>; processID: number };
+    const baseConf = internals.getStartupConf.bind(client);
+    internals.getStartupConf = () => ({ ...baseConf(), ...opts.startupParameters });
+    client.on('error', noop);
+    const con = client.connection as unknown as PgConnection;
+    const params = new Map<string, string>();
+    con.on('parameterStatus', (m: Message) => params.set(m.parameterName!, m.parameterValue!));
+    try {
+      // Built inside the callback, i.e. inside the startup ReadyForQuery: no message can
+      // slip between the Client's handlers and ours.
+      return await new Promise<WireConnection>((resolve, reject) => {
+        client.connect((err: Error | undefined) => {
+          if (err) return reject(err);
+          try { resolve(new WireConnection(con, info, opts, params, internals.processID)); } catch (e) { reject(e); }
+        });
+      });
+    } catch (err) {
+      con.stream.destroy();
+      throw new ConnectionLostError(redactSecrets(`cannot connect to target (${redactConninfo(info)}): ${(err as Error).message}`), { target: redactConninfo(info) }, { cause: err });
+    }
+  }
+
+  get pending(): number { return this.#pending; }
+  /** Transaction status from the last ReadyForQuery. */
+  get txStatus(): TxStatus { return this.#txStatus; }
+  parameter(name: string): string | undefined { return this.#params.get(name); }
+
+  execute(text: string, values: readonly WireValue[] = NO_VALUES, opts?: { paramTypes?: readonly number[]; wantRows?: boolean }): Promise<WireResult> {
+    const gone = this.#lost ?? this.#closing;
+    if (gone) return consequential(gone);
+    if (this.#abortCause !== null) return consequential(new PipelineAbortedError(this.#abortCause));
+    for (let i = 0; i < values.length; i++) {
+      const v = values[i];
+      // A bad value would throw inside pg's Bind serializer after Parse went out.
+      if (v != null && typeof v !== 'string' && !Buffer.isBuffer(v)) {
+        return Promise.reject(new WireUsageError(`parameter $${i + 1} is a ${typeof v}; pass a string (text), a Buffer (binary) or null`));
+      }
+    }
+    const types = opts?.paramTypes;
+    const key = types && types.length > 0 ? `${text}\0${types.join(',')}` : text;
+    let stmt = this.#cache.get(key);
+    let parsed: Stmt | null = null;
+    this.#cork();
+    if (stmt !== undefined && (stmt.prepared || stmt.segment === this.#segment)) {
+      this.#cache.delete(key); // LRU touch
+      this.#cache.set(key, stmt);
+    } else {
+      // Absent, or parsed in an earlier segment whose outcome is not known yet.
+      if (stmt !== undefined) this.#forget(stmt, true);
+      stmt = parsed = new Stmt(`pgsub_${(this.#nextName++).toString(36)}`, key, this.#segment);
+      this.#cache.set(key, stmt);
+      if (this.#cache.size > this.#cacheSize) {
+        const oldest = this.#cache.values().next().value;
+        if (oldest !== undefined) this.#forget(oldest, true);
+      }
+      this.#con.parse({ name: stmt.name, text, types: types ?? NO_TYPES });
+    }
+    this.#con.bind({ statement: stmt.name, values });
+    this.#con.execute();
+    this.#needFlush = true;
+    this.#unsynced = true;
+    const op = new ExecOp(parsed, opts?.wantRows ? [] : null);
+    this.#ops.push(op);
+    this.#pending++;
+    // A long synchronous burst: let the server start on it instead of waiting for the tick.
+    if (this.#con.stream.writableLength > EARLY_RELEASE_BYTES) this.#release();
+    return op.promise;
+  }
+
+  sync(): Promise<TxStatus> {
+    const gone = this.#lost ?? this.#closing;
+    if (gone) return consequential(gone);
+    this.#cork();
+    this.#con.sync();
+    this.#segment++;
+    this.#unsynced = false;
+    this.#needFlush = false;
+    this.#abortCause = null;
+    const op = new SyncOp();
+    this.#ops.push(op);
+    this.#pending++;
+    return op.promise;
+  }
+
+  flush(): void {
+    if (this.#lost || !this.#corked) return;
+    this.#con.flush();
+    this.#needFlush = false;
+    this.#corked = false;
+    this.#con.stream.uncork();
+  }
+
+  /** Simple protocol (several statements allowed). A sync point of its own, so it must not
+   *  follow unsynced execute() calls: call sync() first. */
+  simpleQuery(text: string): Promise<SimpleQueryResult> {
+    const gone = this.#lost ?? this.#closing;
+    if (gone) return consequential(gone);
+    if (this.#abortCause !== null) return consequential(new PipelineAbortedError(this.#abortCause));
+    if (this.#unsynced) return Promise.reject(new WireUsageError('simpleQuery after execute() without sync(): the server would run it inside the unsynced segment'));
+    this.#cork();
+    this.#con.query(text);
+    const op = new QueryOp();
+    this.#ops.push(op);
+    this.#pending++;
+    return op.promise;
+  }
+
+  /** Terminate after what is already queued; anything still unanswered at socket close rejects. */
+  async close(): Promise<void> {
+    if (this.#lost) return;
+    if (!this.#closing) {
+      this.#closing = new ConnectionLostError(`target connection closed by pgsub (${redactConninfo(this.#info)})`, { target: redactConninfo(this.#info) });
+      this.#release(); // with a Flush: the server must answer what is queued before Terminate
+      this.#con.end();
+    }
+    await this.#closed;
+  }
+
+  #cork(): void {
+    if (this.#corked) return;
+    this.#corked = true;
+    this.#con.stream.cork();
+    process.nextTick(this.#release);
+  }
+
+  readonly #release = (): void => {
+    if (!this.#corked) return;
+    this.#corked = false;
+    if (this.#needFlush && !this.#lost) { this.#con.flush(); this.#needFlush = false; }
+    this.#con.stream.uncork();
+  };
+
+  /** Drop a statement from the cache; Close it on the server unless it is known not to exist. */
+  #forget(stmt: Stmt, closeOnServer: boolean): void {
+    if (this.#cache.get(stmt.key) === stmt) this.#cache.delete(stmt.key);
+    if (!closeOnServer) return;
+    this.#cork();
+    this.#con.close({ type: 'S', name: stmt.name });
+    this.#needFlush = true;
+    this.#ops.push(new CloseOp(stmt.name));
+  }
+
+  #settle<T>(op: Deferred<T>, value: T): void {
+    if (op.done) return;
+    op.done = true;
+    this.#pending--;
+    op.resolve(value);
+  }
+
+  #rejectOp(op: Pick<Deferred<unknown>, 'done' | 'promise' | 'reject'>, err: unknown, consequential: boolean): void {
+    if (op.done) return;
+    op.done = true;
+    this.#pending--;
+    if (consequential) op.promise.catch(noop);
+    op.reject(err);
+  }
+
+  readonly #onMessage = (msg: Message): void => {
+    try {
+      this.#dispatch(msg);
+    } catch (err) {
+      // A bug here must not escape into the socket's 'data' handler.
+      this.#fail(`internal error handling ${msg.name}: ${(err as Error).message}`, err);
+    }
+  };
+
+  #dispatch(msg: Message): void {
+    const head = this.#ops.peek();
+    switch (msg.name) {
+      case 'parseComplete':
+        if (head?.kind !== 'exec' || head.parsed === null || head.parsed.prepared) return this.#desync(msg.name);
+        head.parsed.prepared = true;
+        return;
+      case 'bindComplete':
+        if (head?.kind !== 'exec') return this.#desync(msg.name);
+        return;
+      case 'dataRow':
+        if (head?.kind === 'exec') { head.rows?.push(msg.fields!); return; }
+        if (head?.kind === 'query') { head.rows.push(toRecord(head.columns, msg.fields as (string | null)[])); return; }
+        return this.#desync(msg.name);
+      case 'rowDescription':
+        if (head?.kind !== 'query') return this.#desync(msg.name);
+        head.columns = (msg.fields as { name: string }[]).map((f) => f.name);
+        return;
+      case 'commandComplete':
+      case 'emptyQuery': {
+        const tag = msg.text ?? '';
+        if (head?.kind === 'exec') {
+          this.#ops.shift();
+          this.#settle(head, { command: tagCommand(tag), rowCount: tagRowCount(tag), rows: head.rows ?? NO_ROWS });
+          return;
+        }
+        if (head?.kind !== 'query') return this.#desync(msg.name);
+        head.result = { command: tagCommand(tag), rowCount: tagRowCount(tag), rows: head.rows };
+        head.rows = [];
+        head.columns = [];
+        return;
+      }
+      case 'closeComplete':
+        if (head?.kind !== 'close') return this.#desync(msg.name);
+        this.#ops.shift();
+        return;
+      case 'error':
+        return this.#onError(msg as unknown as pg.DatabaseError);
+      case 'readyForQuery':
+        return this.#onReady((msg.status ?? 'I') as TxStatus);
+      case 'notice':
+        if (this.#onNotice) try { this.#onNotice(msg as unknown as WireNotice); } catch { /* a logger's problem */ }
+        return;
+      case 'parameterStatus':
+        this.#params.set(msg.parameterName!, msg.parameterValue!);
+        return;
+      case 'copyInResponse':
+        // COPY FROM STDIN has no data source here; make the server fail the statement.
+        this.#con.sendCopyFail('COPY FROM STDIN is not supported on the apply connection');
+        return;
+      case 'portalSuspended':
+        return this.#desync(msg.name);
+      default:
+        // noData, copyOutResponse/copyData/copyDone (COPY TO STDOUT output is dropped),
+        // notification, parameterDescription: nothing to do.
+        return;
+    }
+  }
+
+  #onError(err: pg.DatabaseError): void {
+    if (!err.code) return this.#fail(`protocol error: ${err.message}`, err);
+    if (isFatal(err)) return this.#fail(`${err.code} ${err.message}`, err);
+    const head = this.#ops.peek();
+    if (head === undefined) return this.#desync('error');
+    switch (head.kind) {
+      case 'sync': head.error = err; return; // e.g. a deferred constraint at implicit COMMIT
+      case 'query': head.error ??= err; return; // the server still runs on to ReadyForQuery
+      case 'close': this.#ops.shift(); break;
+      case 'exec':
+        this.#ops.shift();
+        if (head.parsed !== null && !head.parsed.prepared) this.#forget(head.parsed, false);
+        this.#rejectOp(head, err, false);
+        break;
+    }
+    this.#aborted = true;
+    // The server skips everything up to its next Sync: settle those now, so a caller
+    // awaiting one of them before calling sync() does not wait forever.
+    for (let i = 0; ; i++) {
+      const op = this.#ops.at(i);
+      if (op === undefined) { this.#abortCause = err; return; }
+      if (op.kind === 'sync' || op.kind === 'query') return;
+      if (op.kind === 'exec') this.#rejectOp(op, new PipelineAbortedError(err), true);
+    }
+  }
+
+  #onReady(status: TxStatus): void {
+    let head = this.#ops.peek();
+    // Ops the server skipped after an error: their Parses never happened, their Closes
+    // did not either (send those again).
+    while (head !== undefined && head.kind !== 'sync' && head.kind !== 'query') {
+      if (!this.#aborted) return this.#desync('readyForQuery');
+      this.#ops.shift();
+      if (head.kind === 'close') {
+        this.#cork();
+        this.#con.close({ type: 'S', name: head.name });
+        this.#needFlush = true;
+        this.#ops.push(head);
+      } else {
+        if (head.parsed !== null && !head.parsed.prepared) this.#forget(head.parsed, false);
+        if (!head.done) this.#rejectOp(head, new PipelineAbortedError(null), true);
+      }
+      head = this.#ops.peek();
+    }
+    if (head === undefined) return this.#desync('readyForQuery');
+    this.#ops.shift();
+    this.#aborted = false;
+    this.#txStatus = status;
+    if (head.error !== null) this.#rejectOp(head, head.error, false);
+    else if (head.kind === 'sync') this.#settle(head, status);
+    else this.#settle(head, head.result);
+  }
+
+  #desync(what: string): void {
+    this.#fail(`protocol out of sync: unexpected ${what} (${this.#ops.length} operations outstanding)`);
+  }
+
+  /** The connection is unusable: reject everything, now and later. */
+  #fail(reason: string, cause?: unknown): void {
+    if (this.#lost) return;
+    const target = redactConninfo(this.#info);
+    this.#lost = new ConnectionLostError(redactSecrets(`target connection lost (${target}): ${reason}`), { target }, cause === undefined ? undefined : { cause });
+    this.#cache.clear();
+    for (const op of this.#ops.takeAll()) if (op.kind !== 'close') this.#rejectOp(op, this.#lost, true);
+    this.#con.stream.destroy();
+  }
+}
+
+function toRecord(columns: readonly string[], fields: readonly (string | null)[]): Record<string, string | null> {
+  const row: Record<string, string | null> = {};
+  for (let i = 0; i < fields.length; i++) row[columns[i] ?? `?column${i}?`] = fields[i] ?? null;
+  return row;
+}
+
+/** Errors after which the server closes the session. Severity is localized, so the SQLSTATE
+ *  classes that only come with FATAL count too (admin shutdown, idle timeouts, 08xxx). */
+function isFatal(err: pg.DatabaseError): boolean {
+  const code = err.code ?? '';
+  return err.severity === 'FATAL' || err.severity === 'PANIC' || code.startsWith('08') || code.startsWith('57P') || code === '25P03';
+}
+
+/** CommandComplete tag without its trailing counts: "INSERT 0 1" → "INSERT". */
+export function tagCommand(tag: string): string {
+  let end = tag.length;
+  for (;;) {
+    const sp = tag.lastIndexOf(' ', end - 1);
+    if (sp < 0 || sp + 1 === end) break;
+    let digits = true;
+    for (let i = sp + 1; i < end; i++) {
+      const c = tag.charCodeAt(i);
+      if (c < 48 || c > 57) { digits = false; break; }
+    }
+    if (!digits) break;
+    end = sp;
+  }
+  return end === tag.length ? tag : tag.slice(0, end);
+}
+
+/** The row count a CommandComplete tag carries (its last number), 0 when it has none. */
+export function tagRowCount(tag: string): number {
+  const sp = tag.lastIndexOf(' ');
+  if (sp < 0) return 0;
+  const n = Number(tag.slice(sp + 1));
+  return Number.isInteger(n) ? n : 0;
+}
+
+/** server_version "18.4" → 180004, "9.6.24" → 90624, "17beta1" → 170000. */
+export function parseServerVersion(version: string): number {
+  const m = /^(\d+)(?:\.(\d+))?(?:\.(\d+))?/.exec(version);
+  if (!m) return 0;
+  const major = Number(m[1]);
+  const minor = Number(m[2] ?? 0);
+  return major >= 10 ? major * 10000 + minor : major * 10000 + minor * 100 + Number(m[3] ?? 0);
+}
