@@ -94,9 +94,12 @@ export class ReplicationConnection {
     return (await this.client.query<T>(text)).rows;
   }
 
-  async settings(): Promise<{ walLevel: string }> {
-    const rows = await this.sql<{ wal_level: string }>('SHOW wal_level');
-    return { walLevel: rows[0]?.wal_level ?? 'unknown' };
+  async settings(): Promise<{ walLevel: string; walSenderTimeoutMs: number }> {
+    const rows = await this.sql<{ name: string; setting: string }>(
+      `SELECT name, setting FROM pg_catalog.pg_settings WHERE name IN ('wal_level', 'wal_sender_timeout')`,
+    );
+    const get = (name: string) => rows.find((r) => r.name === name)?.setting;
+    return { walLevel: get('wal_level') ?? 'unknown', walSenderTimeoutMs: Number(get('wal_sender_timeout') ?? 60000) };
   }
 
   async getSlot(name: string): Promise<SlotInfo | null> {

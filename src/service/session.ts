@@ -45,7 +45,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     replication = await ReplicationConnection.open(config.source, appName);
     const protoVersion = protoVersionFor(replication.serverVersionNum);
     checkOptionsAgainstPublisher(config, replication.serverVersionNum);
-    const { walLevel } = await replication.settings();
+    const { walLevel, walSenderTimeoutMs } = await replication.settings();
     if (walLevel !== 'logical') {
       throw new SourceSetupError(`publisher has wal_level = ${walLevel}; logical replication needs wal_level = logical (restart the publisher after changing it)`);
     }
@@ -75,7 +75,9 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       progress,
       counters,
       log,
-      statusIntervalMs: config.statusIntervalMs,
+      // The walsender drops a subscriber silent for wal_sender_timeout, even one that is
+      // busy applying (not reading keepalives): report well within it.
+      statusIntervalMs: walSenderTimeoutMs > 0 ? Math.min(config.statusIntervalMs, Math.floor(walSenderTimeoutMs / 3)) : config.statusIntervalMs,
       receiveTimeoutMs: config.receiveTimeoutMs,
       maxInFlight: config.maxInFlight,
       queueSize: config.queueSize,

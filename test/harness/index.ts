@@ -55,3 +55,7 @@ export { tableChecksum, compareTables, currentWalLsn, slotConfirmedLsn, lsnToBig
 export type { TableChecksum } from './compare.js';
 export { spawnPgsub, PGSUB_BIN } from './pgsub-process.js';
 export type { PgsubProcess } from './pgsub-process.js';
+export { startProxy } from './proxy.js';
+export type { Proxy } from './proxy.js';
+export { LEDGER_SCHEMA, LEDGER_TABLES, prng, runLedgerWorkload, checkLedger } from './workload.js';
+export type { LedgerWorkload } from './workload.js';

@@ -8,30 +8,12 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import type pg from 'pg';
-import { compareTables, connect, currentWalLsn, lsnToBigint, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { checkLedger, currentWalLsn, LEDGER_SCHEMA, lsnToBigint, prng, runLedgerWorkload, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 const SEED = Number(process.env.PGSUB_CRASH_SEED ?? Date.now() % 100_000);
 const CLIENTS = 4;
 const TRANSACTIONS_PER_CLIENT = 2600;
 const MIN_KILLS = 5;
-
-function prng(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    return (s >>> 0) / 0x1_0000_0000;
-  };
-}
-
-const SCHEMA = `
-  CREATE SCHEMA app;
-  CREATE TABLE app.ledger (client int NOT NULL, seq int NOT NULL, amount int NOT NULL, note text);
-  CREATE TABLE app.accounts (id int PRIMARY KEY, balance bigint NOT NULL, touched int NOT NULL DEFAULT 0);
-  CREATE TABLE app.tags (client int, seq int, tag text, PRIMARY KEY (client, seq));
-`;
 
 let publisher: Cluster;
 let target: Cluster;
@@ -41,8 +23,8 @@ before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'crash-pub' }), startCluster({ major: 18, name: 'crash-tgt' })]);
   await publisher.createDatabase('src');
   await target.createDatabase('dst');
-  await publisher.query(`${SCHEMA} INSERT INTO app.accounts SELECT g, 0 FROM generate_series(1, 100) g; CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`, [], 'src');
-  await target.query(`${SCHEMA} INSERT INTO app.accounts SELECT g, 0 FROM generate_series(1, 100) g;`, [], 'dst');
+  await publisher.query(`${LEDGER_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`, [], 'src');
+  await target.query(LEDGER_SCHEMA, [], 'dst');
 });
 
 after(async () => {
@@ -54,25 +36,6 @@ after(async () => {
 async function originLsn(): Promise<bigint | null> {
   const rows = await target.query<{ lsn: string }>(`SELECT remote_lsn::text AS lsn FROM pgsub.origin WHERE subscription = 'crash'`, [], 'dst').catch(() => []);
   return rows[0] ? lsnToBigint(rows[0].lsn) : null;
-}
-
-async function runClient(client: number): Promise<void> {
-  const rand = prng(SEED * 31 + client);
-  const db: pg.Client = await connect(publisher, 'src');
-  try {
-    for (let seq = 0; seq < TRANSACTIONS_PER_CLIENT; seq++) {
-      const account = 1 + Math.floor(rand() * 100);
-      const amount = 1 + Math.floor(rand() * 1000);
-      await db.query('BEGIN');
-      await db.query('INSERT INTO app.ledger VALUES ($1, $2, $3, $4)', [client, seq, amount, `payment ${client}/${seq}`]);
-      await db.query('UPDATE app.accounts SET balance = balance + $2, touched = touched + 1 WHERE id = $1', [account, amount]);
-      if (seq % 4 === 0) await db.query('INSERT INTO app.tags VALUES ($1, $2, $3)', [client, seq, `t${seq}`]);
-      if (seq % 12 === 8) await db.query('DELETE FROM app.tags WHERE client = $1 AND seq = $2', [client, seq - 8]);
-      await db.query('COMMIT');
-    }
-  } finally {
-    await db.end();
-  }
 }
 
 test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} transactions: nothing lost, nothing duplicated (seed ${SEED})`, { timeout: 600_000 }, async () => {
@@ -104,11 +67,11 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
     }
   })();
 
-  let first = spawnPgsub(env);
+  const first = spawnPgsub(env);
   children.push(first);
   await first.waitForLog('streaming started');
   let workloadDone = false;
-  const workload = Promise.all(Array.from({ length: CLIENTS }, (_, c) => runClient(c))).then(() => {
+  const workload = runLedgerWorkload(publisher, 'src', { clients: CLIENTS, transactionsPerClient: TRANSACTIONS_PER_CLIENT, seed: SEED }).then(() => {
     workloadDone = true;
   });
 
@@ -138,15 +101,12 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
   assert.deepEqual(violations, [], 'the slot confirmed a position the target had not committed');
   assert.ok(samples > 50, `only ${samples} samples of the flush invariant`);
 
-  const [src] = await publisher.query(`SELECT count(*)::int AS n FROM app.ledger`, [], 'src');
-  assert.equal(src.n, CLIENTS * TRANSACTIONS_PER_CLIENT);
-  const dupes = await target.query(`SELECT client, seq, count(*)::int AS n FROM app.ledger GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 5`, [], 'dst');
-  assert.deepEqual(dupes, [], 'duplicated transactions in the target');
-  const [dst] = await target.query(`SELECT count(*)::int AS n FROM app.ledger`, [], 'dst');
-  assert.equal(dst.n, src.n, 'lost transactions in the target');
-  const cmp = await compareTables(publisher, 'src', target, 'dst', ['app.ledger', 'app.accounts', 'app.tags']);
-  assert.ok(cmp.equal, JSON.stringify(cmp));
+  const ledger = await checkLedger(publisher, 'src', target, 'dst');
+  assert.equal(ledger.sourceRows, CLIENTS * TRANSACTIONS_PER_CLIENT);
+  assert.deepEqual(ledger.duplicates, [], 'duplicated transactions in the target');
+  assert.equal(ledger.targetRows, ledger.sourceRows, 'lost transactions in the target');
+  assert.ok(ledger.equal, 'target differs from source');
   const [applied] = await target.query(`SELECT transactions_applied::int AS n FROM pgsub.origin WHERE subscription = 'crash'`, [], 'dst');
   assert.equal(applied.n, CLIENTS * TRANSACTIONS_PER_CLIENT, 'each source transaction counted exactly once in the origin row');
-  process.stdout.write(`# crash test: seed ${SEED}, ${kills} kills, ${samples} invariant samples, ${dst.n} ledger rows\n`);
+  process.stdout.write(`# crash test: seed ${SEED}, ${kills} kills, ${samples} invariant samples, ${ledger.targetRows} ledger rows\n`);
 });
