@@ -153,6 +153,50 @@ for (const [publisherMajor, targetMajor] of [
       assert.deepEqual(d, s);
     });
 
+    test('TRUNCATE … CASCADE reaches every published table it cascaded to; RESTART IDENTITY resets target sequences', async () => {
+      const ddl = `CREATE TABLE app.t_parent (id int PRIMARY KEY);
+        CREATE TABLE app.t_child (id int PRIMARY KEY, pid int REFERENCES app.t_parent(id));
+        CREATE TABLE app.t_serial (id bigserial PRIMARY KEY, v text);`;
+      await target.query(`${ddl} SELECT nextval('app.t_serial_id_seq') FROM generate_series(1, 5);`, [], 'dst');
+      await publisher.query(`${ddl} ALTER PUBLICATION pub ADD TABLE app.t_parent, app.t_child, app.t_serial;`, [], 'src');
+      await publisher.query(`INSERT INTO app.t_parent VALUES (1), (2); INSERT INTO app.t_child VALUES (1, 1), (2, 2); INSERT INTO app.t_serial (v) VALUES ('a'), ('b');`, [], 'src');
+      await caughtUp();
+      const [beforeCount] = await target.query(`SELECT (SELECT count(*) FROM app.t_child)::int AS n`, [], 'dst');
+      assert.equal(beforeCount.n, 2);
+      await publisher.query(`TRUNCATE app.t_parent CASCADE; TRUNCATE app.t_serial RESTART IDENTITY;`, [], 'src');
+      await caughtUp();
+      const [counts] = await target.query(`SELECT (SELECT count(*) FROM app.t_parent)::int AS p, (SELECT count(*) FROM app.t_child)::int AS c, (SELECT count(*) FROM app.t_serial)::int AS s`, [], 'dst');
+      assert.deepEqual(counts, { p: 0, c: 0, s: 0 });
+      const [seq] = await target.query(`SELECT last_value::int AS v, is_called FROM app.t_serial_id_seq`, [], 'dst');
+      assert.deepEqual(seq, { v: 1, is_called: false }, 'RESTART IDENTITY reset the target sequence');
+    });
+
+    test('63-byte unicode names and names crafted as SQL injection are plain identifiers', async () => {
+      const longName = `${'ü'.repeat(31)}x`; // 63 bytes in UTF-8, PostgreSQL's limit
+      assert.equal(Buffer.byteLength(longName), 63);
+      const evil = `"; DROP TABLE app.items; --`;
+      const q = (name: string) => `"${name.replace(/"/g, '""')}"`;
+      const ddl = `CREATE TABLE app.${q(longName)} (${q(evil)} int PRIMARY KEY, ${q("a'b\"c")} text, ${q(longName)} text);`;
+      await target.query(ddl, [], 'dst');
+      await publisher.query(`${ddl} ALTER PUBLICATION pub ADD TABLE app.${q(longName)};`, [], 'src');
+      await publisher.query(
+        `INSERT INTO app.${q(longName)} VALUES (1, $$'); DELETE FROM app.items; --$$, 'v'), (2, NULL, 'w');
+         UPDATE app.${q(longName)} SET ${q("a'b\"c")} = 'updated' WHERE ${q(evil)} = 2;
+         DELETE FROM app.${q(longName)} WHERE ${q(evil)} = 1;
+         INSERT INTO app.${q(longName)} VALUES (3, 'three', 'x');`,
+        [],
+        'src',
+      );
+      await caughtUp();
+      const rows = await target.query(`SELECT ${q(evil)} AS k, ${q("a'b\"c")} AS a, ${q(longName)} AS l FROM app.${q(longName)} ORDER BY 1`, [], 'dst');
+      assert.deepEqual(rows, [
+        { k: 2, a: 'updated', l: 'w' },
+        { k: 3, a: 'three', l: 'x' },
+      ]);
+      const [items] = await target.query(`SELECT count(*)::int AS n FROM app.items`, [], 'dst');
+      assert.ok(items.n > 0, 'app.items untouched');
+    });
+
     test('idle: the slot confirms the publisher\'s WAL position, never beyond the origin recorded in the target', async () => {
       // Unpublished activity moves the WAL without sending any change.
       await publisher.query(`CREATE TABLE app.unpublished (x int); INSERT INTO app.unpublished SELECT generate_series(1, 1000);`, [], 'src');
