@@ -1,0 +1,176 @@
+/**
+ * statements.ts without a server: the SQL texts and parameters built for each change on
+ * fabricated relation-map entries — identifiers quoted, values bound and cast to the
+ * target column types, rows located by key or (REPLICA IDENTITY FULL) by every sent
+ * column with NULLs matching NULLs, text comparison for types without equality, ONLY for
+ * plain tables — and the typed errors for changes that cannot be applied.
+ */
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import type { MappedRelation, TargetColumn } from '../../src/apply/relmap.js';
+import { deleteStatement, insertStatement, truncateStatement, updateStatement } from '../../src/apply/statements.js';
+import { ApplyError } from '../../src/errors.js';
+import type { RelationMessage, ReplicaIdentity, Tuple } from '../../src/protocol/messages.js';
+
+interface ColumnSpec {
+  name: string;
+  type?: string;
+  key?: boolean;
+  equality?: boolean;
+}
+
+function relation(spec: { schema?: string; name: string; identity: ReplicaIdentity; relkind?: 'r' | 'p'; columns: ColumnSpec[] }): MappedRelation {
+  const schema = spec.schema ?? 'app';
+  const remote: RelationMessage = {
+    tag: 'relation',
+    relationId: 16384,
+    namespace: schema,
+    name: spec.name,
+    replicaIdentity: spec.identity,
+    columns: spec.columns.map((c) => ({ isKey: c.key ?? false, name: c.name, typeOid: 25, typeModifier: -1 })),
+  };
+  const targetColumns: TargetColumn[] = spec.columns.map((c) => ({
+    name: c.name,
+    typeOid: 25,
+    typeName: c.type ?? '"pg_catalog"."text"',
+    generated: false,
+    hasEquality: c.equality ?? true,
+  }));
+  return {
+    remote,
+    qualifiedName: `"${schema.replace(/"/g, '""')}"."${spec.name.replace(/"/g, '""')}"`,
+    displayName: `${schema}.${spec.name}`,
+    relkind: spec.relkind ?? 'r',
+    targetColumns,
+    keyIndexes: remote.columns.flatMap((c, i) => (c.isKey ? [i] : [])),
+    statements: new Map(),
+  };
+}
+
+const t = (value: string) => ({ kind: 'text', value }) as const;
+const NULL = { kind: 'null' } as const;
+const UNCHANGED = { kind: 'unchanged' } as const;
+const INT4 = '"pg_catalog"."int4"';
+const INT8 = '"pg_catalog"."int8"';
+const TEXT = '"pg_catalog"."text"';
+const JSON_T = '"pg_catalog"."json"';
+const POINT = '"pg_catalog"."point"';
+
+describe('statements', () => {
+  const orders = relation({
+    name: 'orders',
+    identity: 'default',
+    columns: [
+      { name: 'region', type: INT4, key: true },
+      { name: 'id', type: INT8, key: true },
+      { name: 'note', type: TEXT },
+    ],
+  });
+
+  test('INSERT: quoted columns, every value a parameter cast to the target type', () => {
+    const s = insertStatement(orders, [t('1'), t('2'), t("x'); DROP TABLE y; --")]);
+    assert.equal(s.text, `INSERT INTO "app"."orders" ("region", "id", "note") VALUES ($1::${INT4}, $2::${INT8}, $3::${TEXT})`);
+    assert.deepEqual(s.params, ['1', '2', "x'); DROP TABLE y; --"]);
+  });
+
+  test('UPDATE by composite key from the new tuple, or from the old key tuple when the key changed', () => {
+    const same = updateStatement(orders, undefined, undefined, [t('1'), t('2'), t('n')]);
+    assert.equal(same.text, `UPDATE ONLY "app"."orders" SET "region" = $1::${INT4}, "id" = $2::${INT8}, "note" = $3::${TEXT} WHERE "region" = $4::${INT4} AND "id" = $5::${INT8}`);
+    assert.deepEqual(same.params, ['1', '2', 'n', '1', '2']);
+    const moved = updateStatement(orders, 'key', [t('1'), t('2'), NULL], [t('1'), t('3'), t('n')]);
+    assert.equal(moved.text, same.text);
+    assert.deepEqual(moved.params, ['1', '3', 'n', '1', '2']);
+  });
+
+  test('UPDATE leaves unchanged TOAST columns out of SET', () => {
+    const s = updateStatement(orders, undefined, undefined, [t('1'), t('2'), UNCHANGED]);
+    assert.equal(s.text, `UPDATE ONLY "app"."orders" SET "region" = $1::${INT4}, "id" = $2::${INT8} WHERE "region" = $3::${INT4} AND "id" = $4::${INT8}`);
+    assert.deepEqual(s.params, ['1', '2', '1', '2']);
+  });
+
+  test('DELETE by key; texts are cached per shape', () => {
+    const a = deleteStatement(orders, 'key', [t('1'), t('2'), NULL]);
+    assert.equal(a.text, `DELETE FROM ONLY "app"."orders" WHERE "region" = $1::${INT4} AND "id" = $2::${INT8}`);
+    assert.deepEqual(a.params, ['1', '2']);
+    const b = deleteStatement(orders, 'key', [t('5'), t('6'), NULL]);
+    assert.equal(b.text, a.text);
+    assert.ok(orders.statements.has('D|K'));
+  });
+
+  const dup = relation({
+    schema: 'we"ird',
+    name: 'no key',
+    identity: 'full',
+    columns: [
+      { name: 'a', type: INT4 },
+      { name: 'b', type: TEXT },
+      { name: 'doc', type: JSON_T, equality: false },
+      { name: 'pt', type: POINT, equality: false },
+    ],
+  });
+
+  test('FULL: one row at most, NULLs matched with IS NULL, types without equality compared as text', () => {
+    const s = deleteStatement(dup, 'old', [t('1'), NULL, t('{"k": 1}'), t('(1,2)')]);
+    assert.equal(
+      s.text,
+      `DELETE FROM ONLY "we""ird"."no key" WHERE ctid = (SELECT ctid FROM ONLY "we""ird"."no key" WHERE "a" = $1::${INT4} AND "b" IS NULL AND ` +
+        `"doc"::pg_catalog.text = ($2::${JSON_T})::pg_catalog.text AND "pt"::pg_catalog.text = ($3::${POINT})::pg_catalog.text LIMIT 1)`,
+    );
+    assert.deepEqual(s.params, ['1', '{"k": 1}', '(1,2)']);
+    // Another NULL pattern is another shape (and another prepared statement).
+    const u = updateStatement(dup, 'old', [NULL, t('x'), NULL, NULL], [t('2'), t('x'), NULL, NULL]);
+    assert.equal(
+      u.text,
+      `UPDATE ONLY "we""ird"."no key" SET "a" = $1::${INT4}, "b" = $2::${TEXT}, "doc" = $3::${JSON_T}, "pt" = $4::${POINT} ` +
+        `WHERE ctid = (SELECT ctid FROM ONLY "we""ird"."no key" WHERE "a" IS NULL AND "b" = $5::${TEXT} AND "doc" IS NULL AND "pt" IS NULL LIMIT 1)`,
+    );
+    assert.deepEqual(u.params, ['2', 'x', null, null, 'x']);
+  });
+
+  test('FULL: every sent value unchanged still updates the row (to itself)', () => {
+    const big = relation({ name: 'big', identity: 'full', columns: [{ name: 'body', type: TEXT }] });
+    const s = updateStatement(big, 'old', [t('long text')], [UNCHANGED]);
+    assert.equal(s.text, `UPDATE ONLY "app"."big" SET "body" = "body" WHERE ctid = (SELECT ctid FROM ONLY "app"."big" WHERE "body" = $1::${TEXT} LIMIT 1)`);
+    assert.deepEqual(s.params, ['long text']);
+  });
+
+  test('partitioned target: no ONLY, and a FULL match pins partition and ctid together', () => {
+    const parted = relation({ name: 'measure', identity: 'full', relkind: 'p', columns: [{ name: 'day', type: INT4 }, { name: 'v', type: TEXT }] });
+    const s = deleteStatement(parted, 'old', [t('3'), t('x')]);
+    assert.equal(
+      s.text,
+      `DELETE FROM "app"."measure" WHERE (tableoid, ctid) = (SELECT tableoid, ctid FROM "app"."measure" WHERE "day" = $1::${INT4} AND "v" = $2::${TEXT} LIMIT 1)`,
+    );
+    const keyed = relation({ name: 'k', identity: 'default', relkind: 'p', columns: [{ name: 'id', type: INT4, key: true }] });
+    assert.equal(updateStatement(keyed, undefined, undefined, [t('1')]).text, `UPDATE "app"."k" SET "id" = $1::${INT4} WHERE "id" = $2::${INT4}`);
+  });
+
+  test('TRUNCATE: ONLY for plain tables, partitioned ones with their partitions; RESTART IDENTITY kept', () => {
+    const parted = relation({ name: 'measure', identity: 'default', relkind: 'p', columns: [{ name: 'id', key: true }] });
+    assert.deepEqual(truncateStatement([orders, parted], true), { text: 'TRUNCATE ONLY "app"."orders", "app"."measure" RESTART IDENTITY', params: [] });
+    assert.equal(truncateStatement([orders], false).text, 'TRUNCATE ONLY "app"."orders"');
+  });
+
+  test('REPLICA IDENTITY NOTHING: UPDATE and DELETE fail with a typed ApplyError naming the table', () => {
+    const nothing = relation({ name: 'log', identity: 'nothing', columns: [{ name: 'line' }, { name: 'at' }] });
+    // Inserts need no identity.
+    assert.equal(insertStatement(nothing, [t('x'), t('y')]).params.length, 2);
+    for (const run of [() => updateStatement(nothing, undefined, undefined, [t('x'), t('y')]), () => deleteStatement(nothing, 'key', [t('x'), t('y')])]) {
+      assert.throws(run, (err: unknown) => {
+        assert.ok(err instanceof ApplyError);
+        assert.equal(err.code, 'PGSUB_APPLY_FAILED');
+        assert.equal(err.context.relation, 'app.log');
+        assert.match(err.message, /"app\.log"/);
+        assert.match(err.message, /replica identity/);
+        return true;
+      });
+    }
+  });
+
+  test('tuples that do not fit the Relation message, or carry values the mode cannot take, are ApplyErrors', () => {
+    assert.throws(() => insertStatement(orders, [t('1'), t('2')] as Tuple), ApplyError);
+    assert.throws(() => insertStatement(orders, [t('1'), t('2'), UNCHANGED]), /unchanged TOAST value.*"note"/);
+    assert.throws(() => insertStatement(orders, [t('1'), t('2'), { kind: 'binary', value: Buffer.from('x') }]), /binary value/);
+    assert.throws(() => updateStatement(orders, undefined, undefined, [t('1'), UNCHANGED, t('n')]), /unchanged TOAST value.*"id"/);
+  });
+});
