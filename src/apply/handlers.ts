@@ -26,7 +26,6 @@ import { originXactSetupStatement } from '../origin/replorigin.js';
 import { commitProgressStatement } from '../origin/store.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Statement } from './statements.js';
-import { send } from './target.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
@@ -41,15 +40,15 @@ async function changeTarget(state: ApplyState, what: string): Promise<RemoteTran
   if (xact.skipping) return null;
   if (!xact.open) {
     xact.open = true;
-    await state.pipeline.push(send(state.sql, 'BEGIN'));
+    await state.pipeline.push(state.conn.execute('BEGIN'));
   }
   xact.changes++;
   return xact;
 }
 
 function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void): Promise<void> {
-  const result: Promise<unknown> = send(state.sql, statement.text, statement.params);
-  return state.pipeline.push(onCount ? result.then((r) => onCount((r as { count: number }).count)) : result);
+  const result = state.conn.execute(statement.text, statement.params);
+  return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result);
 }
 
 function onBegin(state: ApplyState, m: BeginMessage): void {
@@ -79,12 +78,18 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
   await sendStatement(state, progress, (count) => {
     if (count !== 1) throw new ApplyError(`origin row of subscription "${state.subscription}" is missing in the target`);
   });
-  const commit = send(state.sql, 'COMMIT');
+  const commit = state.conn.execute('COMMIT');
   await state.pipeline.push(commit);
+  // Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
+  const synced = state.conn.sync();
+  await state.pipeline.push(synced);
   await state.pipeline.drain();
   // COMMIT of a failed transaction answers ROLLBACK without an error; never count that.
   const { command } = await commit;
-  if (command !== 'COMMIT') throw new ApplyError(`target answered ${command} to COMMIT of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  const status = await synced;
+  if (command !== 'COMMIT' || status !== 'I') {
+    throw new ApplyError(`target answered ${command} (status ${status}) to COMMIT of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  }
   state.xact = null;
   state.counters.transactionsApplied++;
   state.counters.changesApplied += xact.changes;
@@ -110,14 +115,14 @@ function onMessage(state: ApplyState, m: LogicalMessage): void {
 
 async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
   if (!(await changeTarget(state, 'INSERT'))) return;
-  const rel = await state.relations.resolve(state.sql, m.relationId);
+  const rel = await state.relations.resolve(state.conn, m.relationId);
   await sendStatement(state, insertStatement(rel, m.newTuple));
 }
 
 async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
   const xact = await changeTarget(state, 'UPDATE');
   if (!xact) return;
-  const rel = await state.relations.resolve(state.sql, m.relationId);
+  const rel = await state.relations.resolve(state.conn, m.relationId);
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
       // Native's update_missing default: the change is skipped, logged and counted.
@@ -130,7 +135,7 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
 async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
   const xact = await changeTarget(state, 'DELETE');
   if (!xact) return;
-  const rel = await state.relations.resolve(state.sql, m.relationId);
+  const rel = await state.relations.resolve(state.conn, m.relationId);
   await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
     if (count === 0) {
       state.counters.deleteMissing++;
@@ -142,7 +147,7 @@ async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
 async function onTruncate(state: ApplyState, m: TruncateMessage): Promise<void> {
   if (!(await changeTarget(state, 'TRUNCATE'))) return;
   const rels = [];
-  for (const id of m.relationIds) rels.push(await state.relations.resolve(state.sql, id));
+  for (const id of m.relationIds) rels.push(await state.relations.resolve(state.conn, id));
   await sendStatement(state, truncateStatement(rels, m.restartIdentity));
 }
 

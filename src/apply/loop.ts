@@ -22,7 +22,8 @@ import { dispatch } from './handlers.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from './relmap.js';
 import type { ApplyCounters, ApplyState } from './state.js';
-import { Pipeline, send, type Sql } from './target.js';
+import { Pipeline, type WireConnection } from './target.js';
+import { PipelineAbortedError } from './wire.js';
 
 type WorkItem =
   | { kind: 'message'; message: PgOutputMessage }
@@ -34,7 +35,7 @@ type WorkItem =
 export interface ApplyLoopOptions {
   subscription: string;
   stream: ReplicationStream;
-  sql: Sql;
+  conn: WireConnection;
   relations: RelationMap;
   progress: Progress;
   counters: ApplyCounters;
@@ -75,7 +76,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
 
   const state: ApplyState = {
     subscription: opts.subscription,
-    sql: opts.sql,
+    conn: opts.conn,
     pipeline,
     relations: opts.relations,
     progress,
@@ -94,7 +95,9 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   };
 
   const fail = (err: unknown) => {
-    if (failure === null && !stopping) failure = err;
+    // A statement skipped after an earlier failure: report the earlier one, the root cause.
+    const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
+    if (failure === null && !stopping) failure = root;
     queue.close();
     stream.destroy();
   };
@@ -126,7 +129,10 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     const lsn = progress.processed;
     lastRecordAt = Date.now();
     const statement = idleProgressStatement(opts.subscription, lsn);
-    await send(opts.sql, statement.text, statement.params);
+    // Outside BEGIN, the statement and the Sync form one implicit transaction.
+    const update = opts.conn.execute(statement.text, statement.params);
+    await opts.conn.sync();
+    await update;
     progress.noteDurable(lsn);
     state.onDurable();
   }
@@ -177,7 +183,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     if (state.xact?.open) {
       // Roll back the partial remote transaction; it is resent after restart.
       pipeline.reset();
-      await send(opts.sql, 'ROLLBACK').catch(() => {});
+      await opts.conn.sync().catch(() => {});
+      await Promise.all([opts.conn.execute('ROLLBACK'), opts.conn.sync()]).catch(() => {});
     }
     state.xact = null;
     if (failure === null) sendFeedback();

@@ -16,7 +16,7 @@
 import { SchemaMismatchError } from '../errors.js';
 import type { RelationMessage } from '../protocol/messages.js';
 import { quoteQualified } from '../quote.js';
-import type { Sql } from './target.js';
+import { queryRows, type WireConnection } from './target.js';
 
 export interface TargetColumn {
   name: string;
@@ -77,7 +77,7 @@ export class RelationMap {
     return rel;
   }
 
-  async resolve(sql: Sql, relationId: number): Promise<MappedRelation> {
+  async resolve(conn: WireConnection, relationId: number): Promise<MappedRelation> {
     const cached = this.mapped.get(relationId);
     if (cached) return cached;
     const remote = this.remoteRelation(relationId);
@@ -85,8 +85,10 @@ export class RelationMap {
     const schema = remote.namespace === '' ? 'pg_catalog' : remote.namespace;
     const displayName = `${schema}.${remote.name}`;
     const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
-    // The apply connection passes values through as text: booleans arrive as 't'/'f'.
-    const rows = await sql.unsafe<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string }[]>(
+    // Catalog rows come back as text: booleans arrive as 't'/'f'.
+    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string }>(
+      conn,
+      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind'],
       `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
               (${generatedExpr})::text AS generated, c.relkind::text AS relkind
          FROM pg_catalog.pg_class c
@@ -129,7 +131,7 @@ export class RelationMap {
       );
     }
     if (remote.replicaIdentity === 'full') {
-      const equality = await typeEquality(sql, this.targetVersionNum, targetColumns.map((c) => c.typeOid));
+      const equality = await typeEquality(conn, this.targetVersionNum, targetColumns.map((c) => c.typeOid));
       for (const c of targetColumns) c.hasEquality = equality.get(c.typeOid) ?? false;
     }
     const mapped: MappedRelation = {
@@ -146,14 +148,14 @@ export class RelationMap {
   }
 }
 
-interface TypeRow {
+type TypeRow = {
   oid: string;
   typtype: string;
   base: string;
   elem: string;
   fields: string | null;
   has_opclass: string;
-}
+};
 
 /**
  * Which of `typeOids` have an equality operator the way lookup_type_cache(…,
@@ -166,11 +168,13 @@ interface TypeRow {
  * box, polygon… have none: native then fails the change with "could not identify an
  * equality operator for type json"; statements.ts compares their text forms instead.
  */
-async function typeEquality(sql: Sql, targetVersionNum: number, typeOids: number[]): Promise<Map<number, boolean>> {
+async function typeEquality(conn: WireConnection, targetVersionNum: number, typeOids: number[]): Promise<Map<number, boolean>> {
   // get_element_type: a "true" array type (PostgreSQL 14 gave types a subscript handler).
   const isArray =
     targetVersionNum >= 140000 ? `t.typelem <> 0 AND t.typsubscript = 'pg_catalog.array_subscript_handler'::pg_catalog.regproc` : `t.typelem <> 0 AND t.typlen = -1`;
-  const rows = await sql.unsafe<TypeRow[]>(
+  const rows = await queryRows<TypeRow>(
+    conn,
+    ['oid', 'typtype', 'base', 'elem', 'fields', 'has_opclass'],
     `WITH RECURSIVE reach(oid) AS (
          SELECT DISTINCT pg_catalog.unnest($1::pg_catalog.oid[])
        UNION

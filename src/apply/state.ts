@@ -8,7 +8,7 @@ import type { Logger } from '../log.js';
 import type { Lsn } from '../protocol/lsn.js';
 import type { Progress } from '../origin/progress.js';
 import type { RelationMap } from './relmap.js';
-import type { Pipeline, Sql } from './target.js';
+import type { Pipeline, WireConnection } from './target.js';
 
 export interface RemoteTransaction {
   xid: number;
@@ -31,7 +31,7 @@ export interface ApplyCounters {
 
 export interface ApplyState {
   readonly subscription: string;
-  readonly sql: Sql;
+  readonly conn: WireConnection;
   readonly pipeline: Pipeline;
   readonly relations: RelationMap;
   readonly progress: Progress;

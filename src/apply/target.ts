@@ -1,39 +1,55 @@
 /**
- * The apply connection to the target (porsager `postgres`, one connection, max: 1).
- * Its session behaves like the native apply worker's: session_replication_role =
- * replica (ordinary triggers and FK checks do not fire; ENABLE REPLICA/ALWAYS triggers
- * do), an empty search_path so only schema-qualified names resolve, and the configured
- * synchronous_commit. These are startup parameters, so they survive a driver reconnect.
+ * Connections to the target.
  *
- * Statements are pipelined: `send` puts one on the wire without waiting for its result;
- * `Pipeline` bounds how many are outstanding and surfaces the first error in send order.
+ * The apply connection is a WireConnection (wire.ts): pipelined, one named prepared
+ * statement per SQL text, values in text or binary format as pgoutput sent them. Its
+ * session behaves like the native apply worker's: session_replication_role = replica
+ * (ordinary triggers and FK checks do not fire; ENABLE REPLICA/ALWAYS triggers do), an
+ * empty search_path so only schema-qualified names resolve, and the configured
+ * synchronous_commit. These are startup parameters, set before the first statement.
+ *
+ * The maintenance connection (porsager `postgres`) serves drizzle: pgsub's schema
+ * migrations, progress reads, `pgsub status`.
+ *
+ * `Pipeline` bounds how many statements are outstanding and surfaces the first error in
+ * send order.
  */
 import postgres from 'postgres';
-import { redactConninfo, redactSecrets, tlsOptions, type ConnInfo } from '../config/conninfo.js';
-import { ConnectionLostError } from '../errors.js';
+import { tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { WireConnection, type WireValue } from './wire.js';
 
 export type Sql = postgres.Sql<Record<string, never>>;
-export type Row = Record<string, unknown>;
-export interface StatementResult { count: number; rows: Row[]; command: string }
+export type { WireConnection, WireValue };
 
-// Values reach us as the publisher's text output; the driver must pass them through
-// untouched (its defaults would JSON-encode json, re-format dates and booleans…).
-const PASS_THROUGH_OIDS = [16, 17, 20, 21, 23, 26, 114, 700, 701, 1082, 1114, 1184, 3802];
-
-export interface TargetOptions {
+export interface ApplyConnectionOptions {
   applicationName: string;
   synchronousCommit: string;
-  /** Apply-session settings; off for pgsub's own maintenance connections. */
-  replicaRole: boolean;
 }
 
-export function openTarget(info: ConnInfo, opts: TargetOptions): Sql {
-  const connection: Record<string, string> = {
-    application_name: opts.applicationName,
-    search_path: '',
-    synchronous_commit: opts.synchronousCommit,
-  };
-  if (opts.replicaRole) connection.session_replication_role = 'replica';
+export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions): Promise<WireConnection> {
+  return WireConnection.connect(info, {
+    applicationName: opts.applicationName,
+    startupParameters: {
+      search_path: '',
+      session_replication_role: 'replica',
+      synchronous_commit: opts.synchronousCommit,
+      datestyle: 'ISO',
+      intervalstyle: 'postgres',
+      extra_float_digits: '3',
+    },
+  });
+}
+
+/** Rows of a catalog query as objects, by the names of its SELECT list in order. */
+export async function queryRows<T extends Record<string, string | null>>(conn: WireConnection, names: readonly (keyof T & string)[], text: string, params: WireValue[] = []): Promise<T[]> {
+  const result = await conn.execute(text, params, { wantRows: true });
+  return result.rows.map((row) => Object.fromEntries(names.map((n, i) => [n, (row[i] ?? null) as string | null])) as T);
+}
+
+// Values are read back as text: the driver must not re-parse them (booleans stay 't'/'f').
+const PASS_THROUGH_OIDS = [16, 17, 20, 21, 23, 26, 114, 700, 701, 1082, 1114, 1184, 3802];
+
+export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
   return postgres({
     host: info.host,
     port: info.port,
@@ -47,32 +63,12 @@ export function openTarget(info: ConnInfo, opts: TargetOptions): Sql {
     connect_timeout: info.connectTimeoutSeconds ?? 30,
     fetch_types: false,
     prepare: true,
-    connection,
+    connection: { application_name: applicationName },
     onnotice: () => {},
     types: {
       pgsubText: { to: 25, from: PASS_THROUGH_OIDS, serialize: (x: unknown) => String(x), parse: (x: string) => x },
     },
   } as unknown as postgres.Options<Record<string, never>>) as unknown as Sql;
-}
-
-/** Send a statement now; the promise settles when its result arrives. */
-export function send(sql: Sql, text: string, params: unknown[] = []): Promise<StatementResult> {
-  const query = sql.unsafe(text, params as postgres.ParameterOrJSON<never>[], { prepare: true });
-  query.execute();
-  return Promise.resolve(query).then((result) => ({
-    count: result.count ?? 0,
-    rows: result as unknown as Row[],
-    command: (result as unknown as { command: string }).command,
-  }));
-}
-
-/** Connection-level failures are retryable; SQL errors carry a SQLSTATE and are not rewritten. */
-export function classifyTargetError(err: unknown, info: ConnInfo): unknown {
-  const e = err as { code?: string; message?: string };
-  if (e && typeof e.code === 'string' && /^(CONNECTION_|ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|CONNECT_TIMEOUT)/.test(e.code)) {
-    return new ConnectionLostError(`target connection lost (${redactConninfo(info)}): ${redactSecrets(e.message ?? '')}`, { target: redactConninfo(info) }, { cause: err });
-  }
-  return err;
 }
 
 /**

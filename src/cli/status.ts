@@ -4,13 +4,13 @@
  * holds. Read-only on both sides.
  */
 import type { Config } from '../config/config.js';
-import { openTarget } from '../apply/target.js';
+import { openMaintenance } from '../apply/target.js';
 import { formatLsn, parseLsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { loadOrigin } from '../origin/store.js';
 
 export async function printStatus(config: Config, json: boolean): Promise<void> {
-  const sql = openTarget(config.target, { applicationName: `pgsub_${config.subscription}_status`, synchronousCommit: 'on', replicaRole: false });
+  const sql = openMaintenance(config.target, `pgsub_${config.subscription}_status`);
   const replication = await ReplicationConnection.open(config.source, `pgsub_${config.subscription}_status`);
   try {
     const hasSchema = await sql.unsafe<{ ok: boolean }[]>(`SELECT pg_catalog.to_regclass('pgsub.origin') IS NOT NULL AS ok`);

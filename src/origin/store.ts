@@ -14,7 +14,7 @@ import { fileURLToPath } from 'node:url';
 import type { ConnInfo } from '../config/conninfo.js';
 import { formatLsn, parseLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp } from '../protocol/messages.js';
-import { openTarget, type Sql } from '../apply/target.js';
+import { openMaintenance, type Sql } from '../apply/target.js';
 import { origin } from './schema.js';
 
 /** migrations/ sits at the package root, above src/ (tsx) or dist/src/ (built). */
@@ -43,7 +43,7 @@ export interface OriginRow {
 
 /** Create or upgrade pgsub's schema in the target; idempotent. */
 export async function migrateTarget(info: ConnInfo, applicationName: string): Promise<void> {
-  const sql = openTarget(info, { applicationName, synchronousCommit: 'on', replicaRole: false });
+  const sql = openMaintenance(info, applicationName);
   try {
     await sql.unsafe('SELECT pg_catalog.pg_advisory_lock($1)', [String(MIGRATION_LOCK_KEY)]);
     try {

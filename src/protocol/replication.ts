@@ -69,6 +69,9 @@ export class ReplicationConnection {
       application_name: applicationName,
       connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
       replication: 'database',
+      // As native's walreceiver: pgoutput's text output must not depend on the publisher
+      // database's DateStyle/IntervalStyle, and floats must round-trip exactly.
+      options: '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3',
     } as pg.ClientConfig);
     // Errors after connect surface through the stream; this keeps pg from throwing globally.
     client.on('error', () => {});

@@ -18,7 +18,7 @@ import { createOrigin, loadOrigin, migrateTarget } from '../origin/store.js';
 import { startApplyLoop, type ApplyLoop } from '../apply/loop.js';
 import { RelationMap } from '../apply/relmap.js';
 import type { ApplyCounters } from '../apply/state.js';
-import { openTarget, send, type Sql } from '../apply/target.js';
+import { openApplyConnection, openMaintenance, type Sql, type WireConnection } from '../apply/target.js';
 
 export interface SessionHandle {
   /** Resolves when stopped, rejects on failure. */
@@ -35,13 +35,16 @@ export interface SessionEvents {
 export async function startSession(config: Config, counters: ApplyCounters, log: Logger, events: SessionEvents = {}): Promise<SessionHandle> {
   const appName = `pgsub_${config.subscription}`;
   await migrateTarget(config.target, appName);
-  let sql: Sql | null = null;
+  let conn: WireConnection | null = null;
   let replication: ReplicationConnection | null = null;
   try {
-    sql = openTarget(config.target, { applicationName: appName, synchronousCommit: config.synchronousCommit, replicaRole: true });
-    const [targetVersion] = await sql.unsafe<{ server_version_num: string }[]>('SHOW server_version_num');
-    const applySql = sql;
-    await setupSessionOrigin((text, params) => send(applySql, text, params), replicationOriginName(config.subscription));
+    conn = await openApplyConnection(config.target, { applicationName: appName, synchronousCommit: config.synchronousCommit });
+    const applyConn = conn;
+    await setupSessionOrigin(async (text, params) => {
+      const result = applyConn.execute(text, params);
+      await applyConn.sync();
+      return result;
+    }, replicationOriginName(config.subscription));
     replication = await ReplicationConnection.open(config.source, appName);
     const protoVersion = protoVersionFor(replication.serverVersionNum);
     checkOptionsAgainstPublisher(config, replication.serverVersionNum);
@@ -51,9 +54,11 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     }
     const identity = await replication.identifySystem();
     await checkPublications(config, replication);
-    const startLsn = await reconcileSlot(config, replication, sql, log);
+    const openReplicationConn = replication;
+    const maintenance = openMaintenance(config.target, appName);
+    const startLsn = await reconcileSlot(config, openReplicationConn, maintenance, log).finally(() => maintenance.end({ timeout: 5 }));
     const progress = new Progress(startLsn);
-    const relations = new RelationMap(Number(targetVersion?.server_version_num));
+    const relations = new RelationMap(conn.serverVersionNum);
     const stream = replication.startReplication({
       slotName: config.slotName,
       startLsn,
@@ -70,7 +75,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     const loop: ApplyLoop = startApplyLoop({
       subscription: config.subscription,
       stream,
-      sql,
+      conn,
       relations,
       progress,
       counters,
@@ -82,16 +87,14 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       maxInFlight: config.maxInFlight,
       queueSize: config.queueSize,
     });
-    const openSql = sql;
-    const openReplication = replication;
     const done = loop.done.finally(async () => {
-      await openReplication.close();
-      await openSql.end({ timeout: 5 }).catch(() => {});
+      await openReplicationConn.close();
+      await applyConn.close().catch(() => {});
     });
     return { done, stop: () => loop.stop(), progress };
   } catch (err) {
     await replication?.close();
-    await sql?.end({ timeout: 5 }).catch(() => {});
+    await conn?.close().catch(() => {});
     throw err;
   }
 }
