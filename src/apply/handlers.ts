@@ -24,6 +24,7 @@ import type {
 } from '../protocol/messages.js';
 import { originXactSetupStatement } from '../origin/replorigin.js';
 import { commitProgressStatement } from '../origin/store.js';
+import { advanceSyncStatement, setStateStatement } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Statement } from './statements.js';
 
@@ -34,10 +35,25 @@ function requireTransaction(state: ApplyState, what: string): RemoteTransaction 
   return state.xact;
 }
 
-/** The transaction to apply into, opening the target transaction on first use; null when skipping. */
-async function changeTarget(state: ApplyState, what: string): Promise<RemoteTransaction | null> {
+/**
+ * Whether this transaction's changes to a relation are applied (tablesync/state.ts):
+ * ready tables take commits at or after the origin, syncing tables commits at or after
+ * their own position, tables still being copied nothing.
+ */
+function applies(state: ApplyState, xact: RemoteTransaction, relationId: number): boolean {
+  const remote = state.relations.remoteRelation(relationId);
+  const schema = remote.namespace === '' ? 'pg_catalog' : remote.namespace;
+  if (!state.sync.isKnown(schema, remote.name)) state.onUnknownTable(schema, remote.name);
+  if (!state.sync.shouldApply(schema, remote.name, xact.finalLsn, state.progress.durable)) return false;
+  const entry = state.sync.get(schema, remote.name);
+  if (entry && entry.state !== 'r') xact.syncTouched.add(entry);
+  return true;
+}
+
+/** The transaction to apply into, opening the target transaction on first use; null when skipped. */
+async function changeTarget(state: ApplyState, what: string, relationId: number): Promise<RemoteTransaction | null> {
   const xact = requireTransaction(state, what);
-  if (xact.skipping) return null;
+  if (!applies(state, xact, relationId)) return null;
   if (!xact.open) {
     xact.open = true;
     await state.pipeline.push(state.conn.execute('BEGIN'));
@@ -47,7 +63,7 @@ async function changeTarget(state: ApplyState, what: string): Promise<RemoteTran
 }
 
 function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void): Promise<void> {
-  const result = state.conn.execute(statement.text, statement.params);
+  const result = state.conn.execute(statement.text, statement.params, statement.paramTypes ? { paramTypes: statement.paramTypes } : undefined);
   return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result);
 }
 
@@ -55,9 +71,11 @@ function onBegin(state: ApplyState, m: BeginMessage): void {
   if (state.xact) {
     throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN of xid ${m.xid} while xid ${state.xact.xid} is still open`);
   }
-  const skipping = m.finalLsn < state.progress.durable;
-  if (skipping) state.log.info({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'skipping transaction already applied');
-  state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, skipping, open: false, changes: 0 };
+  // Below the origin (a re-streamed range, or a transaction resent): only tables catching
+  // up take its changes; for everything else it was applied before.
+  const behind = m.finalLsn < state.progress.durable;
+  if (behind) state.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
+  state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set() };
 }
 
 async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
@@ -67,17 +85,23 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
   }
   if (!xact.open) {
     // Nothing to write: skipped, or no published change. The position is recorded later.
-    if (xact.skipping) state.counters.transactionsSkipped++;
+    if (xact.behind) state.counters.transactionsSkipped++;
     state.xact = null;
     state.progress.noteProcessed(m.endLsn);
     return;
   }
   // The commit record carries the remote LSN and time, like a native apply's (origin.c).
   await sendStatement(state, originXactSetupStatement(m.endLsn, m.commitTime));
-  const progress = commitProgressStatement(state.subscription, m.endLsn, m.commitTime);
-  await sendStatement(state, progress, (count) => {
-    if (count !== 1) throw new ApplyError(`origin row of subscription "${state.subscription}" is missing in the target`);
-  });
+  if (!xact.behind) {
+    const progress = commitProgressStatement(state.subscription, m.endLsn, m.commitTime);
+    await sendStatement(state, progress, (count) => {
+      if (count !== 1) throw new ApplyError(`origin row of subscription "${state.subscription}" is missing in the target`);
+    });
+  }
+  // Tables catching up record their own position; those now level with the origin become ready.
+  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.subscription, t, m.endLsn));
+  const promoted = xact.behind ? [] : state.sync.promotable(m.endLsn, state.progress.durable);
+  for (const t of promoted) await sendStatement(state, setStateStatement(state.subscription, t, 'r', null));
   const commit = state.conn.execute('COMMIT');
   await state.pipeline.push(commit);
   // Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
@@ -91,8 +115,15 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
     throw new ApplyError(`target answered ${command} (status ${status}) to COMMIT of remote xid ${xact.xid}`, { remoteXid: xact.xid });
   }
   state.xact = null;
-  state.counters.transactionsApplied++;
+  for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: m.endLsn });
+  for (const t of promoted) state.sync.set({ ...t, state: 'r', syncLsn: null });
+  if (promoted.length > 0) state.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(m.endLsn) }, 'tables ready');
   state.counters.changesApplied += xact.changes;
+  if (xact.behind) {
+    state.onDurable();
+    return;
+  }
+  state.counters.transactionsApplied++;
   state.progress.noteDurable(m.endLsn);
   state.onDurable();
 }
@@ -114,13 +145,13 @@ function onMessage(state: ApplyState, m: LogicalMessage): void {
 }
 
 async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
-  if (!(await changeTarget(state, 'INSERT'))) return;
+  if (!(await changeTarget(state, 'INSERT', m.relationId))) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
   await sendStatement(state, insertStatement(rel, m.newTuple));
 }
 
 async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
-  const xact = await changeTarget(state, 'UPDATE');
+  const xact = await changeTarget(state, 'UPDATE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
@@ -133,7 +164,7 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
 }
 
 async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
-  const xact = await changeTarget(state, 'DELETE');
+  const xact = await changeTarget(state, 'DELETE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
   await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
@@ -145,9 +176,11 @@ async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
 }
 
 async function onTruncate(state: ApplyState, m: TruncateMessage): Promise<void> {
-  if (!(await changeTarget(state, 'TRUNCATE'))) return;
+  const xact = requireTransaction(state, 'TRUNCATE');
+  const ids = m.relationIds.filter((id) => applies(state, xact, id));
+  if (ids.length === 0 || !(await changeTarget(state, 'TRUNCATE', ids[0]!))) return;
   const rels = [];
-  for (const id of m.relationIds) rels.push(await state.relations.resolve(state.conn, id));
+  for (const id of ids) rels.push(await state.relations.resolve(state.conn, id));
   await sendStatement(state, truncateStatement(rels, m.restartIdentity));
 }
 

@@ -21,6 +21,7 @@ import type { Progress } from '../origin/progress.js';
 import { dispatch } from './handlers.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from './relmap.js';
+import { setStateStatement, type SyncStates } from '../tablesync/state.js';
 import type { ApplyCounters, ApplyState } from './state.js';
 import { Pipeline, type WireConnection } from './target.js';
 import { PipelineAbortedError } from './wire.js';
@@ -39,6 +40,8 @@ export interface ApplyLoopOptions {
   relations: RelationMap;
   progress: Progress;
   counters: ApplyCounters;
+  sync: SyncStates;
+  onUnknownTable(schema: string, table: string): void;
   log: Logger;
   statusIntervalMs: number;
   receiveTimeoutMs: number;
@@ -69,7 +72,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
 
   const sendFeedback = (replyRequested = false) => {
     lastFeedbackAt = Date.now();
-    const status = progress.standbyStatus();
+    // Never confirm past what a table being synced still needs from the stream.
+    const status = progress.standbyStatus(opts.sync.heldLsn());
     stream.sendStandbyStatus({ ...status, replyRequested });
     log.trace({ write: formatLsn(status.written), flush: formatLsn(status.flushed) }, 'feedback sent');
   };
@@ -82,6 +86,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     progress,
     log,
     counters: opts.counters,
+    sync: opts.sync,
+    onUnknownTable: opts.onUnknownTable,
     xact: null,
     onDurable() {
       // Coalesce: one feedback for a burst of commits.
@@ -129,10 +135,14 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     const lsn = progress.processed;
     lastRecordAt = Date.now();
     const statement = idleProgressStatement(opts.subscription, lsn);
-    // Outside BEGIN, the statement and the Sync form one implicit transaction.
-    const update = opts.conn.execute(statement.text, statement.params);
+    const promoted = opts.sync.promotable(lsn, progress.durable);
+    // Outside BEGIN, the statements and the Sync form one implicit transaction.
+    const results = [statement, ...promoted.map((t) => setStateStatement(opts.subscription, t, 'r', null))].map((s) => opts.conn.execute(s.text, s.params));
+    results.forEach((r) => r.catch(() => {}));
     await opts.conn.sync();
-    await update;
+    await Promise.all(results);
+    for (const t of promoted) opts.sync.set({ ...t, state: 'r', syncLsn: null });
+    if (promoted.length > 0) log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(lsn) }, 'tables ready');
     progress.noteDurable(lsn);
     state.onDurable();
   }

@@ -8,17 +8,20 @@ import type { Logger } from '../log.js';
 import type { Lsn } from '../protocol/lsn.js';
 import type { Progress } from '../origin/progress.js';
 import type { RelationMap } from './relmap.js';
+import type { SyncStates, TableSync } from '../tablesync/state.js';
 import type { Pipeline, WireConnection } from './target.js';
 
 export interface RemoteTransaction {
   xid: number;
   finalLsn: Lsn;
   commitTime: bigint;
-  /** Already applied before (commit LSN below the recorded origin): received and dropped. */
-  skipping: boolean;
+  /** Commit LSN below the origin: applied only to tables catching up (re-streamed range). */
+  behind: boolean;
   /** A target BEGIN has been sent (deferred until the first change). */
   open: boolean;
   changes: number;
+  /** Tables not ready yet that this transaction changed: their own positions advance with it. */
+  syncTouched: Set<TableSync>;
 }
 
 export interface ApplyCounters {
@@ -37,7 +40,10 @@ export interface ApplyState {
   readonly progress: Progress;
   readonly log: Logger;
   readonly counters: ApplyCounters;
+  readonly sync: SyncStates;
   xact: RemoteTransaction | null;
+  /** A change for a table the sync states do not know: the publication gained a table. */
+  onUnknownTable(schema: string, table: string): void;
   /** Called after the target committed a new durable position. */
   onDurable(): void;
 }

@@ -32,6 +32,9 @@ const fileSchema = z
     slot_name: identifier.optional(),
     // CREATE SUBSCRIPTION options.
     copy_data: boolish.default(true),
+    truncate_before_copy: boolish.default(false),
+    max_sync_workers: z.coerce.number().int().min(1).max(64).default(4),
+    refresh_interval: seconds.default(60),
     create_slot: boolish.default(true),
     enabled: boolish.default(true),
     connect: boolish.default(true),
@@ -65,6 +68,11 @@ export interface Config {
   publications: string[];
   slotName: string;
   copyData: boolean;
+  /** Empty a non-empty target table before its initial copy instead of refusing. */
+  truncateBeforeCopy: boolean;
+  /** Parallel COPY streams for the table sync (tables and ranges of large tables). */
+  maxSyncWorkers: number;
+  refreshIntervalMs: number;
   createSlot: boolean;
   binary: boolean;
   streaming: 'off' | 'on' | 'parallel';
@@ -151,6 +159,9 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     publications: Array.isArray(c.publication) ? c.publication : c.publication.split(',').map((s) => s.trim()).filter(Boolean),
     slotName: c.slot_name ?? c.subscription,
     copyData: c.copy_data,
+    truncateBeforeCopy: c.truncate_before_copy,
+    maxSyncWorkers: c.max_sync_workers,
+    refreshIntervalMs: c.refresh_interval * 1000,
     createSlot: c.create_slot,
     binary: c.binary,
     streaming,
@@ -183,10 +194,8 @@ function rejectUnimplemented(c: FileConfig, streaming: string): void {
   const refuse = (key: string, value: unknown, hint: string) => {
     throw new NotImplementedError(`${key} = ${String(value)} is not implemented yet: ${hint}`, { key });
   };
-  if (c.copy_data) refuse('copy_data', true, 'the initial table copy is not built yet; set copy_data: false (PGSUB_COPY_DATA=false) to replicate changes only, with the target tables already holding the same rows');
   if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
-  if (c.binary) refuse('binary', true, 'values are exchanged in text format for now');
   if (streaming !== 'off') refuse('streaming', streaming, 'large transactions are received whole (streaming off)');
   if (c.synchronous_commit === 'off') refuse('synchronous_commit', 'off', 'flush tracking for asynchronous commits is not built yet; use on, local, remote_write or remote_apply');
   if (c.two_phase) refuse('two_phase', true, 'prepared transactions are decoded at COMMIT PREPARED (two_phase false)');

@@ -43,7 +43,9 @@ export class Progress {
     return this.processed > this.durable;
   }
 
-  standbyStatus(): { written: Lsn; flushed: Lsn; applied: Lsn } {
-    return { written: maxLsn(this.received, this.durable), flushed: this.durable, applied: this.durable };
+  /** `held`: a position a table being synced still needs; flush is never reported past it. */
+  standbyStatus(held: Lsn | null = null): { written: Lsn; flushed: Lsn; applied: Lsn } {
+    const flushed = held !== null && held < this.durable ? held : this.durable;
+    return { written: maxLsn(this.received, this.durable), flushed, applied: flushed };
   }
 }

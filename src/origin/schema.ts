@@ -22,3 +22,18 @@ export const origin = pgsubSchema.table('origin', {
   createdAt: timestamp('created_at', { withTimezone: true, mode: 'string' }).notNull(),
   updatedAt: timestamp('updated_at', { withTimezone: true, mode: 'string' }).notNull(),
 });
+
+/** Per-table sync state (pg_subscription_rel's analogue); see migrations/0001. */
+export const subscriptionRel = pgsubSchema.table('subscription_rel', {
+  subscription: text('subscription').notNull(),
+  schemaName: text('schema_name').notNull(),
+  tableName: text('table_name').notNull(),
+  state: text('state').notNull(),
+  syncLsn: pgLsn('sync_lsn'),
+  rowsCopied: bigint('rows_copied', { mode: 'number' }).notNull(),
+  bytesCopied: bigint('bytes_copied', { mode: 'number' }).notNull(),
+  copyStartedAt: timestamp('copy_started_at', { withTimezone: true, mode: 'string' }),
+  copyFinishedAt: timestamp('copy_finished_at', { withTimezone: true, mode: 'string' }),
+  readyAt: timestamp('ready_at', { withTimezone: true, mode: 'string' }),
+  updatedAt: timestamp('updated_at', { withTimezone: true, mode: 'string' }).notNull(),
+});

@@ -131,6 +131,20 @@ export class ReplicationConnection {
     return { consistentPoint: parseLsn(row.consistent_point) };
   }
 
+  /**
+   * A temporary slot whose only use is its exported snapshot: a view of the database
+   * consistent with `consistentPoint`, importable by other sessions (SET TRANSACTION
+   * SNAPSHOT) while this connection stays idle. The slot vanishes with the connection.
+   */
+  async createSnapshotSlot(name: string): Promise<{ consistentPoint: Lsn; snapshotName: string }> {
+    const res = await this.client.query<{ consistent_point: string; snapshot_name: string }>(
+      `CREATE_REPLICATION_SLOT ${quoteIdent(name)} TEMPORARY LOGICAL pgoutput EXPORT_SNAPSHOT`,
+    );
+    const row = res.rows[0];
+    if (!row?.snapshot_name) throw new SourceSetupError(`CREATE_REPLICATION_SLOT ${name} exported no snapshot`);
+    return { consistentPoint: parseLsn(row.consistent_point), snapshotName: row.snapshot_name };
+  }
+
   /** Enter CopyBoth mode. The returned stream yields one Buffer per CopyData frame. */
   startReplication(opts: StartOptions): ReplicationStream {
     const options: string[] = [

@@ -11,6 +11,8 @@ import { PgsubError } from '../errors.js';
 import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/state.js';
+import { Launcher } from '../tablesync/launcher.js';
+import { SyncStates } from '../tablesync/state.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
 
 export interface Runner {
@@ -19,6 +21,8 @@ export interface Runner {
   stop(): void;
   counters: ApplyCounters;
   current(): SessionHandle | null;
+  sync: SyncStates;
+  launcher: Launcher;
 }
 
 export function isRetryable(err: unknown): boolean {
@@ -44,12 +48,41 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   let stopped = false;
   let session: SessionHandle | null = null;
   let wake: (() => void) | null = null;
+  let streaming = false;
+  const sync = new SyncStates(config.copyData);
+  // A copy that finished behind the stream needs the stream restarted from its position;
+  // wait until no copy runs, so one restart serves them all.
+  const restartForFinishedCopies = () => {
+    if (!streaming || launcher.busy || stopped) return;
+    if (sync.all().some((t) => t.state === 'f')) {
+      log.info({}, 'restarting the stream so finished copies catch up');
+      session?.stop();
+    }
+  };
+  const launcher = new Launcher(config, log, sync, { onCopyFinished: restartForFinishedCopies, onIdle: restartForFinishedCopies });
+  let launcherStarted = false;
+  const beforeStreaming = async () => {
+    streaming = false;
+    await launcher.load();
+    await launcher.refresh();
+    if (!launcherStarted) {
+      launcherStarted = true;
+      launcher.startPeriodicRefresh();
+    }
+    // The initial copy: nothing is ready yet, so streaming now would only be re-streamed.
+    if (!sync.all().some((t) => t.state === 'r' || t.state === 's')) {
+      while (!stopped && sync.copying().length > 0) await new Promise((r) => setTimeout(r, 200));
+      if (sync.all().length > 0) log.info({ tables: sync.all().length }, 'initial copy finished');
+    }
+    streaming = true;
+  };
+  const deps = { sync, beforeStreaming, onUnknownTable: () => void launcher.refresh().catch(() => {}) };
 
   const done = (async () => {
     let delay = config.retryMinDelayMs;
     while (!stopped) {
       try {
-        session = await startSession(config, counters, log, events);
+        session = await startSession(config, counters, log, deps, events);
         if (stopped) session.stop();
         const startedAt = Date.now();
         await session.done;
@@ -75,8 +108,11 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     }
   })();
 
+  const finished = done.finally(() => launcher.stop());
   return {
-    done,
+    done: finished,
+    sync,
+    launcher,
     counters,
     current: () => session,
     stop() {

@@ -7,6 +7,7 @@
  */
 import type { Config } from '../config/config.js';
 import { ConfigError, SlotAheadError, SourceSetupError } from '../errors.js';
+import type { SyncStates } from '../tablesync/state.js';
 import { quoteLiteral } from '../quote.js';
 import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
@@ -32,7 +33,14 @@ export interface SessionEvents {
   onStreaming?(info: { startLsn: Lsn; protoVersion: number; publisherVersion: number }): void;
 }
 
-export async function startSession(config: Config, counters: ApplyCounters, log: Logger, events: SessionEvents = {}): Promise<SessionHandle> {
+export interface SessionDeps {
+  sync: SyncStates;
+  /** After the slot and origin exist, before streaming: register tables, run the initial copy. */
+  beforeStreaming(): Promise<void>;
+  onUnknownTable(schema: string, table: string): void;
+}
+
+export async function startSession(config: Config, counters: ApplyCounters, log: Logger, deps: SessionDeps, events: SessionEvents = {}): Promise<SessionHandle> {
   const appName = `pgsub_${config.subscription}`;
   await migrateTarget(config.target, appName);
   let conn: WireConnection | null = null;
@@ -56,8 +64,18 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     await checkPublications(config, replication);
     const openReplicationConn = replication;
     const maintenance = openMaintenance(config.target, appName);
-    const startLsn = await reconcileSlot(config, openReplicationConn, maintenance, log).finally(() => maintenance.end({ timeout: 5 }));
-    const progress = new Progress(startLsn);
+    let originLsn: Lsn;
+    try {
+      originLsn = await reconcileSlot(config, openReplicationConn, maintenance, log);
+      await deps.beforeStreaming();
+      // Finished copies are now caught up by this stream, which starts at or before them.
+      await maintenance.unsafe(`UPDATE "pgsub"."subscription_rel" SET state = 's', updated_at = now() WHERE subscription = $1 AND state = 'f'`, [config.subscription]);
+      for (const t of deps.sync.all()) if (t.state === 'f') deps.sync.set({ ...t, state: 's' });
+    } finally {
+      await maintenance.end({ timeout: 5 });
+    }
+    const startLsn = deps.sync.streamStart(originLsn);
+    const progress = new Progress(originLsn);
     const relations = new RelationMap(conn.serverVersionNum);
     const stream = replication.startReplication({
       slotName: config.slotName,
@@ -66,6 +84,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       publications: config.publications,
       origin: config.origin === 'none' ? 'none' : undefined,
       messages: config.messages,
+      binary: config.binary,
     });
     log.info(
       { subscription: config.subscription, slot: config.slotName, lsn: formatLsn(startLsn), protoVersion, publisher: replication.describe, systemId: identity.systemId },
@@ -79,6 +98,8 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       relations,
       progress,
       counters,
+      sync: deps.sync,
+      onUnknownTable: deps.onUnknownTable,
       log,
       // The walsender drops a subscriber silent for wal_sender_timeout, even one that is
       // busy applying (not reading keepalives): report well within it.
@@ -146,6 +167,10 @@ function checkOptionsAgainstPublisher(config: Config, serverVersionNum: number):
   }
   if (config.messages && serverVersionNum < 140000) {
     throw new ConfigError(`messages = true needs a PostgreSQL 14 or later publisher; this one is ${major}`, { key: 'messages' });
+  }
+  // pgoutput's binary option came with PostgreSQL 14 (older walsenders reject it).
+  if (config.binary && serverVersionNum < 140000) {
+    throw new ConfigError(`binary = true needs a PostgreSQL 14 or later publisher; this one is ${major}`, { key: 'binary' });
   }
 }
 

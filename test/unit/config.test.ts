@@ -22,7 +22,7 @@ function writeFile(ext: string, text: string): string {
   return file;
 }
 
-/** The smallest config that loads: copy_data must be false since the table copy is not built. */
+/** A small config that loads (copy_data off keeps the examples about streaming alone). */
 const MINIMAL_ENV: NodeJS.ProcessEnv = {
   PGSUB_SOURCE: 'postgresql://rep@pub.example.com:5433/shop',
   PGSUB_TARGET: 'host=tgt.example.com dbname=shop user=apply',
@@ -182,8 +182,8 @@ describe('environment', () => {
     assert.equal(c.statusIntervalMs, 5000);
   });
 
-  test('without the env overrides, the same file is refused for its copy_data', () => {
-    assertNotImplemented(() => load({ file }), 'copy_data');
+  test('without the env overrides, the same file is refused for its streaming', () => {
+    assertNotImplemented(() => load({ file }), 'streaming');
   });
 
   test('PGSUB_SLOT_NAME and the publication aliases', () => {
@@ -267,10 +267,14 @@ describe('slot name', () => {
 });
 
 describe('unimplemented CREATE SUBSCRIPTION options', () => {
-  test('copy_data true is the default, and refused', () => {
+  test('copy_data true is the default, with the table sync settings', () => {
     const { PGSUB_COPY_DATA: _c, ...env } = MINIMAL_ENV;
-    assertNotImplemented(() => load({ env }), 'copy_data');
-    assertNotImplemented(() => load({ env: { ...env, PGSUB_COPY_DATA: 'true' } }), 'copy_data');
+    const c = load({ env });
+    assert.equal(c.copyData, true);
+    assert.equal(c.truncateBeforeCopy, false);
+    assert.equal(c.maxSyncWorkers, 4);
+    assert.equal(load({ env: { ...env, PGSUB_MAX_SYNC_WORKERS: '8', PGSUB_TRUNCATE_BEFORE_COPY: 'on' } }).maxSyncWorkers, 8);
+    assertConfigError(() => load({ env: { ...env, PGSUB_MAX_SYNC_WORKERS: '0' } }), 'max_sync_workers');
   });
 
   const refused: [string, string, string][] = [

@@ -1,0 +1,82 @@
+/**
+ * What the publisher publishes, as the table sync needs it: the published tables of the
+ * subscription's publications (the partition root instead of leaves where
+ * publish_via_partition_root says so), their published columns (PG15+ column lists;
+ * generated columns only where the publication publishes them) and row filters (PG15+,
+ * OR-ed across publications, none if any publication has none — as native's copy), plus
+ * size estimates for progress. Queries run as simple SQL on the walsender connection.
+ */
+import type { ReplicationConnection } from '../protocol/replication.js';
+import { quoteLiteral } from '../quote.js';
+
+export interface PublishedTable {
+  schema: string;
+  table: string;
+  /** Published columns in table order. */
+  columns: string[];
+  /** SQL boolean expression, or null for all rows. */
+  rowFilter: string | null;
+  /** 'r' plain, 'p' partitioned root. */
+  relkind: string;
+  estimatedRows: number;
+  estimatedBytes: number;
+  /** Heap pages, for splitting a plain table into ctid ranges. */
+  pages: number;
+}
+
+export async function listPublishedTables(replication: ReplicationConnection, publications: string[]): Promise<PublishedTable[]> {
+  const v = replication.serverVersionNum;
+  const pubs = publications.map(quoteLiteral).join(', ');
+  const hasColumnLists = v >= 150000;
+  const rows = await replication.sql<{
+    schemaname: string;
+    tablename: string;
+    attnames: string | null;
+    rowfilters: string | null;
+    unfiltered: string;
+    relkind: string;
+    reltuples: string;
+    bytes: string;
+    pages: string;
+  }>(
+    `SELECT pt.schemaname::text, pt.tablename::text,
+            ${hasColumnLists ? `(pg_catalog.json_agg(pt.attnames) -> 0)::text` : 'NULL::text'} AS attnames,
+            ${hasColumnLists ? `pg_catalog.json_agg(pt.rowfilter) FILTER (WHERE pt.rowfilter IS NOT NULL)::text` : 'NULL::text'} AS rowfilters,
+            ${hasColumnLists ? `bool_or(pt.rowfilter IS NULL)::text` : `'true'`} AS unfiltered,
+            c.relkind::text, GREATEST(c.reltuples, 0)::bigint::text AS reltuples,
+            pg_catalog.pg_total_relation_size(c.oid)::text AS bytes,
+            (pg_catalog.pg_relation_size(c.oid) / pg_catalog.current_setting('block_size')::int)::text AS pages
+       FROM pg_catalog.pg_publication_tables pt
+       JOIN pg_catalog.pg_namespace n ON n.nspname = pt.schemaname
+       JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+      WHERE pt.pubname IN (${pubs})
+      GROUP BY pt.schemaname, pt.tablename, c.oid, c.relkind, c.reltuples
+      ORDER BY pt.schemaname, pt.tablename`,
+  );
+  const generatedExpr = v >= 120000 ? `a.attgenerated = ''` : 'true';
+  const out: PublishedTable[] = [];
+  for (const r of rows) {
+    let columns: string[] | null = r.attnames ? (JSON.parse(r.attnames) as string[]) : null;
+    if (!columns) {
+      const cols = await replication.sql<{ attname: string }>(
+        `SELECT a.attname::text FROM pg_catalog.pg_attribute a
+          WHERE a.attrelid = pg_catalog.format('%I.%I', ${quoteLiteral(r.schemaname)}, ${quoteLiteral(r.tablename)})::pg_catalog.regclass
+            AND a.attnum > 0 AND NOT a.attisdropped AND ${generatedExpr}
+          ORDER BY a.attnum`,
+      );
+      columns = cols.map((c) => c.attname);
+    }
+    const filters = r.unfiltered === 'true' || !r.rowfilters ? null : (JSON.parse(r.rowfilters) as string[]);
+    out.push({
+      schema: r.schemaname,
+      table: r.tablename,
+      columns,
+      rowFilter: filters && filters.length > 0 ? filters.map((f) => `(${f})`).join(' OR ') : null,
+      relkind: r.relkind,
+      estimatedRows: Number(r.reltuples),
+      estimatedBytes: Number(r.bytes),
+      pages: Number(r.pages),
+    });
+  }
+  return out;
+}

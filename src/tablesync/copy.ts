@@ -1,0 +1,91 @@
+/**
+ * One COPY from the publisher into the target: `COPY (SELECT published columns FROM the
+ * table [WHERE row filter] [AND ctid range]) TO STDOUT` inside a source transaction that
+ * imported the sync snapshot, piped into `COPY table (columns) FROM STDIN` inside a
+ * target transaction that also records the rows copied. Binary format when the
+ * subscription is binary, as native. Bytes stream through with back-pressure; nothing is
+ * held in memory beyond the stream buffers.
+ */
+import { Transform, type TransformCallback } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import pg from 'pg';
+import copyStreams from 'pg-copy-streams';
+import { redactSecrets, tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { ConnectionLostError } from '../errors.js';
+import { quoteIdent, quoteLiteral, quoteQualified } from '../quote.js';
+import type { PublishedTable } from './catalog.js';
+
+export interface CopyRange {
+  /** First heap page (inclusive) and last (exclusive); null for the whole table. */
+  fromPage: number | null;
+  toPage: number | null;
+}
+
+/** A pg client for COPY: on the target it runs with the apply session's settings. */
+export async function openCopyClient(info: ConnInfo, applicationName: string, role: 'source' | 'target'): Promise<pg.Client> {
+  const client = new pg.Client({
+    host: info.host,
+    port: info.port,
+    user: info.user,
+    password: info.password,
+    database: info.database,
+    ssl: tlsOptions(info),
+    application_name: applicationName,
+    connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
+    options:
+      role === 'target'
+        ? '-c session_replication_role=replica -c search_path= -c datestyle=ISO'
+        : '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c search_path=',
+  } as pg.ClientConfig);
+  client.on('error', () => {});
+  try {
+    await client.connect();
+  } catch (err) {
+    throw new ConnectionLostError(`cannot connect to the ${role} for table sync: ${redactSecrets((err as Error).message)}`, {}, { cause: err });
+  }
+  return client;
+}
+
+export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boolean): string {
+  const cols = t.columns.map(quoteIdent).join(', ');
+  // COPY of a partitioned root must read its partitions; of a plain table only itself.
+  const from = `${t.relkind === 'p' ? '' : 'ONLY '}${quoteQualified(t.schema, t.table)}`;
+  const conds: string[] = [];
+  if (t.rowFilter) conds.push(`(${t.rowFilter})`);
+  if (range.fromPage !== null) conds.push(`ctid >= ${quoteLiteral(`(${range.fromPage},0)`)}::pg_catalog.tid`);
+  if (range.toPage !== null) conds.push(`ctid < ${quoteLiteral(`(${range.toPage},0)`)}::pg_catalog.tid`);
+  const where = conds.length > 0 ? ` WHERE ${conds.join(' AND ')}` : '';
+  return `COPY (SELECT ${cols} FROM ${from}${where}) TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+}
+
+export function targetCopySql(t: PublishedTable, binary: boolean): string {
+  return `COPY ${quoteQualified(t.schema, t.table)} (${t.columns.map(quoteIdent).join(', ')}) FROM STDIN${binary ? ' (FORMAT binary)' : ''}`;
+}
+
+/** Stream one range; the caller owns both transactions. Returns rows and bytes copied. */
+export async function copyRange(source: pg.Client, target: pg.Client, t: PublishedTable, range: CopyRange, binary: boolean, onBytes: (n: number) => void): Promise<{ rows: number; bytes: number }> {
+  let bytes = 0;
+  const counter = new Transform({
+    transform(chunk: Buffer, _enc: BufferEncoding, done: TransformCallback) {
+      bytes += chunk.length;
+      onBytes(chunk.length);
+      done(null, chunk);
+    },
+  });
+  const reader = source.query(copyStreams.to(sourceCopySql(t, range, binary)));
+  const writer = target.query(copyStreams.from(targetCopySql(t, binary)));
+  await pipeline(reader, counter, writer);
+  return { rows: Number((writer as unknown as { rowCount: number }).rowCount ?? 0), bytes };
+}
+
+/** Page ranges of about equal size; one range (the whole table) when splitting is not possible. */
+export function splitRanges(t: PublishedTable, parts: number, canSplit: boolean): CopyRange[] {
+  if (!canSplit || parts <= 1 || t.relkind !== 'r' || t.pages < parts * 8) return [{ fromPage: null, toPage: null }];
+  const step = Math.ceil(t.pages / parts);
+  const ranges: CopyRange[] = [];
+  for (let i = 0; i < parts; i++) {
+    // The last range is open-ended: pages added since the estimate are still copied.
+    ranges.push({ fromPage: i === 0 ? null : i * step, toPage: i === parts - 1 ? null : (i + 1) * step });
+  }
+  return ranges;
+}

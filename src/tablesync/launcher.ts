@@ -1,0 +1,170 @@
+/**
+ * The table-sync launcher (launcher.c + the sync half of tablesync.c): keeps
+ * pgsub.subscription_rel in step with what the publications publish, and runs sync
+ * jobs for tables that need a copy — several tables at once and large tables in ranges,
+ * under one limit of parallel COPY streams (p-queue). Refresh runs at startup,
+ * periodically, on demand (`pgsub refresh`, or a Relation message for a table it does not
+ * know), and `resync` copies one table again while the others keep streaming.
+ * It tells the runner when a finished copy needs the stream to re-deliver what that table
+ * missed (state.ts), and holds the live progress shown by status and the terminal.
+ */
+import PQueue from 'p-queue';
+import type { Config } from '../config/config.js';
+import type { Logger } from '../log.js';
+import { ReplicationConnection } from '../protocol/replication.js';
+import { openMaintenance, type Sql } from '../apply/target.js';
+import { listPublishedTables, type PublishedTable } from './catalog.js';
+import { syncTable, type TableProgress } from './job.js';
+import { rowToSync, type SyncStates, type TableSync } from './state.js';
+
+export interface LauncherEvents {
+  /** A table finished its copy; the stream must start from its position. */
+  onCopyFinished?(table: TableSync): void;
+  /** No copy is running or waiting. */
+  onIdle?(): void;
+}
+
+export class Launcher {
+  private readonly tableQueue: PQueue;
+  private readonly rangeQueue: PQueue;
+  private readonly sql: Sql;
+  private readonly running = new Set<string>();
+  private readonly published = new Map<string, PublishedTable>();
+  readonly progress = new Map<string, TableProgress>();
+  private timer: NodeJS.Timeout | null = null;
+  private refreshing: Promise<void> | null = null;
+  private stopped = false;
+  private failures = 0;
+
+  constructor(
+    private readonly config: Config,
+    private readonly log: Logger,
+    private readonly states: SyncStates,
+    private readonly events: LauncherEvents = {},
+  ) {
+    this.tableQueue = new PQueue({ concurrency: config.maxSyncWorkers });
+    this.rangeQueue = new PQueue({ concurrency: config.maxSyncWorkers });
+    this.sql = openMaintenance(config.target, `pgsub_${config.subscription}_launcher`);
+    this.tableQueue.on('idle', () => this.events.onIdle?.());
+  }
+
+  /** Load the states from the target. */
+  async load(): Promise<void> {
+    const rows = await this.sql.unsafe<{ schema_name: string; table_name: string; state: string; sync_lsn: string | null }[]>(
+      `SELECT schema_name, table_name, state, sync_lsn::text AS sync_lsn FROM "pgsub"."subscription_rel" WHERE subscription = $1`,
+      [this.config.subscription],
+    );
+    this.states.load(rows.map(rowToSync));
+  }
+
+  startPeriodicRefresh(): void {
+    this.timer = setInterval(() => void this.refresh().catch((err) => this.log.warn({ err: String(err) }, 'publication refresh failed')), this.config.refreshIntervalMs);
+    this.timer.unref();
+  }
+
+  /** Sync the table list with the publications and start copies that are due. Coalesced. */
+  refresh(): Promise<void> {
+    this.refreshing ??= this.doRefresh().finally(() => {
+      this.refreshing = null;
+    });
+    return this.refreshing;
+  }
+
+  private async doRefresh(): Promise<void> {
+    const replication = await ReplicationConnection.open(this.config.source, `pgsub_${this.config.subscription}_refresh`);
+    let tables: PublishedTable[];
+    try {
+      tables = await listPublishedTables(replication, this.config.publications);
+    } finally {
+      await replication.close();
+    }
+    const initial = this.config.copyData ? 'i' : 'r';
+    this.published.clear();
+    for (const t of tables) this.published.set(`${t.schema}.${t.table}`, t);
+    await this.sql.begin(async (tx) => {
+      for (const t of tables) {
+        await tx.unsafe(
+          `INSERT INTO "pgsub"."subscription_rel" (subscription, schema_name, table_name, state, ready_at)
+           VALUES ($1, $2, $3, $4::text, CASE WHEN $4::text = 'r' THEN now() END) ON CONFLICT DO NOTHING`,
+          [this.config.subscription, t.schema, t.table, initial],
+        );
+      }
+      // Tables no longer published stop being applied (native: ALTER SUBSCRIPTION … REFRESH).
+      const keep = tables.map((t) => `${t.schema}.${t.table}`);
+      const removed = await tx.unsafe<{ schema_name: string; table_name: string }[]>(
+        `DELETE FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND NOT (schema_name || '.' || table_name = ANY($2::text[])) RETURNING schema_name, table_name`,
+        [this.config.subscription, `{${keep.map((k) => `"${k.replace(/\\/g, '\\\\').replace(/"/g, '\\"')}"`).join(',')}}`],
+      );
+      for (const r of removed) this.log.info({ table: `${r.schema_name}.${r.table_name}` }, 'table no longer published; not applied any more');
+    });
+    await this.load();
+    for (const t of this.states.copying()) this.schedule(t);
+  }
+
+  /** Copy one table again from a fresh snapshot, while everything else keeps streaming. */
+  async resync(schema: string, table: string): Promise<void> {
+    const rows = await this.sql.unsafe(
+      `UPDATE "pgsub"."subscription_rel" SET state = 'd', sync_lsn = NULL, updated_at = now() WHERE subscription = $1 AND schema_name = $2 AND table_name = $3 RETURNING 1`,
+      [this.config.subscription, schema, table],
+    );
+    if (rows.length === 0) throw new Error(`table ${schema}.${table} is not part of subscription ${this.config.subscription}`);
+    await this.refresh();
+  }
+
+  private schedule(t: TableSync): void {
+    const k = `${t.schema}.${t.table}`;
+    const published = this.published.get(k);
+    if (!published || this.running.has(k) || this.stopped) return;
+    this.running.add(k);
+    const progress: TableProgress = { schema: t.schema, table: t.table, rows: 0, bytes: 0, estimatedBytes: published.estimatedBytes, startedAt: Date.now(), finishedAt: null, syncLsn: null };
+    this.progress.set(k, progress);
+    void this.tableQueue.add(async () => {
+      try {
+        if (this.stopped) return;
+        progress.startedAt = Date.now();
+        await syncTable(
+          {
+            config: this.config,
+            log: this.log,
+            states: this.states,
+            rangesPerTable: this.config.maxSyncWorkers,
+            runRange: (task) => this.rangeQueue.add(task, { throwOnTimeout: true }) as Promise<never>,
+            progress,
+          },
+          published,
+          t,
+        );
+        this.failures = 0;
+        const done = this.states.get(t.schema, t.table);
+        if (done) this.events.onCopyFinished?.(done);
+      } catch (err) {
+        this.failures++;
+        this.log.error({ table: k, err: { code: (err as { code?: string }).code, message: String((err as Error).message) } }, 'table copy failed; will retry');
+        // Retry with backoff; the table stays in init/datasync and is picked up again.
+        const delay = Math.min(this.config.retryMinDelayMs * 2 ** Math.min(this.failures, 10), this.config.retryMaxDelayMs);
+        setTimeout(() => {
+          if (!this.stopped) void this.load().then(() => this.refresh()).catch(() => {});
+        }, delay).unref();
+      } finally {
+        this.running.delete(k);
+      }
+    });
+  }
+
+  /** Resolves when no copy is running or waiting. */
+  async idle(): Promise<void> {
+    await this.tableQueue.onIdle();
+  }
+
+  get busy(): boolean {
+    return this.running.size > 0;
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    if (this.timer) clearInterval(this.timer);
+    this.tableQueue.clear();
+    this.rangeQueue.clear();
+    await this.sql.end({ timeout: 5 }).catch(() => {});
+  }
+}

@@ -1,0 +1,135 @@
+/**
+ * Per-table sync states (pg_subscription_rel's analogue) and the rule that decides,
+ * for every change, whether the apply loop applies it — the hand-off between a table's
+ * copy and the stream, with no gap and no overlap.
+ *
+ * Each table that is not ready has its own position `syncLsn`: its copy was taken from
+ * a snapshot consistent with that LSN (a temporary slot's consistent point), so every
+ * remote transaction committing before it is in the table and every one committing
+ * after it still has to be applied. Ready tables share the subscription's origin LSN.
+ * A change of table X in a transaction with commit LSN C is applied iff
+ *   X ready:                 C >= origin
+ *   X finishedcopy/syncdone: C >= X.syncLsn   (syncLsn advances with each applied commit)
+ *   X init/datasync:         never (its copy will contain it)
+ * No commit record straddles a consistent point or a commit end, so "C >= P" is exactly
+ * "this transaction is not yet in X". The publisher is never told a position beyond the
+ * smallest syncLsn of a table being synced, and streaming (re)starts from the smallest
+ * position any table needs, so a table that finished its copy behind the stream gets the
+ * transactions it missed by re-streaming them (other tables skip what they already have).
+ * A syncing table becomes ready at the first position that is at or beyond both its own
+ * and the origin: from there on both rules agree.
+ */
+import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
+
+export type RelState = 'i' | 'd' | 'f' | 's' | 'r';
+
+export const STATE_NAMES: Record<RelState, string> = { i: 'init', d: 'datasync', f: 'finishedcopy', s: 'syncdone', r: 'ready' };
+
+export interface TableSync {
+  schema: string;
+  table: string;
+  state: RelState;
+  syncLsn: Lsn | null;
+}
+
+export interface Statement {
+  text: string;
+  params: (string | null)[];
+}
+
+const key = (schema: string, table: string) => `${schema}\u0000${table}`;
+
+export class SyncStates {
+  private readonly tables = new Map<string, TableSync>();
+
+  /** With copy_data false, a table pgsub has not registered yet is applied as ready. */
+  constructor(private readonly copyData: boolean) {}
+
+  load(rows: TableSync[]): void {
+    this.tables.clear();
+    for (const r of rows) this.tables.set(key(r.schema, r.table), { ...r });
+  }
+
+  all(): TableSync[] {
+    return [...this.tables.values()];
+  }
+
+  get(schema: string, table: string): TableSync | undefined {
+    return this.tables.get(key(schema, table));
+  }
+
+  set(entry: TableSync): void {
+    this.tables.set(key(entry.schema, entry.table), { ...entry });
+  }
+
+  shouldApply(schema: string, table: string, commitLsn: Lsn, originLsn: Lsn): boolean {
+    const t = this.tables.get(key(schema, table));
+    if (!t) return !this.copyData && commitLsn >= originLsn;
+    switch (t.state) {
+      case 'r':
+        return commitLsn >= originLsn;
+      case 'f':
+      case 's':
+        return t.syncLsn !== null && commitLsn >= t.syncLsn;
+      default:
+        return false;
+    }
+  }
+
+  /** Whether a change of this table could be applied later (a sync is pending or running). */
+  isKnown(schema: string, table: string): boolean {
+    return this.tables.has(key(schema, table));
+  }
+
+  /** The smallest position a table being synced still needs: feedback must not pass it. */
+  heldLsn(): Lsn | null {
+    let held: Lsn | null = null;
+    for (const t of this.tables.values()) {
+      if ((t.state === 'd' || t.state === 'f' || t.state === 's') && t.syncLsn !== null && (held === null || t.syncLsn < held)) held = t.syncLsn;
+    }
+    return held;
+  }
+
+  /** Where streaming must start so that every finished copy gets what it missed. */
+  streamStart(originLsn: Lsn): Lsn {
+    let start = originLsn;
+    for (const t of this.tables.values()) {
+      if ((t.state === 'f' || t.state === 's') && t.syncLsn !== null && t.syncLsn < start) start = t.syncLsn;
+    }
+    return start;
+  }
+
+  /** Tables still waiting for their copy. */
+  copying(): TableSync[] {
+    return this.all().filter((t) => t.state === 'i' || t.state === 'd');
+  }
+
+  /** Syncing tables whose own position is at or before `position`, when the stream is beyond the origin too. */
+  promotable(position: Lsn, originLsn: Lsn): TableSync[] {
+    if (position < originLsn) return [];
+    return this.all().filter((t) => (t.state === 's' || t.state === 'f') && t.syncLsn !== null && t.syncLsn <= position);
+  }
+}
+
+// Statements on pgsub.subscription_rel, run in the apply or sync transaction they belong to.
+
+export function advanceSyncStatement(subscription: string, t: { schema: string; table: string }, lsn: Lsn): Statement {
+  return {
+    text: `UPDATE "pgsub"."subscription_rel" SET "sync_lsn" = $4::pg_catalog.pg_lsn, "updated_at" = pg_catalog.now()
+            WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
+    params: [subscription, t.schema, t.table, formatLsn(lsn)],
+  };
+}
+
+export function setStateStatement(subscription: string, t: { schema: string; table: string }, state: RelState, lsn: Lsn | null): Statement {
+  const stamp = state === 'r' ? ', "ready_at" = pg_catalog.now()' : state === 'd' ? ', "copy_started_at" = pg_catalog.now()' : state === 'f' ? ', "copy_finished_at" = pg_catalog.now()' : '';
+  return {
+    text: `UPDATE "pgsub"."subscription_rel" SET "state" = $4, "sync_lsn" = $5::pg_catalog.pg_lsn, "updated_at" = pg_catalog.now()${stamp}
+            WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
+    params: [subscription, t.schema, t.table, state, lsn === null ? null : formatLsn(lsn)],
+  };
+}
+
+export function rowToSync(row: { schema_name: string; table_name: string; state: string; sync_lsn: string | null }): TableSync {
+  return { schema: row.schema_name, table: row.table_name, state: row.state as RelState, syncLsn: row.sync_lsn ? parseLsn(row.sync_lsn) : null };
+}
