@@ -5,11 +5,14 @@
  */
 import { Command } from 'commander';
 import { loadConfig } from '../config/config.js';
-import { PgsubError } from '../errors.js';
+import { ConfigError, PgsubError } from '../errors.js';
 import { createLogger } from '../log.js';
 import { startRunner } from '../service/runner.js';
 import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
+import { openMaintenance, type Sql } from '../apply/target.js';
+import type { Config } from '../config/config.js';
+import { requestRefresh } from '../tablesync/launcher.js';
 
 const program = new Command();
 program.name('pgsub').description('PostgreSQL logical-replication subscriber that runs outside the database').showHelpAfterError();
@@ -44,6 +47,31 @@ program
   });
 
 program
+  .command('refresh')
+  .description('pick up tables added to or dropped from the publications now (a running pgsub is woken; otherwise at its next start)')
+  .option('-c, --config <file>', 'YAML or JSON config file')
+  .action(async (opts: { config?: string }) => {
+    const config = loadConfig({ file: opts.config });
+    await withMaintenance(config, (sql) => requestRefresh(sql, config.subscription));
+    process.stdout.write(`refresh requested for subscription ${config.subscription}\n`);
+  });
+
+program
+  .command('resync')
+  .description('copy one table again from a fresh snapshot while the others keep streaming')
+  .argument('<table>', 'schema.table as published')
+  .option('-c, --config <file>', 'YAML or JSON config file')
+  .action(async (table: string, opts: { config?: string }) => {
+    const config = loadConfig({ file: opts.config });
+    const dot = table.indexOf('.');
+    if (dot <= 0) throw new ConfigError(`resync: give the table as schema.table, not ${JSON.stringify(table)}`, { key: 'table' });
+    const target = { schema: table.slice(0, dot), table: table.slice(dot + 1) };
+    const ok = await withMaintenance(config, (sql) => requestRefresh(sql, config.subscription, target));
+    if (!ok) throw new ConfigError(`resync: ${table} is not a table of subscription ${config.subscription} (see pgsub status)`, { key: 'table' });
+    process.stdout.write(`resync of ${table} requested for subscription ${config.subscription}\n`);
+  });
+
+program
   .command('demo')
   .description('embedded publisher and target of different majors, a sample workload, live progress, and a final comparison')
   .option('--publisher <major>', 'publisher major version', '16')
@@ -59,6 +87,15 @@ program
       clients: Number(opts.clients),
     });
   });
+
+async function withMaintenance<T>(config: Config, fn: (sql: Sql) => Promise<T>): Promise<T> {
+  const sql = openMaintenance(config.target, `pgsub_${config.subscription}_cli`);
+  try {
+    return await fn(sql);
+  } finally {
+    await sql.end({ timeout: 5 });
+  }
+}
 
 try {
   await program.parseAsync(process.argv);

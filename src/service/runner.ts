@@ -12,6 +12,7 @@ import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/state.js';
 import { Launcher } from '../tablesync/launcher.js';
+import { ProgressReporter } from '../tablesync/progress.js';
 import { SyncStates } from '../tablesync/state.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
 
@@ -68,11 +69,16 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     if (!launcherStarted) {
       launcherStarted = true;
       launcher.startPeriodicRefresh();
+      new ProgressReporter(launcher.progress, log, null).start();
     }
     // The initial copy: nothing is ready yet, so streaming now would only be re-streamed.
-    if (!sync.all().some((t) => t.state === 'r' || t.state === 's')) {
+    if (!sync.all().some((t) => t.state === 'r' || t.state === 's') && sync.copying().length > 0) {
+      // Log events come from the runner-wide reporter; this one draws and summarises.
+      const reporter = new ProgressReporter(launcher.progress, log, process.stderr.isTTY ? process.stderr : null, Infinity);
+      reporter.start();
       while (!stopped && sync.copying().length > 0) await new Promise((r) => setTimeout(r, 200));
-      if (sync.all().length > 0) log.info({ tables: sync.all().length }, 'initial copy finished');
+      reporter.finish();
+      if (!stopped) log.info({ tables: sync.all().length }, 'initial copy finished');
     }
     streaming = true;
   };

@@ -62,13 +62,19 @@ export function targetCopySql(t: PublishedTable, binary: boolean): string {
   return `COPY ${quoteQualified(t.schema, t.table)} (${t.columns.map(quoteIdent).join(', ')}) FROM STDIN${binary ? ' (FORMAT binary)' : ''}`;
 }
 
-/** Stream one range; the caller owns both transactions. Returns rows and bytes copied. */
-export async function copyRange(source: pg.Client, target: pg.Client, t: PublishedTable, range: CopyRange, binary: boolean, onBytes: (n: number) => void): Promise<{ rows: number; bytes: number }> {
+/**
+ * Stream one range; the caller owns both transactions. Returns rows and bytes copied.
+ * `onData` sees bytes as they pass and, in text format, rows (one newline each; newlines
+ * inside values are escaped), so progress is live; binary rows are known at the end.
+ */
+export async function copyRange(source: pg.Client, target: pg.Client, t: PublishedTable, range: CopyRange, binary: boolean, onData: (bytes: number, rows: number) => void): Promise<{ rows: number; bytes: number }> {
   let bytes = 0;
   const counter = new Transform({
     transform(chunk: Buffer, _enc: BufferEncoding, done: TransformCallback) {
       bytes += chunk.length;
-      onBytes(chunk.length);
+      let rows = 0;
+      if (!binary) for (let i = chunk.indexOf(10); i !== -1; i = chunk.indexOf(10, i + 1)) rows++;
+      onData(chunk.length, rows);
       done(null, chunk);
     },
   });

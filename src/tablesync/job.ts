@@ -128,8 +128,11 @@ async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyR
     await source.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
     await source.query(`SET TRANSACTION SNAPSHOT '${snapshotName.replace(/'/g, "''")}'`);
     await target.query('BEGIN');
-    const { rows, bytes } = await copyRange(source, target, t, range, config.binary, (n) => {
+    let liveRows = 0;
+    const { rows, bytes } = await copyRange(source, target, t, range, config.binary, (n, r) => {
       ctx.progress.bytes += n;
+      ctx.progress.rows += r;
+      liveRows += r;
     });
     await target.query(
       `UPDATE "pgsub"."subscription_rel" SET "rows_copied" = "rows_copied" + $4, "bytes_copied" = "bytes_copied" + $5, "updated_at" = pg_catalog.now()
@@ -137,7 +140,7 @@ async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyR
       [config.subscription, t.schema, t.table, String(rows), String(bytes)],
     );
     await target.query('COMMIT');
-    ctx.progress.rows += rows;
+    ctx.progress.rows += rows - liveRows;
     await source.query('COMMIT');
   } catch (err) {
     await target?.query('ROLLBACK').catch(() => {});

@@ -10,6 +10,7 @@
  */
 import PQueue from 'p-queue';
 import type { Config } from '../config/config.js';
+import { ConfigError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
@@ -57,9 +58,17 @@ export class Launcher {
     this.states.load(rows.map(rowToSync));
   }
 
+  /** Periodic refresh, and on demand: `pgsub refresh` / `pgsub resync` NOTIFY this channel. */
   startPeriodicRefresh(): void {
-    this.timer = setInterval(() => void this.refresh().catch((err) => this.log.warn({ err: String(err) }, 'publication refresh failed')), this.config.refreshIntervalMs);
+    const refresh = () => void this.refresh().catch((err) => this.log.warn({ err: String(err) }, 'publication refresh failed'));
+    this.timer = setInterval(refresh, this.config.refreshIntervalMs);
     this.timer.unref();
+    this.sql
+      .listen(notifyChannel(this.config.subscription), (payload) => {
+        this.log.info({ request: payload }, 'refresh requested');
+        refresh();
+      })
+      .catch((err) => this.log.warn({ err: String(err) }, 'cannot listen for refresh requests; periodic refresh only'));
   }
 
   /** Sync the table list with the publications and start copies that are due. Coalesced. */
@@ -103,11 +112,9 @@ export class Launcher {
 
   /** Copy one table again from a fresh snapshot, while everything else keeps streaming. */
   async resync(schema: string, table: string): Promise<void> {
-    const rows = await this.sql.unsafe(
-      `UPDATE "pgsub"."subscription_rel" SET state = 'd', sync_lsn = NULL, updated_at = now() WHERE subscription = $1 AND schema_name = $2 AND table_name = $3 RETURNING 1`,
-      [this.config.subscription, schema, table],
-    );
-    if (rows.length === 0) throw new Error(`table ${schema}.${table} is not part of subscription ${this.config.subscription}`);
+    if (!(await requestRefresh(this.sql, this.config.subscription, { schema, table }))) {
+      throw new ConfigError(`table ${schema}.${table} is not part of subscription ${this.config.subscription}`, { relation: `${schema}.${table}` });
+    }
     await this.refresh();
   }
 
@@ -167,4 +174,22 @@ export class Launcher {
     this.rangeQueue.clear();
     await this.sql.end({ timeout: 5 }).catch(() => {});
   }
+}
+
+/** The target-side channel a running pgsub listens on for refresh requests. */
+export function notifyChannel(subscription: string): string {
+  return `pgsub_${subscription}`.slice(0, 63);
+}
+
+/** For `pgsub refresh` / `pgsub resync` from another process: mark, then wake the service. */
+export async function requestRefresh(sql: Sql, subscription: string, resync?: { schema: string; table: string }): Promise<boolean> {
+  if (resync) {
+    const rows = await sql.unsafe(
+      `UPDATE "pgsub"."subscription_rel" SET state = 'd', sync_lsn = NULL, updated_at = now() WHERE subscription = $1 AND schema_name = $2 AND table_name = $3 RETURNING 1`,
+      [subscription, resync.schema, resync.table],
+    );
+    if (rows.length === 0) return false;
+  }
+  await sql.notify(notifyChannel(subscription), resync ? `resync ${resync.schema}.${resync.table}` : 'refresh');
+  return true;
 }
