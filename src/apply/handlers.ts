@@ -7,7 +7,7 @@
  * transaction unless its commit record starts before the confirmed position).
  */
 import { ApplyError, ProtocolError } from '../errors.js';
-import { formatLsn } from '../protocol/lsn.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type {
   BeginMessage,
   CommitMessage,
@@ -26,6 +26,7 @@ import { originXactSetupStatement } from '../origin/replorigin.js';
 import { commitProgressStatement } from '../origin/store.js';
 import { advanceSyncStatement, setStateStatement } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
+import { onStreamAbort, onStreamCommit, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Statement } from './statements.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
@@ -83,6 +84,15 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
   if (m.commitLsn !== xact.finalLsn) {
     throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `incorrect commit LSN ${formatLsn(m.commitLsn)} in commit message (expected ${formatLsn(xact.finalLsn)})`);
   }
+  await finishTransaction(state, xact, m.endLsn, m.commitTime);
+}
+
+/**
+ * The end of a remote transaction (COMMIT, or STREAM COMMIT after its replay): the origin
+ * row, the positions of tables catching up, and the target COMMIT, in one transaction.
+ */
+export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint): Promise<void> {
+  const m = { endLsn, commitTime };
   if (!xact.open) {
     // Nothing to write: skipped, or no published change. The position is recorded later.
     if (xact.behind) state.counters.transactionsSkipped++;
@@ -202,10 +212,10 @@ export const handlers: { [T in MessageTag]: Handler<T> } = {
   update: onUpdate,
   delete: onDelete,
   truncate: onTruncate,
-  streamStart: notRequested('STREAM START'),
-  streamStop: notRequested('STREAM STOP'),
-  streamCommit: notRequested('STREAM COMMIT'),
-  streamAbort: notRequested('STREAM ABORT'),
+  streamStart: onStreamStart,
+  streamStop: onStreamStop,
+  streamCommit: onStreamCommit,
+  streamAbort: onStreamAbort,
   beginPrepare: notRequested('BEGIN PREPARE'),
   prepare: notRequested('PREPARE'),
   commitPrepared: notRequested('COMMIT PREPARED'),
@@ -213,6 +223,14 @@ export const handlers: { [T in MessageTag]: Handler<T> } = {
   streamPrepare: notRequested('STREAM PREPARE'),
 };
 
-export async function dispatch(state: ApplyState, message: PgOutputMessage): Promise<void> {
+/** Messages that belong to a streamed transaction while its block is open: spooled, not applied. */
+const SPOOLED: ReadonlySet<MessageTag> = new Set(['relation', 'type', 'origin', 'message', 'insert', 'update', 'delete', 'truncate']);
+
+/** worker.c's apply_dispatch, with handle_streamed_transaction's diversion first. */
+export async function dispatch(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> {
+  if (state.streamXid !== null && SPOOLED.has(message.tag)) {
+    spoolMessage(state, message, raw);
+    return;
+  }
   await (handlers[message.tag] as Handler<typeof message.tag>)(state, message as never);
 }

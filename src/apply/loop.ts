@@ -22,12 +22,13 @@ import { dispatch } from './handlers.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from './relmap.js';
 import { setStateStatement, type SyncStates } from '../tablesync/state.js';
+import type { StreamSpool } from './spool.js';
 import type { ApplyCounters, ApplyState } from './state.js';
 import { Pipeline, type WireConnection } from './target.js';
 import { PipelineAbortedError } from './wire.js';
 
 type WorkItem =
-  | { kind: 'message'; message: PgOutputMessage }
+  | { kind: 'message'; message: PgOutputMessage; raw: Buffer }
   /** A keepalive between transactions: everything before `lsn` has been sent to us. */
   | { kind: 'position'; lsn: Lsn }
   /** Wakes the applier so an idle position gets recorded. */
@@ -41,6 +42,9 @@ export interface ApplyLoopOptions {
   progress: Progress;
   counters: ApplyCounters;
   sync: SyncStates;
+  spool: StreamSpool;
+  /** Stream Abort messages carry abort LSN and time (protocol 4, streaming = parallel). */
+  streamAbortInfo: boolean;
   onUnknownTable(schema: string, table: string): void;
   log: Logger;
   statusIntervalMs: number;
@@ -87,6 +91,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     log,
     counters: opts.counters,
     sync: opts.sync,
+    spool: opts.spool,
+    streamXid: null,
     onUnknownTable: opts.onUnknownTable,
     xact: null,
     onDurable() {
@@ -110,6 +116,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
 
   async function receive(): Promise<void> {
     let inTransaction = false;
+    const decodeContext = { inStream: false, streamAbortInfo: opts.streamAbortInfo };
     for await (const frame of stream.frames()) {
       lastFrameAt = Date.now();
       pingSent = false;
@@ -121,10 +128,12 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         continue;
       }
       progress.noteReceived(parsed.walEnd);
-      const message = decode(parsed.data, { inStream: false });
+      const message = decode(parsed.data, decodeContext);
       if (message.tag === 'begin') inTransaction = true;
       else if (message.tag === 'commit') inTransaction = false;
-      if (!(await queue.put({ kind: 'message', message }))) return;
+      else if (message.tag === 'streamStart') decodeContext.inStream = true;
+      else if (message.tag === 'streamStop') decodeContext.inStream = false;
+      if (!(await queue.put({ kind: 'message', message, raw: parsed.data }))) return;
       // Time spent waiting for queue space is not publisher silence.
       lastFrameAt = Date.now();
     }
@@ -151,7 +160,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     while (!stopping) {
       const item = await queue.take();
       if (item === undefined || stopping) break;
-      if (item.kind === 'message') await dispatch(state, item.message);
+      if (item.kind === 'message') await dispatch(state, item.message, item.raw);
       else if (item.kind === 'position' && state.xact === null) progress.noteProcessed(item.lsn);
       const now = Date.now();
       if (

@@ -8,6 +8,7 @@ import type { Logger } from '../log.js';
 import type { Lsn } from '../protocol/lsn.js';
 import type { Progress } from '../origin/progress.js';
 import type { RelationMap } from './relmap.js';
+import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../tablesync/state.js';
 import type { Pipeline, WireConnection } from './target.js';
 
@@ -41,6 +42,9 @@ export interface ApplyState {
   readonly log: Logger;
   readonly counters: ApplyCounters;
   readonly sync: SyncStates;
+  readonly spool: StreamSpool;
+  /** Inside STREAM START … STREAM STOP: the streamed transaction's xid. */
+  streamXid: number | null;
   xact: RemoteTransaction | null;
   /** A change for a table the sync states do not know: the publication gained a table. */
   onUnknownTable(schema: string, table: string): void;

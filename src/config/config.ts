@@ -55,6 +55,7 @@ const fileSchema = z
     retry_max_delay: seconds.default(60),
     max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(1000),
     queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
+    state_dir: z.string().min(1).optional(),
     log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
   .strict();
@@ -89,6 +90,8 @@ export interface Config {
   maxInFlight: number;
   queueSize: number;
   logLevel: FileConfig['log_level'];
+  /** Where streamed transactions are spooled: <state_dir>/spool. */
+  spoolDir: string;
 }
 
 export const CONFIG_KEYS = Object.keys(fileSchema.shape) as (keyof FileConfig)[];
@@ -177,6 +180,8 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     maxInFlight: c.max_in_flight,
     queueSize: c.queue_size,
     logLevel: c.log_level,
+    // systemd's StateDirectory= sets STATE_DIRECTORY; otherwise a folder beside the working directory.
+    spoolDir: path.join(c.state_dir ?? env.STATE_DIRECTORY ?? '.pgsub-state', 'spool'),
   };
   if (!/^[a-z0-9_]+$/.test(config.slotName)) {
     // The walsender only accepts these characters in slot names.
@@ -196,7 +201,7 @@ function rejectUnimplemented(c: FileConfig, streaming: string): void {
   };
   if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
-  if (streaming !== 'off') refuse('streaming', streaming, 'large transactions are received whole (streaming off)');
+  if (streaming === 'parallel') refuse('streaming', streaming, 'streamed transactions are spooled and applied at commit (streaming on)');
   if (c.synchronous_commit === 'off') refuse('synchronous_commit', 'off', 'flush tracking for asynchronous commits is not built yet; use on, local, remote_write or remote_apply');
   if (c.two_phase) refuse('two_phase', true, 'prepared transactions are decoded at COMMIT PREPARED (two_phase false)');
   if (c.disable_on_error) refuse('disable_on_error', true, 'apply errors are retried with backoff');

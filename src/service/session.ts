@@ -8,6 +8,7 @@
 import type { Config } from '../config/config.js';
 import { ConfigError, SlotAheadError, SourceSetupError } from '../errors.js';
 import type { SyncStates } from '../tablesync/state.js';
+import { StreamSpool } from '../apply/spool.js';
 import { quoteLiteral } from '../quote.js';
 import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
@@ -75,6 +76,10 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       await maintenance.end({ timeout: 5 });
     }
     const startLsn = deps.sync.streamStart(originLsn);
+    // Streamed transactions not committed before a restart are streamed again from the start.
+    const spool = new StreamSpool(config.spoolDir, config.subscription);
+    const orphans = spool.prepare();
+    if (orphans > 0) log.info({ files: orphans, dir: config.spoolDir }, 'removed spool files of an earlier run');
     const progress = new Progress(originLsn);
     const relations = new RelationMap(conn.serverVersionNum);
     const stream = replication.startReplication({
@@ -83,6 +88,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       protoVersion,
       publications: config.publications,
       origin: config.origin === 'none' ? 'none' : undefined,
+      streaming: config.streaming,
       messages: config.messages,
       binary: config.binary,
     });
@@ -99,6 +105,8 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       progress,
       counters,
       sync: deps.sync,
+      spool,
+      streamAbortInfo: config.streaming === 'parallel',
       onUnknownTable: deps.onUnknownTable,
       log,
       // The walsender drops a subscriber silent for wal_sender_timeout, even one that is
@@ -109,6 +117,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       queueSize: config.queueSize,
     });
     const done = loop.done.finally(async () => {
+      spool.close();
       await openReplicationConn.close();
       await applyConn.close().catch(() => {});
     });
@@ -164,6 +173,9 @@ function checkOptionsAgainstPublisher(config: Config, serverVersionNum: number):
   const major = Math.floor(serverVersionNum / 10000);
   if (config.origin === 'none' && serverVersionNum < 160000) {
     throw new ConfigError(`origin = none needs a PostgreSQL 16 or later publisher; this one is ${major}`, { key: 'origin' });
+  }
+  if (config.streaming !== 'off' && serverVersionNum < 140000) {
+    throw new ConfigError(`streaming = ${config.streaming} needs a PostgreSQL 14 or later publisher (protocol 2); this one is ${major}`, { key: 'streaming' });
   }
   if (config.messages && serverVersionNum < 140000) {
     throw new ConfigError(`messages = true needs a PostgreSQL 14 or later publisher; this one is ${major}`, { key: 'messages' });
