@@ -155,7 +155,7 @@ describe('config file', () => {
 describe('environment', () => {
   const file = writeFile(
     '.yaml',
-    'subscription: file_sub\nsource: host=file-src\ntarget: host=file-tgt\npublication: file_pub\nslot_name: file_slot\ncopy_data: true\nstreaming: on\nstatus_interval: 5\n',
+    'subscription: file_sub\nsource: host=file-src\ntarget: host=file-tgt\npublication: file_pub\nslot_name: file_slot\ncopy_data: true\nstreaming: parallel\nstatus_interval: 5\n',
   );
 
   test('PGSUB_* overrides the file, key by key', () => {
@@ -278,9 +278,6 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
   });
 
   const refused: [string, string, string][] = [
-    ['binary', 'PGSUB_BINARY', 'true'],
-    ['streaming', 'PGSUB_STREAMING', 'on'],
-    ['streaming', 'PGSUB_STREAMING', 'true'],
     ['streaming', 'PGSUB_STREAMING', 'parallel'],
     ['two_phase', 'PGSUB_TWO_PHASE', 'true'],
     ['disable_on_error', 'PGSUB_DISABLE_ON_ERROR', 'true'],
@@ -296,8 +293,11 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
   }
 
   test('the same values from a file and as JSON booleans', () => {
-    const file = writeFile('.json', JSON.stringify({ source: 'host=a', target: 'host=b', publication: 'p', copy_data: false, streaming: true }));
+    const file = writeFile('.json', JSON.stringify({ source: 'host=a', target: 'host=b', publication: 'p', copy_data: false, streaming: 'parallel' }));
     assertNotImplemented(() => load({ file }), 'streaming');
+    const on = writeFile('.json', JSON.stringify({ source: 'host=a', target: 'host=b', publication: 'p', streaming: true, binary: true }));
+    assert.equal(load({ file: on }).streaming, 'on');
+    assert.equal(load({ file: on }).binary, true);
     const file2 = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\nsynchronous_commit: false\n');
     assertNotImplemented(() => load({ file: file2 }), 'synchronous_commit');
     const file3 = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\ntwo_phase: true\n');
