@@ -23,15 +23,17 @@ import type {
   UpdateMessage,
 } from '../protocol/messages.js';
 import { originXactSetupStatement } from '../origin/replorigin.js';
-import { commitProgressStatement } from '../origin/store.js';
-import { advanceSyncStatement, setStateStatement } from '../tablesync/state.js';
+import { commitProgressStatement, preparedRowStatement } from '../origin/store.js';
+import { quoteLiteral } from '../quote.js';
+import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
-import { onStreamAbort, onStreamCommit, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
+import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
+import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Statement } from './statements.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
-function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
+export function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
   if (!state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received outside a transaction`);
   return state.xact;
 }
@@ -54,7 +56,7 @@ function applies(state: ApplyState, xact: RemoteTransaction, relationId: number)
 /** The transaction to apply into, opening the target transaction on first use; null when skipped. */
 async function changeTarget(state: ApplyState, what: string, relationId: number): Promise<RemoteTransaction | null> {
   const xact = requireTransaction(state, what);
-  if (!applies(state, xact, relationId)) return null;
+  if (xact.alreadyPrepared || !applies(state, xact, relationId)) return null;
   if (!xact.open) {
     xact.open = true;
     await state.pipeline.push(state.conn.execute('BEGIN'));
@@ -63,7 +65,7 @@ async function changeTarget(state: ApplyState, what: string, relationId: number)
   return xact;
 }
 
-function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void): Promise<void> {
+export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void): Promise<void> {
   const result = state.conn.execute(statement.text, statement.params, statement.paramTypes ? { paramTypes: statement.paramTypes } : undefined);
   return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result);
 }
@@ -76,7 +78,7 @@ function onBegin(state: ApplyState, m: BeginMessage): void {
   // up take its changes; for everything else it was applied before.
   const behind = m.finalLsn < state.progress.durable;
   if (behind) state.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
-  state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set() };
+  state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
 }
 
 async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
@@ -91,28 +93,38 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
  * The end of a remote transaction (COMMIT, or STREAM COMMIT after its replay): the origin
  * row, the positions of tables catching up, and the target COMMIT, in one transaction.
  */
-export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint): Promise<void> {
-  const m = { endLsn, commitTime };
+/** How a remote transaction ends on the target: COMMIT, or PREPARE TRANSACTION (two_phase). */
+export type Ending = { kind: 'commit' } | { kind: 'prepare'; gid: string };
+
+export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = { kind: 'commit' }): Promise<void> {
+  const prepare = ending.kind === 'prepare';
   if (!xact.open) {
     // Nothing to write: skipped, or no published change. The position is recorded later.
     if (xact.behind) state.counters.transactionsSkipped++;
     state.xact = null;
-    state.progress.noteProcessed(m.endLsn);
+    state.progress.noteProcessed(endLsn);
     return;
   }
   // The commit record carries the remote LSN and time, like a native apply's (origin.c).
-  await sendStatement(state, originXactSetupStatement(m.endLsn, m.commitTime));
-  if (!xact.behind) {
-    const progress = commitProgressStatement(state.subscription, m.endLsn, m.commitTime);
+  await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
+  if (prepare) {
+    // Not the origin row: a prepared transaction would hold its lock until COMMIT PREPARED.
+    await sendStatement(state, preparedRowStatement(state.subscription, ending.gid, xact.xid, endLsn));
+  } else if (!xact.behind) {
+    const progress = commitProgressStatement(state.subscription, endLsn, commitTime);
     await sendStatement(state, progress, (count) => {
       if (count !== 1) throw new ApplyError(`origin row of subscription "${state.subscription}" is missing in the target`);
     });
   }
   // Tables catching up record their own position; those now level with the origin become ready.
-  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.subscription, t, m.endLsn));
-  const promoted = xact.behind ? [] : state.sync.promotable(m.endLsn, state.progress.durable);
-  for (const t of promoted) await sendStatement(state, setStateStatement(state.subscription, t, 'r', null));
-  const commit = state.conn.execute('COMMIT');
+  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.subscription, t, endLsn));
+  const promoted = xact.behind || prepare ? [] : state.sync.promotable(endLsn, state.progress.durable);
+  for (const t of promoted) {
+    await sendStatement(state, setStateStatement(state.subscription, t, 'r', null));
+    await sendStatement(state, clearSyncProgressStatement(state.subscription, t));
+  }
+  const expected = prepare ? 'PREPARE TRANSACTION' : 'COMMIT';
+  const commit = state.conn.execute(prepare ? `PREPARE TRANSACTION ${quoteLiteral(ending.gid)}` : 'COMMIT');
   await state.pipeline.push(commit);
   // Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = state.conn.sync();
@@ -121,20 +133,20 @@ export async function finishTransaction(state: ApplyState, xact: RemoteTransacti
   // COMMIT of a failed transaction answers ROLLBACK without an error; never count that.
   const { command } = await commit;
   const status = await synced;
-  if (command !== 'COMMIT' || status !== 'I') {
-    throw new ApplyError(`target answered ${command} (status ${status}) to COMMIT of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  if (command !== expected || status !== 'I') {
+    throw new ApplyError(`target answered ${command} (status ${status}) to ${expected} of remote xid ${xact.xid}`, { remoteXid: xact.xid });
   }
   state.xact = null;
-  for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: m.endLsn });
+  for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: endLsn });
   for (const t of promoted) state.sync.set({ ...t, state: 'r', syncLsn: null });
-  if (promoted.length > 0) state.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(m.endLsn) }, 'tables ready');
+  if (promoted.length > 0) state.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(endLsn) }, 'tables ready');
   state.counters.changesApplied += xact.changes;
-  if (xact.behind) {
+  if (xact.behind || prepare) {
     state.onDurable();
     return;
   }
   state.counters.transactionsApplied++;
-  state.progress.noteDurable(m.endLsn);
+  state.progress.noteDurable(endLsn);
   state.onDurable();
 }
 
@@ -194,13 +206,6 @@ async function onTruncate(state: ApplyState, m: TruncateMessage): Promise<void> 
   await sendStatement(state, truncateStatement(rels, m.restartIdentity));
 }
 
-/** Messages of options pgsub did not request (streaming, two_phase) are protocol violations here. */
-function notRequested(what: string) {
-  return (): never => {
-    throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received, but it was not requested from the publisher`);
-  };
-}
-
 export const handlers: { [T in MessageTag]: Handler<T> } = {
   begin: onBegin,
   commit: onCommit,
@@ -216,11 +221,11 @@ export const handlers: { [T in MessageTag]: Handler<T> } = {
   streamStop: onStreamStop,
   streamCommit: onStreamCommit,
   streamAbort: onStreamAbort,
-  beginPrepare: notRequested('BEGIN PREPARE'),
-  prepare: notRequested('PREPARE'),
-  commitPrepared: notRequested('COMMIT PREPARED'),
-  rollbackPrepared: notRequested('ROLLBACK PREPARED'),
-  streamPrepare: notRequested('STREAM PREPARE'),
+  beginPrepare: onBeginPrepare,
+  prepare: onPrepare,
+  commitPrepared: onCommitPrepared,
+  rollbackPrepared: onRollbackPrepared,
+  streamPrepare: onStreamPrepare,
 };
 
 /** Messages that belong to a streamed transaction while its block is open: spooled, not applied. */

@@ -21,7 +21,7 @@ import type { Progress } from '../origin/progress.js';
 import { dispatch } from './handlers.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from './relmap.js';
-import { setStateStatement, type SyncStates } from '../tablesync/state.js';
+import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../tablesync/state.js';
 import type { StreamSpool } from './spool.js';
 import type { ApplyCounters, ApplyState } from './state.js';
 import { Pipeline, type WireConnection } from './target.js';
@@ -129,8 +129,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       }
       progress.noteReceived(parsed.walEnd);
       const message = decode(parsed.data, decodeContext);
-      if (message.tag === 'begin') inTransaction = true;
-      else if (message.tag === 'commit') inTransaction = false;
+      if (message.tag === 'begin' || message.tag === 'beginPrepare') inTransaction = true;
+      else if (message.tag === 'commit' || message.tag === 'prepare') inTransaction = false;
       else if (message.tag === 'streamStart') decodeContext.inStream = true;
       else if (message.tag === 'streamStop') decodeContext.inStream = false;
       if (!(await queue.put({ kind: 'message', message, raw: parsed.data }))) return;
@@ -146,7 +146,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     const statement = idleProgressStatement(opts.subscription, lsn);
     const promoted = opts.sync.promotable(lsn, progress.durable);
     // Outside BEGIN, the statements and the Sync form one implicit transaction.
-    const results = [statement, ...promoted.map((t) => setStateStatement(opts.subscription, t, 'r', null))].map((s) => opts.conn.execute(s.text, s.params));
+    const statements = [statement, ...promoted.flatMap((t) => [setStateStatement(opts.subscription, t, 'r', null), clearSyncProgressStatement(opts.subscription, t)])];
+    const results = statements.map((s) => opts.conn.execute(s.text, s.params));
     results.forEach((r) => r.catch(() => {}));
     await opts.conn.sync();
     await Promise.all(results);

@@ -23,6 +23,8 @@ export interface RemoteTransaction {
   changes: number;
   /** Tables not ready yet that this transaction changed: their own positions advance with it. */
   syncTouched: Set<TableSync>;
+  /** A resent BEGIN PREPARE whose transaction is already prepared on the target: body skipped. */
+  alreadyPrepared: boolean;
 }
 
 export interface ApplyCounters {

@@ -7,9 +7,11 @@
  */
 import { ProtocolError } from '../errors.js';
 import { decode } from '../protocol/decoder.js';
-import { formatLsn } from '../protocol/lsn.js';
-import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamStartMessage, StreamStopMessage } from '../protocol/messages.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamPrepareMessage, StreamStartMessage, StreamStopMessage } from '../protocol/messages.js';
 import { dispatch, finishTransaction } from './handlers.js';
+import type { RemoteTransaction } from './state.js';
+import { advanceOrigin, isPrepared, prepareOnTarget, targetGid } from './twophase.js';
 import type { ApplyState } from './state.js';
 
 export function onStreamStart(state: ApplyState, m: StreamStartMessage): void {
@@ -37,15 +39,34 @@ export function onStreamAbort(state: ApplyState, m: StreamAbortMessage): void {
   state.log.debug({ xid: m.xid, subXid: m.subXid }, m.xid === m.subXid ? 'streamed transaction aborted' : 'streamed subtransaction aborted');
 }
 
-export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage): Promise<void> {
-  if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM COMMIT of xid ${m.xid} inside another transaction`);
-  const behind = m.commitLsn < state.progress.durable;
-  const xact = { xid: m.xid, finalLsn: m.commitLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set<never>() };
+/** Replay a spooled transaction's changes into state.xact (opened on first change). */
+async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: bigint): Promise<RemoteTransaction> {
+  if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `end of streamed xid ${xid} inside another transaction`);
+  const behind = finalLsn < state.progress.durable;
+  const xact: RemoteTransaction = { xid, finalLsn, commitTime: time, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
   state.xact = xact;
-  for await (const record of state.spool.replay(m.xid)) {
+  for await (const record of state.spool.replay(xid)) {
     await dispatch(state, decode(record, { inStream: true }), record);
   }
+  return xact;
+}
+
+export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage): Promise<void> {
+  const xact = await replaySpool(state, m.xid, m.commitLsn, m.commitTime);
   await finishTransaction(state, xact, m.endLsn, m.commitTime);
   state.spool.discard(m.xid);
   state.log.debug({ xid: m.xid, lsn: formatLsn(m.commitLsn), changes: xact.changes }, 'streamed transaction applied');
+}
+
+/** STREAM PREPARE (streaming with two_phase): the spooled transaction becomes a prepared one. */
+export async function onStreamPrepare(state: ApplyState, m: StreamPrepareMessage): Promise<void> {
+  if (await isPrepared(state, targetGid(state.subscription, m.xid))) {
+    // Resent after a restart: prepared already.
+    state.spool.discard(m.xid);
+    await advanceOrigin(state, m.endLsn, []);
+    return;
+  }
+  await replaySpool(state, m.xid, m.prepareLsn, m.prepareTime);
+  await prepareOnTarget(state, m.xid, m.endLsn, m.prepareTime);
+  state.spool.discard(m.xid);
 }

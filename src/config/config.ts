@@ -103,6 +103,9 @@ const ENV_ALIASES: Record<string, keyof FileConfig> = {
   PGSUB_PUBLICATION_NAMES: 'publication',
 };
 
+/** PGSUB_ variables that are not settings: the fault-test crash point (service/faults.ts). */
+const NOT_SETTINGS = new Set(['PGSUB_FAULT']);
+
 export interface LoadOptions {
   file?: string;
   env?: NodeJS.ProcessEnv;
@@ -114,7 +117,7 @@ export function loadConfig(opts: LoadOptions = {}): Config {
   const raw: Record<string, unknown> = {};
   if (opts.file) Object.assign(raw, readConfigFile(opts.file));
   for (const [name, value] of Object.entries(env)) {
-    if (!name.startsWith('PGSUB_') || value === undefined) continue;
+    if (!name.startsWith('PGSUB_') || value === undefined || NOT_SETTINGS.has(name)) continue;
     const key = ENV_ALIASES[name] ?? (name.slice('PGSUB_'.length).toLowerCase() as keyof FileConfig);
     if (!(CONFIG_KEYS as string[]).includes(key)) {
       throw new ConfigError(`environment variable ${name} is not a pgsub setting (known: ${CONFIG_KEYS.join(', ')})`, { key: name });
@@ -203,7 +206,6 @@ function rejectUnimplemented(c: FileConfig, streaming: string): void {
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
   if (streaming === 'parallel') refuse('streaming', streaming, 'streamed transactions are spooled and applied at commit (streaming on)');
   if (c.synchronous_commit === 'off') refuse('synchronous_commit', 'off', 'flush tracking for asynchronous commits is not built yet; use on, local, remote_write or remote_apply');
-  if (c.two_phase) refuse('two_phase', true, 'prepared transactions are decoded at COMMIT PREPARED (two_phase false)');
   if (c.disable_on_error) refuse('disable_on_error', true, 'apply errors are retried with backoff');
   if (!c.password_required) refuse('password_required', false, 'pgsub connects as a client; authentication is the server\'s choice');
   if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');

@@ -105,3 +105,22 @@ export function idleProgressStatement(subscription: string, lsn: Lsn): { text: s
 }
 
 export { ZERO_LSN };
+
+/** Inside a prepared transaction: its existence once committed (see migrations/0002). */
+export function preparedRowStatement(subscription: string, gid: string, remoteXid: number, prepareEndLsn: Lsn): { text: string; params: string[] } {
+  return {
+    text: 'INSERT INTO "pgsub"."prepared" ("subscription", "gid", "remote_xid", "prepare_end_lsn") VALUES ($1, $2, $3, $4::pg_catalog.pg_lsn)',
+    params: [subscription, gid, String(remoteXid), formatLsn(prepareEndLsn)],
+  };
+}
+
+/**
+ * After COMMIT PREPARED / ROLLBACK PREPARED (which cannot share a transaction with
+ * anything): the origin moves to that message's end and the prepared row goes.
+ */
+export function finishPreparedStatements(subscription: string, gid: string, endLsn: Lsn, commitTime: bigint | null): { text: string; params: string[] }[] {
+  const origin = commitTime === null
+    ? idleProgressStatement(subscription, endLsn)
+    : commitProgressStatement(subscription, endLsn, commitTime);
+  return [origin, { text: 'DELETE FROM "pgsub"."prepared" WHERE "subscription" = $1 AND "gid" = $2', params: [subscription, gid] }];
+}

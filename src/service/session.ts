@@ -6,7 +6,7 @@
  * target recorded — that would mean changes the target never got — so that is fatal.
  */
 import type { Config } from '../config/config.js';
-import { ConfigError, SlotAheadError, SourceSetupError } from '../errors.js';
+import { ConfigError, SlotAheadError, SourceSetupError, TargetSetupError } from '../errors.js';
 import type { SyncStates } from '../tablesync/state.js';
 import { StreamSpool } from '../apply/spool.js';
 import { quoteLiteral } from '../quote.js';
@@ -54,6 +54,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       await applyConn.sync();
       return result;
     }, replicationOriginName(config.subscription));
+    if (config.twoPhase) await checkPreparedTransactions(applyConn);
     replication = await ReplicationConnection.open(config.source, appName);
     const protoVersion = protoVersionFor(replication.serverVersionNum);
     checkOptionsAgainstPublisher(config, replication.serverVersionNum);
@@ -89,6 +90,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       publications: config.publications,
       origin: config.origin === 'none' ? 'none' : undefined,
       streaming: config.streaming,
+      twoPhase: config.twoPhase,
       messages: config.messages,
       binary: config.binary,
     });
@@ -177,6 +179,9 @@ function checkOptionsAgainstPublisher(config: Config, serverVersionNum: number):
   if (config.streaming !== 'off' && serverVersionNum < 140000) {
     throw new ConfigError(`streaming = ${config.streaming} needs a PostgreSQL 14 or later publisher (protocol 2); this one is ${major}`, { key: 'streaming' });
   }
+  if (config.twoPhase && serverVersionNum < 150000) {
+    throw new ConfigError(`two_phase = true needs a PostgreSQL 15 or later publisher (protocol 3); this one is ${major}`, { key: 'two_phase' });
+  }
   if (config.messages && serverVersionNum < 140000) {
     throw new ConfigError(`messages = true needs a PostgreSQL 14 or later publisher; this one is ${major}`, { key: 'messages' });
   }
@@ -194,5 +199,18 @@ async function checkPublications(config: Config, replication: ReplicationConnect
   const missing = config.publications.filter((p) => !found.has(p));
   if (missing.length > 0) {
     throw new SourceSetupError(`publication${missing.length > 1 ? 's' : ''} ${missing.map((m) => `"${m}"`).join(', ')} not found in the publisher's database`, { publication: missing.join(', ') });
+  }
+}
+
+/** two_phase prepares transactions on the target: it must allow some. */
+async function checkPreparedTransactions(conn: WireConnection): Promise<void> {
+  const result = conn.execute(`SELECT pg_catalog.current_setting('max_prepared_transactions')`, [], { wantRows: true });
+  await conn.sync();
+  const value = Number((await result).rows[0]?.[0] ?? 0);
+  if (value === 0) {
+    throw new TargetSetupError(
+      'two_phase = true prepares transactions on the target, but its max_prepared_transactions is 0. Set max_prepared_transactions (at least max_connections is safe) in the target\'s postgresql.conf and restart it, or set two_phase: false',
+      { key: 'two_phase' },
+    );
   }
 }

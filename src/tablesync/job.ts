@@ -16,7 +16,7 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
 import { copyRange, openCopyClient, splitRanges, type CopyRange } from './copy.js';
-import { setStateStatement, type SyncStates, type TableSync } from './state.js';
+import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './state.js';
 
 export interface TableProgress {
   schema: string;
@@ -110,6 +110,8 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
     }
     const state = setStateStatement(config.subscription, t, 'd', syncLsn);
     await control.query(state.text, state.params);
+    const clear = clearSyncProgressStatement(config.subscription, t);
+    await control.query(clear.text, clear.params);
     await control.query(`UPDATE "pgsub"."subscription_rel" SET "rows_copied" = 0, "bytes_copied" = 0 WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`, [config.subscription, t.schema, t.table]);
     await control.query('COMMIT');
   } catch (err) {

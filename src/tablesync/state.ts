@@ -113,11 +113,19 @@ export class SyncStates {
 
 // Statements on pgsub.subscription_rel, run in the apply or sync transaction they belong to.
 
+/** Append a catching-up table's new position (pgsub.sync_progress; no row lock to hold). */
 export function advanceSyncStatement(subscription: string, t: { schema: string; table: string }, lsn: Lsn): Statement {
   return {
-    text: `UPDATE "pgsub"."subscription_rel" SET "sync_lsn" = $4::pg_catalog.pg_lsn, "updated_at" = pg_catalog.now()
-            WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
+    text: `INSERT INTO "pgsub"."sync_progress" ("subscription", "schema_name", "table_name", "lsn") VALUES ($1, $2, $3, $4::pg_catalog.pg_lsn)`,
     params: [subscription, t.schema, t.table, formatLsn(lsn)],
+  };
+}
+
+/** Forget a table's appended positions (it became ready, or its copy starts over). */
+export function clearSyncProgressStatement(subscription: string, t: { schema: string; table: string }): Statement {
+  return {
+    text: `DELETE FROM "pgsub"."sync_progress" WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
+    params: [subscription, t.schema, t.table],
   };
 }
 

@@ -279,7 +279,6 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
 
   const refused: [string, string, string][] = [
     ['streaming', 'PGSUB_STREAMING', 'parallel'],
-    ['two_phase', 'PGSUB_TWO_PHASE', 'true'],
     ['disable_on_error', 'PGSUB_DISABLE_ON_ERROR', 'true'],
     ['synchronous_commit', 'PGSUB_SYNCHRONOUS_COMMIT', 'off'],
     ['failover', 'PGSUB_FAILOVER', 'true'],
@@ -301,7 +300,7 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
     const file2 = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\nsynchronous_commit: false\n');
     assertNotImplemented(() => load({ file: file2 }), 'synchronous_commit');
     const file3 = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\ntwo_phase: true\n');
-    assertNotImplemented(() => load({ file: file3 }), 'two_phase');
+    assert.equal(load({ file: file3 }).twoPhase, true);
   });
 
   test('implemented values of those options load', () => {

@@ -1,0 +1,93 @@
+/**
+ * Two-phase commit (two_phase = true, protocol 3+): worker.c's apply_handle_begin_prepare,
+ * _prepare, _commit_prepared, _rollback_prepared. A remote prepared transaction becomes a
+ * prepared transaction on the target under a gid derived from the subscription and the
+ * remote xid; COMMIT/ROLLBACK PREPARED finish it. Everything is idempotent by gid, so a
+ * restart at any point neither loses nor repeats it:
+ *  - BEGIN PREPARE resent for a gid already prepared on the target: the body is skipped;
+ *  - PREPARE: the prepared transaction holds a pgsub.prepared row (not the origin row,
+ *    whose lock it would keep until COMMIT PREPARED); the origin then moves to the
+ *    prepare's end in its own transaction;
+ *  - COMMIT PREPARED cannot share a transaction with the origin update, so it runs first;
+ *    if a crash comes between the two, the resent COMMIT PREPARED finds the gid gone and
+ *    its pgsub.prepared row committed — it was committed — and only moves the origin.
+ */
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import type { BeginPrepareMessage, CommitPreparedMessage, PrepareMessage, RollbackPreparedMessage } from '../protocol/messages.js';
+import { finishPreparedStatements, idleProgressStatement } from '../origin/store.js';
+import { quoteLiteral } from '../quote.js';
+import { faultPoint } from '../service/faults.js';
+import { ProtocolError } from '../errors.js';
+import { finishTransaction, requireTransaction } from './handlers.js';
+import type { ApplyState } from './state.js';
+
+/** The target gid: unique per subscription and remote transaction, like native's pg_gid_<subid>_<xid>. */
+export function targetGid(subscription: string, xid: number): string {
+  return `pgsub_${subscription}_${xid}`;
+}
+
+export async function isPrepared(state: ApplyState, gid: string): Promise<boolean> {
+  const result = state.conn.execute('SELECT 1 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1', [gid], { wantRows: true });
+  await state.conn.sync();
+  return (await result).rows.length > 0;
+}
+
+/** Run statements as one implicit transaction (extended protocol: up to the Sync). */
+async function runAlone(state: ApplyState, statements: { text: string; params: (string | null)[] }[]): Promise<void> {
+  const results = statements.map((s) => state.conn.execute(s.text, s.params));
+  results.forEach((r) => r.catch(() => {}));
+  await state.conn.sync();
+  await Promise.all(results);
+}
+
+export async function onBeginPrepare(state: ApplyState, m: BeginPrepareMessage): Promise<void> {
+  if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN PREPARE of xid ${m.xid} while xid ${state.xact.xid} is still open`);
+  const alreadyPrepared = await isPrepared(state, targetGid(state.subscription, m.xid));
+  if (alreadyPrepared) state.log.info({ xid: m.xid, gid: m.gid }, 'transaction already prepared on the target; body skipped');
+  const behind = m.prepareLsn < state.progress.durable;
+  state.xact = { xid: m.xid, finalLsn: m.prepareLsn, commitTime: m.prepareTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared };
+}
+
+export async function onPrepare(state: ApplyState, m: PrepareMessage): Promise<void> {
+  const xact = requireTransaction(state, 'PREPARE');
+  if (m.prepareLsn !== xact.finalLsn) {
+    throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `incorrect prepare LSN ${formatLsn(m.prepareLsn)} in prepare message (expected ${formatLsn(xact.finalLsn)})`);
+  }
+  await prepareOnTarget(state, m.xid, m.endLsn, m.prepareTime);
+}
+
+/** Shared by PREPARE and STREAM PREPARE: the open transaction becomes a prepared one. */
+export async function prepareOnTarget(state: ApplyState, xid: number, endLsn: Lsn, prepareTime: bigint): Promise<void> {
+  const xact = requireTransaction(state, 'PREPARE');
+  const gid = targetGid(state.subscription, xid);
+  await finishTransaction(state, xact, endLsn, prepareTime, { kind: 'prepare', gid });
+  faultPoint('after-prepare');
+  await advanceOrigin(state, endLsn, []);
+}
+
+export async function onCommitPrepared(state: ApplyState, m: CommitPreparedMessage): Promise<void> {
+  if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `COMMIT PREPARED of xid ${m.xid} inside transaction ${state.xact.xid}`);
+  const gid = targetGid(state.subscription, m.xid);
+  if (await isPrepared(state, gid)) {
+    await runAlone(state, [{ text: `COMMIT PREPARED ${quoteLiteral(gid)}`, params: [] }]);
+    faultPoint('after-commit-prepared');
+    state.counters.transactionsApplied++;
+  }
+  await advanceOrigin(state, m.endLsn, finishPreparedStatements(state.subscription, gid, m.endLsn, m.commitTime));
+}
+
+export async function onRollbackPrepared(state: ApplyState, m: RollbackPreparedMessage): Promise<void> {
+  if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `ROLLBACK PREPARED of xid ${m.xid} inside transaction ${state.xact.xid}`);
+  const gid = targetGid(state.subscription, m.xid);
+  // Its pgsub.prepared row goes with it.
+  if (await isPrepared(state, gid)) await runAlone(state, [{ text: `ROLLBACK PREPARED ${quoteLiteral(gid)}`, params: [] }]);
+  await advanceOrigin(state, m.rollbackEndLsn, [idleProgressStatement(state.subscription, m.rollbackEndLsn)]);
+}
+
+/** Move the origin (and run `extra`, which includes the origin statement when given) past a two-phase message. */
+export async function advanceOrigin(state: ApplyState, endLsn: Lsn, extra: { text: string; params: (string | null)[] }[]): Promise<void> {
+  if (endLsn <= state.progress.durable) return;
+  await runAlone(state, extra.length > 0 ? extra : [idleProgressStatement(state.subscription, endLsn)]);
+  state.progress.noteDurable(endLsn);
+  state.onDurable();
+}
