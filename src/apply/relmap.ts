@@ -12,7 +12,17 @@
  * parameter to it, so a column whose type changed gets a new statement text and thus a
  * new server-side prepared statement) and, for REPLICA IDENTITY FULL relations, whether
  * the type has the equality native uses to compare whole rows (see typeEquality).
+ *
+ * Binary mode (see binary.ts): a binary value is the publisher's send output of the
+ * REMOTE column type, so per column the map also records which target type reads it —
+ * a built-in remote type is the same OID on the target; a user-defined one is found by
+ * the namespace and name its Type message gave (pgoutput names a domain by its base
+ * type) — and, when that type's binary format embeds user-defined type OIDs (arrays,
+ * composites, ranges of enums or composites, domains over them), the plan to rewrite
+ * them to the target's. The catalog rows for that are fetched once per relation, and
+ * only when a remote column has a user-defined type (and binary mode is not known to be off).
  */
+import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './binary.js';
 import { SchemaMismatchError } from '../errors.js';
 import type { RelationMessage } from '../protocol/messages.js';
 import { quoteQualified } from '../quote.js';
@@ -46,6 +56,29 @@ export interface MappedRelation {
   keyIndexes: number[];
   /** Built SQL texts by shape (see statements.ts), cached for the relation's lifetime. */
   statements: Map<string, string>;
+  /** How binary values are bound, per remote column index; absent: as they are, types inferred from the casts. */
+  binary?: BinaryColumns;
+}
+
+export interface BinaryColumns {
+  /**
+   * Parse type of a binary value: the target OID of the remote column's type where it
+   * differs from the target column's type (the cast then converts, e.g. int4 → int8);
+   * 0 where the cast alone gives the right type. Null when every entry would be 0.
+   * Text values always leave their parameter's type to the cast (the target type's
+   * input function reads them, as native's slot_store_data).
+   */
+  parseTypes: readonly number[] | null;
+  /** OID rewrite plan per column (binary.ts); null when no column has one. */
+  plans: readonly (OidPlan | null)[] | null;
+}
+
+export interface RelationMapOptions {
+  /**
+   * false: the publisher never sends binary values, so no binary bookkeeping. Unset: the
+   * catalog rows binary values need are fetched when a relation has user-defined column types.
+   */
+  binary?: boolean;
 }
 
 export class RelationMap {
@@ -53,7 +86,10 @@ export class RelationMap {
   private readonly mapped = new Map<number, MappedRelation>();
   private readonly types = new Map<number, { namespace: string; name: string }>();
 
-  constructor(private readonly targetVersionNum: number) {}
+  constructor(
+    private readonly targetVersionNum: number,
+    private readonly options: RelationMapOptions = {},
+  ) {}
 
   onRelation(message: RelationMessage): void {
     this.remote.set(message.relationId, message);
@@ -143,9 +179,116 @@ export class RelationMap {
       keyIndexes: remote.columns.flatMap((c, i) => (c.isKey ? [i] : [])),
       statements: new Map(),
     };
+    if (this.options.binary !== false) {
+      const binary = await this.binaryColumns(conn, remote, targetColumns);
+      if (binary) mapped.binary = binary;
+    }
     this.mapped.set(relationId, mapped);
     return mapped;
   }
+
+  /** See BinaryColumns; undefined when binary values need nothing beyond the casts. */
+  private async binaryColumns(conn: WireConnection, remote: RelationMessage, targetColumns: TargetColumn[]): Promise<BinaryColumns | undefined> {
+    // The target type reading each column's binary value; 0: unknown, the column's own type.
+    const readAs = remote.columns.map((c) => (c.typeOid < FIRST_GENBKI_OID ? c.typeOid : 0));
+    let plans: (OidPlan | null)[] | null = null;
+    const user = remote.columns.flatMap((c, i) => (c.typeOid >= FIRST_GENBKI_OID ? [i] : []));
+    if (user.length > 0) {
+      const names = user.map((i) => {
+        const t = this.types.get(remote.columns[i]!.typeOid);
+        return t ? { namespace: t.namespace === '' ? 'pg_catalog' : t.namespace, name: t.name } : null;
+      });
+      const types = await targetTypes(
+        conn,
+        this.targetVersionNum,
+        names.filter((n) => n !== null),
+        user.map((i) => targetColumns[i]!.typeOid),
+      );
+      const byName = new Map([...types.values()].map((t) => [t.name, t.oid]));
+      plans = remote.columns.map(() => null);
+      user.forEach((i, k) => {
+        const n = names[k];
+        readAs[i] = n ? (byName.get(quoteQualified(n.namespace, n.name)) ?? 0) : 0;
+        plans![i] = oidPlan(readAs[i] || targetColumns[i]!.typeOid, types);
+      });
+      if (plans.every((p) => p === null)) plans = null;
+    }
+    const parseTypes = readAs.map((oid, i) => (oid !== 0 && oid !== targetColumns[i]!.typeOid ? oid : 0));
+    const anyParseType = parseTypes.some((t) => t !== 0);
+    if (!anyParseType && !plans) return undefined;
+    return { parseTypes: anyParseType ? parseTypes : null, plans };
+  }
+}
+
+/** A text[] literal for a bind parameter. */
+function textArray(values: readonly string[]): string {
+  return `{${values.map((v) => `"${v.replace(/[\\"]/g, (c) => `\\${c}`)}"`).join(',')}}`;
+}
+
+/**
+ * The target types named (namespace, name) or given by OID, and every type their binary
+ * formats nest (domain base, array element, composite fields, range subtype, multirange
+ * range), keyed by OID; `name` is the quoted, schema-qualified name.
+ */
+async function targetTypes(
+  conn: WireConnection,
+  targetVersionNum: number,
+  names: readonly { namespace: string; name: string }[],
+  oids: readonly number[],
+): Promise<Map<number, TargetTypeInfo>> {
+  const isArray =
+    targetVersionNum >= 140000 ? `t.typelem <> 0 AND t.typsubscript = 'pg_catalog.array_subscript_handler'::pg_catalog.regproc` : `t.typelem <> 0 AND t.typlen = -1`;
+  const multirange =
+    targetVersionNum >= 140000 ? `UNION ALL SELECT g.rngtypid FROM pg_catalog.pg_range g WHERE t.typtype = 'm' AND g.rngmultitypid = t.oid` : '';
+  const rows = await queryRows<{ oid: string; typtype: string; nspname: string; typname: string; base: string; elem: string; fields: string | null; inner: string | null }>(
+    conn,
+    ['oid', 'typtype', 'nspname', 'typname', 'base', 'elem', 'fields', 'inner'],
+    `WITH RECURSIVE reach(oid) AS (
+         SELECT t.oid
+           FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS q(nsp, name)
+           JOIN pg_catalog.pg_namespace n ON n.nspname = q.nsp
+           JOIN pg_catalog.pg_type t ON t.typnamespace = n.oid AND t.typname = q.name
+       UNION
+         SELECT pg_catalog.unnest($3::pg_catalog.oid[])
+       UNION
+         SELECT x.oid
+           FROM reach r
+           JOIN pg_catalog.pg_type t ON t.oid = r.oid
+          CROSS JOIN LATERAL (
+                SELECT t.typbasetype WHERE t.typtype = 'd'
+                UNION ALL SELECT t.typelem WHERE ${isArray}
+                UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+                           WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
+                UNION ALL SELECT g.rngsubtype FROM pg_catalog.pg_range g WHERE t.typtype = 'r' AND g.rngtypid = t.oid
+                ${multirange}
+               ) x(oid)
+     )
+     SELECT t.oid::int::text AS oid, t.typtype::text AS typtype, n.nspname::text AS nspname, t.typname::text AS typname,
+            t.typbasetype::int::text AS base,
+            (CASE WHEN ${isArray} THEN t.typelem ELSE 0 END)::int::text AS elem,
+            (SELECT pg_catalog.string_agg(a.atttypid::int::text, ',' ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+              WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) AS fields,
+            (SELECT (CASE WHEN t.typtype = 'r' THEN g.rngsubtype ELSE g.rngtypid END)::int::text FROM pg_catalog.pg_range g
+              WHERE (t.typtype = 'r' AND g.rngtypid = t.oid) ${targetVersionNum >= 140000 ? `OR (t.typtype = 'm' AND g.rngmultitypid = t.oid)` : ''}) AS nested
+       FROM reach r
+       JOIN pg_catalog.pg_type t ON t.oid = r.oid
+       JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace`,
+    [textArray(names.map((n) => n.namespace)), textArray(names.map((n) => n.name)), `{${[...new Set(oids)].join(',')}}`],
+  );
+  return new Map(
+    rows.map((r) => [
+      Number(r.oid),
+      {
+        oid: Number(r.oid),
+        typtype: r.typtype,
+        elem: Number(r.elem),
+        base: Number(r.base),
+        fields: (r.fields ?? '').split(',').filter(Boolean).map(Number),
+        inner: Number(r.inner ?? 0),
+        name: quoteQualified(r.nspname, r.typname),
+      },
+    ]),
+  );
 }
 
 type TypeRow = {

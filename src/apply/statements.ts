@@ -22,18 +22,74 @@
  * named relation and never rows of inheritance children; a partitioned target routes to
  * and searches its partitions (worker.c apply_handle_tuple_routing, and TRUNCATE of a
  * partitioned table truncates every partition).
+ *
+ * Binary mode: a tuple may mix binary values (the publisher's typsend output) and text
+ * ones (types without a send function); each is bound as it came — a Buffer in binary
+ * format, a string in text format — so the target reads it with the type's receive or
+ * input function, as native's slot_store_data does per column. The cast stays in the
+ * text; what a binary value is read as is its Parse type (relmap.ts BinaryColumns): by
+ * default inferred from the cast, the REMOTE type where that differs, so a remote int4
+ * read in binary and cast to a target int8 column works (native requires identical types
+ * in binary mode). Text values always leave the type to the cast. The Parse types only
+ * depend on which columns came in binary, and the wire keys its prepared statements by
+ * text and Parse types, so the SQL texts cached here are shared by text and binary rows.
+ * User-defined type OIDs embedded in arrays and composites are rewritten to the
+ * target's (binary.ts) before binding.
  */
-import { ApplyError } from '../errors.js';
+import { ApplyError, SchemaMismatchError } from '../errors.js';
 import type { Tuple, TupleValue } from '../protocol/messages.js';
 import { quoteIdent } from '../quote.js';
+import { BinaryLayoutError, rewriteOids, textForUnreceivable } from './binary.js';
 import type { MappedRelation } from './relmap.js';
+import type { WireValue } from './wire.js';
 
 export interface Statement {
   text: string;
-  params: (string | null)[];
+  /** A string is bound in text format, a Buffer in binary format. */
+  params: WireValue[];
+  /** Parse types per parameter (0: from the cast), present only when a binary value needs one. */
+  paramTypes?: number[];
 }
 
-function valueOf(rel: MappedRelation, value: TupleValue | undefined, index: number): string | null {
+/**
+ * A binary value as the target's receive function must see it (embedded OIDs rewritten),
+ * or its text form where the receive function cannot read it (binary.ts).
+ */
+function binaryValue(rel: MappedRelation, value: Buffer, index: number): Buffer | string {
+  const text = textForUnreceivable(rel.remote.columns[index]?.typeOid ?? 0, value);
+  if (text !== null) return text;
+  const plan = rel.binary?.plans?.[index];
+  if (!plan) return value;
+  try {
+    return rewriteOids(value, plan);
+  } catch (err) {
+    if (!(err instanceof BinaryLayoutError)) throw err;
+    const column = rel.remote.columns[index]?.name;
+    throw new SchemaMismatchError(`binary value of column "${column}" of "${rel.displayName}" does not fit the target's type: ${err.message}`, { relation: rel.displayName, column, type: err.typeName }, { cause: err });
+  }
+}
+
+/** Bind parameters in order, with their Parse types when a binary value needs one. */
+class Params {
+  readonly values: WireValue[] = [];
+  #types: number[] | undefined;
+
+  constructor(private readonly rel: MappedRelation) {}
+
+  add(tuple: Tuple, index: number): void {
+    const value = valueOf(this.rel, tuple[index], index);
+    this.values.push(value);
+    const parseType = Buffer.isBuffer(value) ? (this.rel.binary?.parseTypes?.[index] ?? 0) : 0;
+    if (parseType !== 0) (this.#types ??= new Array<number>(this.values.length - 1).fill(0)).push(parseType);
+    else this.#types?.push(0);
+  }
+
+  statement(text: string): Statement {
+    return this.#types ? { text, params: this.values, paramTypes: this.#types } : { text, params: this.values };
+  }
+}
+
+function valueOf(rel: MappedRelation, value: TupleValue | undefined, index: number): WireValue {
   if (value === undefined) {
     throw new ApplyError(`tuple for "${rel.displayName}" has fewer columns than its Relation message`, { relation: rel.displayName });
   }
@@ -48,9 +104,7 @@ function valueOf(rel: MappedRelation, value: TupleValue | undefined, index: numb
         column: rel.remote.columns[index]?.name,
       });
     case 'binary':
-      throw new ApplyError(`binary value received without binary mode, column "${rel.remote.columns[index]?.name}" of "${rel.displayName}"`, {
-        relation: rel.displayName,
-      });
+      return binaryValue(rel, value.value, index);
   }
 }
 
@@ -90,7 +144,9 @@ export function insertStatement(rel: MappedRelation, tuple: Tuple): Statement {
     const values = rel.targetColumns.map((_, i) => param(rel, i, i + 1)).join(', ');
     return `INSERT INTO ${rel.qualifiedName} (${cols}) VALUES (${values})`;
   });
-  return { text, params: tuple.map((v, i) => valueOf(rel, v, i)) };
+  const params = new Params(rel);
+  for (let i = 0; i < tuple.length; i++) params.add(tuple, i);
+  return params.statement(text);
 }
 
 /**
@@ -130,8 +186,8 @@ function locator(rel: MappedRelation, what: 'UPDATE' | 'DELETE', oldKind: 'key' 
 }
 
 /** Parameters of a locator, in the order whereClause numbers them. */
-function locatorParams(rel: MappedRelation, loc: Locator): (string | null)[] {
-  return loc.indexes.filter((i) => !loc.nulls.has(i)).map((i) => valueOf(rel, loc.tuple[i], i));
+function addLocatorParams(params: Params, loc: Locator): void {
+  for (const i of loc.indexes) if (!loc.nulls.has(i)) params.add(loc.tuple, i);
 }
 
 /**
@@ -172,15 +228,18 @@ export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | un
     const sets = setIndexes.length > 0 ? setIndexes.map((i, n) => `${column(rel, i)} = ${param(rel, i, n + 1)}`).join(', ') : `${quoteIdent(first)} = ${quoteIdent(first)}`;
     return `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, setIndexes.length + 1)}`;
   });
-  const params = setIndexes.map((i) => valueOf(rel, newTuple[i], i));
-  params.push(...locatorParams(rel, loc));
-  return { text, params };
+  const params = new Params(rel);
+  for (const i of setIndexes) params.add(newTuple, i);
+  addLocatorParams(params, loc);
+  return params.statement(text);
 }
 
 export function deleteStatement(rel: MappedRelation, oldKind: 'key' | 'old', oldTuple: Tuple): Statement {
   const loc = locator(rel, 'DELETE', oldKind, oldTuple, undefined);
   const text = cached(rel, `D|${loc.shape}`, () => `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)}`);
-  return { text, params: locatorParams(rel, loc) };
+  const params = new Params(rel);
+  addLocatorParams(params, loc);
+  return params.statement(text);
 }
 
 export function truncateStatement(relations: MappedRelation[], restartIdentity: boolean): Statement {

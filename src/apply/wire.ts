@@ -498,7 +498,9 @@ function toRecord(columns: readonly string[], fields: readonly (string | null)[]
  *  classes that only come with FATAL count too (admin shutdown, idle timeouts, 08xxx). */
 function isFatal(err: pg.DatabaseError): boolean {
   const code = err.code ?? '';
-  return err.severity === 'FATAL' || err.severity === 'PANIC' || code.startsWith('08') || code.startsWith('57P') || code === '25P03';
+  // 08P01 (protocol_violation) is also raised at ERROR level by binary input functions
+  // ("insufficient data left in message"); only the untranslated-severity-proof classes remain.
+  return err.severity === 'FATAL' || err.severity === 'PANIC' || (code.startsWith('08') && code !== '08P01') || code.startsWith('57P') || code === '25P03';
 }
 
 /** CommandComplete tag without its trailing counts: "INSERT 0 1" → "INSERT". */

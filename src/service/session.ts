@@ -82,7 +82,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     const orphans = spool.prepare();
     if (orphans > 0) log.info({ files: orphans, dir: config.spoolDir }, 'removed spool files of an earlier run');
     const progress = new Progress(originLsn);
-    const relations = new RelationMap(conn.serverVersionNum);
+    const relations = new RelationMap(conn.serverVersionNum, { binary: config.binary });
     const stream = replication.startReplication({
       slotName: config.slotName,
       startLsn,

@@ -53,8 +53,9 @@ export class Launcher {
   async load(): Promise<void> {
     const rows = await this.sql.unsafe<{ schema_name: string; table_name: string; state: string; sync_lsn: string | null }[]>(
       `SELECT r.schema_name, r.table_name, r.state,
-              GREATEST(r.sync_lsn, (SELECT max(p.lsn) FROM "pgsub"."sync_progress" p
-                                     WHERE p.subscription = r.subscription AND p.schema_name = r.schema_name AND p.table_name = r.table_name))::text AS sync_lsn
+              GREATEST(r.sync_lsn, (SELECT p.lsn FROM "pgsub"."sync_progress" p
+                                     WHERE p.subscription = r.subscription AND p.schema_name = r.schema_name AND p.table_name = r.table_name
+                                     ORDER BY p.lsn DESC LIMIT 1))::text AS sync_lsn
          FROM "pgsub"."subscription_rel" r WHERE r.subscription = $1`,
       [this.config.subscription],
     );

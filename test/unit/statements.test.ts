@@ -170,7 +170,8 @@ describe('statements', () => {
   test('tuples that do not fit the Relation message, or carry values the mode cannot take, are ApplyErrors', () => {
     assert.throws(() => insertStatement(orders, [t('1'), t('2')] as Tuple), ApplyError);
     assert.throws(() => insertStatement(orders, [t('1'), t('2'), UNCHANGED]), /unchanged TOAST value.*"note"/);
-    assert.throws(() => insertStatement(orders, [t('1'), t('2'), { kind: 'binary', value: Buffer.from('x') }]), /binary value/);
+    // Binary mode: a binary value is bound as it came (binary format); see test/unit/binary.test.ts.
+    assert.deepEqual(insertStatement(orders, [t('1'), t('2'), { kind: 'binary', value: Buffer.from('x') }]).params, ['1', '2', Buffer.from('x')]);
     assert.throws(() => updateStatement(orders, undefined, undefined, [t('1'), UNCHANGED, t('n')]), /unchanged TOAST value.*"id"/);
   });
 });
