@@ -90,6 +90,8 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       try {
         session = await startSession(config, counters, log, deps, events);
         if (stopped) session.stop();
+        // A copy that finished while this session was starting waits for the next one.
+        else restartForFinishedCopies();
         const startedAt = Date.now();
         await session.done;
         if (stopped) return;

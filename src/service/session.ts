@@ -77,6 +77,17 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       await maintenance.end({ timeout: 5 });
     }
     const startLsn = deps.sync.streamStart(originLsn);
+    if (startLsn < originLsn) {
+      // A table catching up needs the stream from before the origin: the slot must still have it.
+      const confirmed = (await openReplicationConn.getSlot(config.slotName))?.confirmedFlushLsn ?? null;
+      if (confirmed !== null && confirmed > startLsn) {
+        const behind = deps.sync.all().filter((t) => (t.state === 's' || t.state === 'f') && t.syncLsn !== null && t.syncLsn < confirmed);
+        throw new SlotAheadError(
+          `replication slot "${config.slotName}" has confirmed ${formatLsn(confirmed)}, beyond ${formatLsn(startLsn)} where ${behind.map((t) => `${t.schema}.${t.table}`).join(', ')} must catch up from; resync ${behind.length > 1 ? 'those tables' : 'that table'} (pgsub resync)`,
+          { slot: config.slotName, slotLsn: formatLsn(confirmed), startLsn: formatLsn(startLsn) },
+        );
+      }
+    }
     // Streamed transactions not committed before a restart are streamed again from the start.
     const spool = new StreamSpool(config.spoolDir, config.subscription);
     const orphans = spool.prepare();

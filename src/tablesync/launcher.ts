@@ -51,6 +51,10 @@ export class Launcher {
 
   /** Load the states from the target. */
   async load(): Promise<void> {
+    // A running copy's in-memory state (its feedback hold) and anything set while this
+    // read is in flight are newer than what the read returns: keep them.
+    const since = this.states.stamp;
+    const runningBefore = new Set(this.running);
     const rows = await this.sql.unsafe<{ schema_name: string; table_name: string; state: string; sync_lsn: string | null }[]>(
       `SELECT r.schema_name, r.table_name, r.state,
               GREATEST(r.sync_lsn, (SELECT p.lsn FROM "pgsub"."sync_progress" p
@@ -59,7 +63,8 @@ export class Launcher {
          FROM "pgsub"."subscription_rel" r WHERE r.subscription = $1`,
       [this.config.subscription],
     );
-    this.states.load(rows.map(rowToSync));
+    const keep = (schema: string, table: string) => runningBefore.has(`${schema}.${table}`) || this.running.has(`${schema}.${table}`);
+    this.states.load(rows.map(rowToSync), { since, keep });
   }
 
   /** Periodic refresh, and on demand: `pgsub refresh` / `pgsub resync` NOTIFY this channel. */

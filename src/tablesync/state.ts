@@ -8,9 +8,11 @@
  * remote transaction committing before it is in the table and every one committing
  * after it still has to be applied. Ready tables share the subscription's origin LSN.
  * A change of table X in a transaction with commit LSN C is applied iff
- *   X ready:                 C >= origin
- *   X finishedcopy/syncdone: C >= X.syncLsn   (syncLsn advances with each applied commit)
- *   X init/datasync:         never (its copy will contain it)
+ *   X ready:                C >= origin
+ *   X syncdone:             C >= X.syncLsn   (syncLsn advances with each applied commit)
+ *   X init/datasync/finishedcopy: never — a copy that finished while a stream ran missed
+ *                           what that stream passed; the next stream, which starts at the
+ *                           smallest syncLsn, turns it into syncdone
  * No commit record straddles a consistent point or a commit end, so "C >= P" is exactly
  * "this transaction is not yet in X". The publisher is never told a position beyond the
  * smallest syncLsn of a table being synced, and streaming (re)starts from the smallest
@@ -45,9 +47,27 @@ export class SyncStates {
   /** With copy_data false, a table pgsub has not registered yet is applied as ready. */
   constructor(private readonly copyData: boolean) {}
 
-  load(rows: TableSync[]): void {
-    this.tables.clear();
-    for (const r of rows) this.tables.set(key(r.schema, r.table), { ...r });
+  private version = 0;
+  private readonly changedAt = new Map<string, number>();
+
+  /** Taken before reading the states from the target (see load). */
+  get stamp(): number {
+    return this.version;
+  }
+
+  /**
+   * Adopt rows read from the target. With `merge`, an entry set in memory since
+   * `merge.since` (the read may predate it) or claimed by `merge.keep` (a running copy's
+   * hold) stays as it is; rows gone from the target are dropped, new ones added.
+   */
+  load(rows: TableSync[], merge?: { since: number; keep(schema: string, table: string): boolean }): void {
+    const fresh = new Map(rows.map((r) => [key(r.schema, r.table), r]));
+    if (!merge) this.tables.clear();
+    for (const k of [...this.tables.keys()]) if (!fresh.has(k)) this.tables.delete(k);
+    for (const [k, r] of fresh) {
+      if (merge && this.tables.has(k) && ((this.changedAt.get(k) ?? 0) > merge.since || merge.keep(r.schema, r.table))) continue;
+      this.tables.set(k, { ...r });
+    }
   }
 
   all(): TableSync[] {
@@ -59,7 +79,9 @@ export class SyncStates {
   }
 
   set(entry: TableSync): void {
-    this.tables.set(key(entry.schema, entry.table), { ...entry });
+    const k = key(entry.schema, entry.table);
+    this.tables.set(k, { ...entry });
+    this.changedAt.set(k, ++this.version);
   }
 
   shouldApply(schema: string, table: string, commitLsn: Lsn, originLsn: Lsn): boolean {
@@ -68,8 +90,9 @@ export class SyncStates {
     switch (t.state) {
       case 'r':
         return commitLsn >= originLsn;
-      case 'f':
       case 's':
+        // Not 'f': a copy that finished while this stream ran missed what the stream passed
+        // during its copy; it is applied from the next stream, which starts at its syncLsn.
         return t.syncLsn !== null && commitLsn >= t.syncLsn;
       default:
         return false;
@@ -107,7 +130,7 @@ export class SyncStates {
   /** Syncing tables whose own position is at or before `position`, when the stream is beyond the origin too. */
   promotable(position: Lsn, originLsn: Lsn): TableSync[] {
     if (position < originLsn) return [];
-    return this.all().filter((t) => (t.state === 's' || t.state === 'f') && t.syncLsn !== null && t.syncLsn <= position);
+    return this.all().filter((t) => t.state === 's' && t.syncLsn !== null && t.syncLsn <= position);
   }
 }
 
