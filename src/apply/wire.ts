@@ -28,7 +28,8 @@
 import type { Duplex } from 'node:stream';
 import type { EventEmitter } from 'node:events';
 import pg from 'pg';
-import { redactConninfo, redactSecrets, tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { Fifo, parseServerVersion, tagCommand, tagRowCount } from './wire-tags.js';
+import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { ConnectionLostError, PgsubError } from '../errors.js';
 
 export type WireValue = string | Buffer | null;
@@ -105,25 +106,6 @@ class Stmt {
   constructor(readonly name: string, readonly key: string, readonly segment: number) {}
 }
 
-/** FIFO with O(1) shift; compacts occasionally. */
-class Fifo<T> {
-  #items: (T | undefined)[] = [];
-  #head = 0;
-  get length(): number { return this.#items.length - this.#head; }
-  push(item: T): void { this.#items.push(item); }
-  peek(): T | undefined { return this.#items[this.#head]; }
-  at(i: number): T | undefined { return this.#items[this.#head + i]; }
-  shift(): T | undefined {
-    const item = this.#items[this.#head];
-    if (item === undefined) return undefined;
-    this.#items[this.#head++] = undefined;
-    if (this.#head === this.#items.length) { this.#items.length = 0; this.#head = 0; }
-    else if (this.#head >= 4096 && this.#head * 2 >= this.#items.length) { this.#items.splice(0, this.#head); this.#head = 0; }
-    return item;
-  }
-  takeAll(): T[] { const all = this.#items.slice(this.#head) as T[]; this.#items = []; this.#head = 0; return all; }
-}
-
 const NO_VALUES: readonly WireValue[] = [];
 const NO_TYPES: readonly number[] = [];
 const NO_ROWS = Object.freeze([]) as unknown as unknown[][];
@@ -183,17 +165,7 @@ export class WireConnection {
   }
 
   static async connect(info: ConnInfo, opts: WireOptions): Promise<WireConnection> {
-    const client = new pg.Client({
-      host: info.host,
-      port: info.port,
-      user: info.user,
-      password: info.password,
-      database: info.database,
-      ssl: tlsOptions(info),
-      application_name: opts.applicationName,
-      connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
-      keepAlive: true,
-    } as pg.ClientConfig);
+    const client = new pg.Client(pgClientConfig(info, opts.applicationName, { keepAlive: true }));
     // pg only forwards a fixed set of startup keys; any GUC is a valid startup parameter.
     const internals = client as unknown as { getStartupConf(): Record<string, string>; processID: number };
     const baseConf = internals.getStartupConf.bind(client);
@@ -503,36 +475,4 @@ function isFatal(err: pg.DatabaseError): boolean {
   return err.severity === 'FATAL' || err.severity === 'PANIC' || (code.startsWith('08') && code !== '08P01') || code.startsWith('57P') || code === '25P03';
 }
 
-/** CommandComplete tag without its trailing counts: "INSERT 0 1" → "INSERT". */
-export function tagCommand(tag: string): string {
-  let end = tag.length;
-  for (;;) {
-    const sp = tag.lastIndexOf(' ', end - 1);
-    if (sp < 0 || sp + 1 === end) break;
-    let digits = true;
-    for (let i = sp + 1; i < end; i++) {
-      const c = tag.charCodeAt(i);
-      if (c < 48 || c > 57) { digits = false; break; }
-    }
-    if (!digits) break;
-    end = sp;
-  }
-  return end === tag.length ? tag : tag.slice(0, end);
-}
-
-/** The row count a CommandComplete tag carries (its last number), 0 when it has none. */
-export function tagRowCount(tag: string): number {
-  const sp = tag.lastIndexOf(' ');
-  if (sp < 0) return 0;
-  const n = Number(tag.slice(sp + 1));
-  return Number.isInteger(n) ? n : 0;
-}
-
-/** server_version "18.4" → 180004, "9.6.24" → 90624, "17beta1" → 170000. */
-export function parseServerVersion(version: string): number {
-  const m = /^(\d+)(?:\.(\d+))?(?:\.(\d+))?/.exec(version);
-  if (!m) return 0;
-  const major = Number(m[1]);
-  const minor = Number(m[2] ?? 0);
-  return major >= 10 ? major * 10000 + minor : major * 10000 + minor * 100 + Number(m[3] ?? 0);
-}
+export { parseServerVersion, tagCommand, tagRowCount } from './wire-tags.js';

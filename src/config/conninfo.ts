@@ -7,6 +7,7 @@
  */
 import fs from 'node:fs';
 import type { ConnectionOptions as TlsOptions } from 'node:tls';
+import type pg from 'pg';
 import { ConfigError } from '../errors.js';
 
 export type SslMode = 'disable' | 'allow' | 'prefer' | 'require' | 'verify-ca' | 'verify-full';
@@ -173,4 +174,19 @@ export function tlsOptions(info: ConnInfo): TlsOptions | false {
       return tls;
     }
   }
+}
+
+/** node-postgres client settings for a conninfo; `extra` adds what the caller needs. */
+export function pgClientConfig(info: ConnInfo, applicationName: string, extra: Partial<pg.ClientConfig> & Record<string, unknown> = {}): pg.ClientConfig {
+  return {
+    host: info.host,
+    port: info.port,
+    user: info.user,
+    password: info.password,
+    database: info.database,
+    ssl: tlsOptions(info),
+    application_name: applicationName,
+    connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
+    ...extra,
+  } as pg.ClientConfig;
 }

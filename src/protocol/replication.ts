@@ -8,7 +8,7 @@
 import type { Duplex } from 'node:stream';
 import pg from 'pg';
 import copyStreams from 'pg-copy-streams';
-import { redactConninfo, redactSecrets, tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { ConnectionLostError, SourceSetupError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../quote.js';
 import { encodeStandbyStatus } from './framing.js';
@@ -59,20 +59,14 @@ export class ReplicationConnection {
   ) {}
 
   static async open(info: ConnInfo, applicationName: string): Promise<ReplicationConnection> {
-    const client = new pg.Client({
-      host: info.host,
-      port: info.port,
-      user: info.user,
-      password: info.password,
-      database: info.database,
-      ssl: tlsOptions(info),
-      application_name: applicationName,
-      connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
-      replication: 'database',
-      // As native's walreceiver: pgoutput's text output must not depend on the publisher
-      // database's DateStyle/IntervalStyle, and floats must round-trip exactly.
-      options: '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3',
-    } as pg.ClientConfig);
+    const client = new pg.Client(
+      pgClientConfig(info, applicationName, {
+        replication: 'database',
+        // As native's walreceiver: pgoutput's text output must not depend on the publisher
+        // database's DateStyle/IntervalStyle, and floats must round-trip exactly.
+        options: '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3',
+      }),
+    );
     // Errors after connect surface through the stream; this keeps pg from throwing globally.
     client.on('error', () => {});
     try {

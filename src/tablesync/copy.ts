@@ -10,7 +10,7 @@ import { Transform, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import pg from 'pg';
 import copyStreams from 'pg-copy-streams';
-import { redactSecrets, tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { pgClientConfig, redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { ConnectionLostError } from '../errors.js';
 import { quoteIdent, quoteLiteral, quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
@@ -23,20 +23,14 @@ export interface CopyRange {
 
 /** A pg client for COPY: on the target it runs with the apply session's settings. */
 export async function openCopyClient(info: ConnInfo, applicationName: string, role: 'source' | 'target'): Promise<pg.Client> {
-  const client = new pg.Client({
-    host: info.host,
-    port: info.port,
-    user: info.user,
-    password: info.password,
-    database: info.database,
-    ssl: tlsOptions(info),
-    application_name: applicationName,
-    connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
-    options:
-      role === 'target'
-        ? '-c session_replication_role=replica -c search_path= -c datestyle=ISO'
-        : '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c search_path=',
-  } as pg.ClientConfig);
+  const client = new pg.Client(
+    pgClientConfig(info, applicationName, {
+      options:
+        role === 'target'
+          ? '-c session_replication_role=replica -c search_path= -c datestyle=ISO'
+          : '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c search_path=',
+    }),
+  );
   client.on('error', () => {});
   try {
     await client.connect();
