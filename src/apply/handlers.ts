@@ -67,7 +67,9 @@ async function changeTarget(state: ApplyState, what: string, relationId: number)
 
 export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void): Promise<void> {
   const result = state.conn.execute(statement.text, statement.params, statement.paramTypes ? { paramTypes: statement.paramTypes } : undefined);
-  return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result);
+  let bytes = 0;
+  for (const v of statement.params) if (v !== null) bytes += v.length;
+  return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes);
 }
 
 function onBegin(state: ApplyState, m: BeginMessage): void {

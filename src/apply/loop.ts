@@ -14,7 +14,6 @@ import type { Logger } from '../log.js';
 import { decode } from '../protocol/decoder.js';
 import { parseReplicationFrame } from '../protocol/framing.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
-import type { PgOutputMessage } from '../protocol/messages.js';
 import type { ReplicationStream } from '../protocol/replication.js';
 import { idleProgressStatement } from '../origin/store.js';
 import type { Progress } from '../origin/progress.js';
@@ -28,11 +27,18 @@ import { Pipeline, type WireConnection } from './target.js';
 import { PipelineAbortedError } from './wire.js';
 
 type WorkItem =
-  | { kind: 'message'; message: PgOutputMessage; raw: Buffer }
+  /** A pgoutput message, decoded by the applier: the queue holds bytes only once. */
+  | { kind: 'message'; raw: Buffer }
   /** A keepalive between transactions: everything before `lsn` has been sent to us. */
   | { kind: 'position'; lsn: Lsn }
   /** Wakes the applier so an idle position gets recorded. */
   | { kind: 'tick' };
+
+const QUEUE_BYTES = 32 * 1024 * 1024;
+const TAG_BEGIN = 0x42; // 'B'
+const TAG_COMMIT = 0x43; // 'C'
+const TAG_BEGIN_PREPARE = 0x62; // 'b'
+const TAG_PREPARE = 0x50; // 'P'
 
 export interface ApplyLoopOptions {
   subscription: string;
@@ -63,7 +69,8 @@ export interface ApplyLoop {
 
 export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   const { stream, progress, log } = opts;
-  const queue = new BoundedQueue<WorkItem>(opts.queueSize);
+  // Bounded by count and by bytes: wide rows must not multiply memory by queue_size.
+  const queue = new BoundedQueue<WorkItem>(opts.queueSize, QUEUE_BYTES);
   const pipeline = new Pipeline(opts.maxInFlight);
   const idleRecordIntervalMs = opts.idleRecordIntervalMs ?? 1000;
   let stopping = false;
@@ -116,7 +123,6 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
 
   async function receive(): Promise<void> {
     let inTransaction = false;
-    const decodeContext = { inStream: false, streamAbortInfo: opts.streamAbortInfo };
     for await (const frame of stream.frames()) {
       lastFrameAt = Date.now();
       pingSent = false;
@@ -128,12 +134,11 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         continue;
       }
       progress.noteReceived(parsed.walEnd);
-      const message = decode(parsed.data, decodeContext);
-      if (message.tag === 'begin' || message.tag === 'beginPrepare') inTransaction = true;
-      else if (message.tag === 'commit' || message.tag === 'prepare') inTransaction = false;
-      else if (message.tag === 'streamStart') decodeContext.inStream = true;
-      else if (message.tag === 'streamStop') decodeContext.inStream = false;
-      if (!(await queue.put({ kind: 'message', message, raw: parsed.data }))) return;
+      // The tag byte is all the receiver needs: keepalives between transactions are positions.
+      const tag = parsed.data[0];
+      if (tag === TAG_BEGIN || tag === TAG_BEGIN_PREPARE) inTransaction = true;
+      else if (tag === TAG_COMMIT || tag === TAG_PREPARE) inTransaction = false;
+      if (!(await queue.put({ kind: 'message', raw: parsed.data }, parsed.data.length))) return;
       // Time spent waiting for queue space is not publisher silence.
       lastFrameAt = Date.now();
     }
@@ -158,10 +163,16 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   }
 
   async function apply(): Promise<void> {
+    const decodeContext = { inStream: false, streamAbortInfo: opts.streamAbortInfo };
     while (!stopping) {
       const item = await queue.take();
       if (item === undefined || stopping) break;
-      if (item.kind === 'message') await dispatch(state, item.message, item.raw);
+      if (item.kind === 'message') {
+        const message = decode(item.raw, decodeContext);
+        if (message.tag === 'streamStart') decodeContext.inStream = true;
+        else if (message.tag === 'streamStop') decodeContext.inStream = false;
+        await dispatch(state, message, item.raw);
+      }
       else if (item.kind === 'position' && state.xact === null) progress.noteProcessed(item.lsn);
       const now = Date.now();
       if (

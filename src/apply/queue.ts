@@ -9,22 +9,30 @@ export class BoundedQueue<T> {
   private closed = false;
   private waitingTake: (() => void) | null = null;
   private waitingPut: (() => void) | null = null;
+  private bytes = 0;
+  private readonly sizes: number[] = [];
 
-  constructor(private readonly capacity: number) {}
+  /** At most `capacity` items and `byteCapacity` bytes (an item larger than that still passes alone). */
+  constructor(
+    private readonly capacity: number,
+    private readonly byteCapacity = Number.POSITIVE_INFINITY,
+  ) {}
 
   get length(): number {
     return this.items.length - this.head;
   }
 
   get full(): boolean {
-    return this.length >= this.capacity;
+    return this.length >= this.capacity || (this.length > 0 && this.bytes >= this.byteCapacity);
   }
 
   /** Resolves once the item is queued; false if the queue was closed. */
-  async put(item: T): Promise<boolean> {
+  async put(item: T, size = 0): Promise<boolean> {
     while (this.full && !this.closed) await new Promise<void>((resolve) => (this.waitingPut = resolve));
     if (this.closed) return false;
     this.items.push(item);
+    this.sizes.push(size);
+    this.bytes += size;
     this.wake('take');
     return true;
   }
@@ -34,9 +42,11 @@ export class BoundedQueue<T> {
     while (this.length === 0 && !this.closed) await new Promise<void>((resolve) => (this.waitingTake = resolve));
     if (this.length === 0) return undefined;
     const item = this.items[this.head]!;
+    this.bytes -= this.sizes[this.head]!;
     this.items[this.head++] = undefined as T;
     if (this.head > 1024 && this.head * 2 > this.items.length) {
       this.items = this.items.slice(this.head);
+      this.sizes.splice(0, this.head);
       this.head = 0;
     }
     this.wake('put');

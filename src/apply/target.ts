@@ -72,25 +72,38 @@ export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
 }
 
 /**
- * A window of statements in flight. `push` never lets more than `limit` be outstanding:
- * past that it waits for the oldest, which is also where errors surface, oldest first,
- * so the root cause (not "current transaction is aborted") is what gets reported.
+ * A window of statements in flight. `push` never lets more than `limit` statements, or
+ * more than `byteLimit` bytes of their values, be outstanding: past that it waits for the
+ * oldest, which is also where errors surface, oldest first, so the root cause (not
+ * "current transaction is aborted") is what gets reported. Bytes matter for wide rows:
+ * a count alone would let a thousand 1 MB values pile up in the socket buffer.
  */
 export class Pipeline {
-  private readonly inFlight: Promise<unknown>[] = [];
+  private readonly inFlight: { promise: Promise<unknown>; bytes: number }[] = [];
   private head = 0;
+  private bytes = 0;
 
-  constructor(private readonly limit: number) {}
+  constructor(
+    private readonly limit: number,
+    private readonly byteLimit = 16 * 1024 * 1024,
+  ) {}
 
-  async push<T>(promise: Promise<T>): Promise<void> {
+  async push<T>(promise: Promise<T>, bytes = 0): Promise<void> {
     // Rejections are observed when drained; this keeps Node from flagging them early.
     promise.catch(() => {});
-    this.inFlight.push(promise);
-    if (this.inFlight.length - this.head > this.limit) await this.inFlight[this.head++];
+    this.inFlight.push({ promise, bytes });
+    this.bytes += bytes;
+    while (this.size > 1 && (this.size > this.limit || this.bytes > this.byteLimit)) await this.takeOldest();
     if (this.head > 4096) {
       this.inFlight.splice(0, this.head);
       this.head = 0;
     }
+  }
+
+  private async takeOldest(): Promise<void> {
+    const oldest = this.inFlight[this.head++]!;
+    this.bytes -= oldest.bytes;
+    await oldest.promise;
   }
 
   get size(): number {
@@ -100,10 +113,9 @@ export class Pipeline {
   /** Wait for everything sent; throw the first failure in send order. */
   async drain(): Promise<void> {
     try {
-      while (this.head < this.inFlight.length) await this.inFlight[this.head++];
+      while (this.head < this.inFlight.length) await this.takeOldest();
     } finally {
-      this.inFlight.length = 0;
-      this.head = 0;
+      this.reset();
     }
   }
 
@@ -111,5 +123,6 @@ export class Pipeline {
   reset(): void {
     this.inFlight.length = 0;
     this.head = 0;
+    this.bytes = 0;
   }
 }
