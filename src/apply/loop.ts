@@ -23,7 +23,7 @@ import type { RelationMap } from './relmap.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../tablesync/state.js';
 import type { StreamSpool } from './spool.js';
 import type { ApplyCounters, ApplyState } from './state.js';
-import { Pipeline, type WireConnection } from './target.js';
+import { Pipeline, runAlone, type WireConnection } from './target.js';
 import { PipelineAbortedError } from './wire.js';
 
 type WorkItem =
@@ -152,10 +152,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     const promoted = opts.sync.promotable(lsn, progress.durable);
     // Outside BEGIN, the statements and the Sync form one implicit transaction.
     const statements = [statement, ...promoted.flatMap((t) => [setStateStatement(opts.subscription, t, 'r', null), clearSyncProgressStatement(opts.subscription, t)])];
-    const results = statements.map((s) => opts.conn.execute(s.text, s.params));
-    results.forEach((r) => r.catch(() => {}));
-    await opts.conn.sync();
-    await Promise.all(results);
+    await runAlone(opts.conn, statements);
     for (const t of promoted) opts.sync.set({ ...t, state: 'r', syncLsn: null });
     if (promoted.length > 0) log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(lsn) }, 'tables ready');
     progress.noteDurable(lsn);

@@ -16,7 +16,7 @@
  */
 import postgres from 'postgres';
 import { tlsOptions, type ConnInfo } from '../config/conninfo.js';
-import { WireConnection, type WireValue } from './wire.js';
+import { WireConnection, type WireResult, type WireValue } from './wire.js';
 
 export type Sql = postgres.Sql<Record<string, never>>;
 export type { WireConnection, WireValue };
@@ -38,6 +38,24 @@ export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions
       extra_float_digits: '3',
     },
   });
+}
+
+export interface StandaloneStatement {
+  text: string;
+  params: readonly WireValue[];
+  wantRows?: boolean;
+}
+
+/**
+ * Statements that form one implicit transaction of their own (up to the Sync). Their
+ * rejections are observed before the Sync is awaited, so a failing one is reported once,
+ * here, and never as an unhandled rejection.
+ */
+export async function runAlone(conn: WireConnection, statements: StandaloneStatement[]): Promise<WireResult[]> {
+  const results = statements.map((s) => conn.execute(s.text, s.params, s.wantRows ? { wantRows: true } : undefined));
+  for (const r of results) r.catch(() => {});
+  await conn.sync();
+  return Promise.all(results);
 }
 
 /** Rows of a catalog query as objects, by the names of its SELECT list in order. */

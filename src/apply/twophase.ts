@@ -20,6 +20,7 @@ import { faultPoint } from '../service/faults.js';
 import { ProtocolError } from '../errors.js';
 import { finishTransaction, requireTransaction } from './handlers.js';
 import type { ApplyState } from './state.js';
+import { runAlone } from './target.js';
 
 /** The target gid: unique per subscription and remote transaction, like native's pg_gid_<subid>_<xid>. */
 export function targetGid(subscription: string, xid: number): string {
@@ -27,17 +28,8 @@ export function targetGid(subscription: string, xid: number): string {
 }
 
 export async function isPrepared(state: ApplyState, gid: string): Promise<boolean> {
-  const result = state.conn.execute('SELECT 1 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1', [gid], { wantRows: true });
-  await state.conn.sync();
-  return (await result).rows.length > 0;
-}
-
-/** Run statements as one implicit transaction (extended protocol: up to the Sync). */
-async function runAlone(state: ApplyState, statements: { text: string; params: (string | null)[] }[]): Promise<void> {
-  const results = statements.map((s) => state.conn.execute(s.text, s.params));
-  results.forEach((r) => r.catch(() => {}));
-  await state.conn.sync();
-  await Promise.all(results);
+  const [result] = await runAlone(state.conn, [{ text: 'SELECT 1 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1', params: [gid], wantRows: true }]);
+  return (result?.rows.length ?? 0) > 0;
 }
 
 export async function onBeginPrepare(state: ApplyState, m: BeginPrepareMessage): Promise<void> {
@@ -69,7 +61,7 @@ export async function onCommitPrepared(state: ApplyState, m: CommitPreparedMessa
   if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `COMMIT PREPARED of xid ${m.xid} inside transaction ${state.xact.xid}`);
   const gid = targetGid(state.subscription, m.xid);
   if (await isPrepared(state, gid)) {
-    await runAlone(state, [{ text: `COMMIT PREPARED ${quoteLiteral(gid)}`, params: [] }]);
+    await runAlone(state.conn, [{ text: `COMMIT PREPARED ${quoteLiteral(gid)}`, params: [] }]);
     faultPoint('after-commit-prepared');
     state.counters.transactionsApplied++;
   }
@@ -80,14 +72,14 @@ export async function onRollbackPrepared(state: ApplyState, m: RollbackPreparedM
   if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `ROLLBACK PREPARED of xid ${m.xid} inside transaction ${state.xact.xid}`);
   const gid = targetGid(state.subscription, m.xid);
   // Its pgsub.prepared row goes with it.
-  if (await isPrepared(state, gid)) await runAlone(state, [{ text: `ROLLBACK PREPARED ${quoteLiteral(gid)}`, params: [] }]);
+  if (await isPrepared(state, gid)) await runAlone(state.conn, [{ text: `ROLLBACK PREPARED ${quoteLiteral(gid)}`, params: [] }]);
   await advanceOrigin(state, m.rollbackEndLsn, [idleProgressStatement(state.subscription, m.rollbackEndLsn)]);
 }
 
 /** Move the origin (and run `extra`, which includes the origin statement when given) past a two-phase message. */
 export async function advanceOrigin(state: ApplyState, endLsn: Lsn, extra: { text: string; params: (string | null)[] }[]): Promise<void> {
   if (endLsn <= state.progress.durable) return;
-  await runAlone(state, extra.length > 0 ? extra : [idleProgressStatement(state.subscription, endLsn)]);
+  await runAlone(state.conn, extra.length > 0 ? extra : [idleProgressStatement(state.subscription, endLsn)]);
   state.progress.noteDurable(endLsn);
   state.onDurable();
 }

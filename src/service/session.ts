@@ -20,7 +20,7 @@ import { createOrigin, loadOrigin, migrateTarget } from '../origin/store.js';
 import { startApplyLoop, type ApplyLoop } from '../apply/loop.js';
 import { RelationMap } from '../apply/relmap.js';
 import type { ApplyCounters } from '../apply/state.js';
-import { openApplyConnection, openMaintenance, type Sql, type WireConnection } from '../apply/target.js';
+import { openApplyConnection, openMaintenance, runAlone, type Sql, type WireConnection } from '../apply/target.js';
 
 export interface SessionHandle {
   /** Resolves when stopped, rejects on failure. */
@@ -49,11 +49,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
   try {
     conn = await openApplyConnection(config.target, { applicationName: appName, synchronousCommit: config.synchronousCommit });
     const applyConn = conn;
-    await setupSessionOrigin(async (text, params) => {
-      const result = applyConn.execute(text, params);
-      await applyConn.sync();
-      return result;
-    }, replicationOriginName(config.subscription));
+    await setupSessionOrigin((text, params) => runAlone(applyConn, [{ text, params }]), replicationOriginName(config.subscription));
     if (config.twoPhase) await checkPreparedTransactions(applyConn);
     replication = await ReplicationConnection.open(config.source, appName);
     const protoVersion = protoVersionFor(replication.serverVersionNum);
@@ -215,9 +211,8 @@ async function checkPublications(config: Config, replication: ReplicationConnect
 
 /** two_phase prepares transactions on the target: it must allow some. */
 async function checkPreparedTransactions(conn: WireConnection): Promise<void> {
-  const result = conn.execute(`SELECT pg_catalog.current_setting('max_prepared_transactions')`, [], { wantRows: true });
-  await conn.sync();
-  const value = Number((await result).rows[0]?.[0] ?? 0);
+  const [result] = await runAlone(conn, [{ text: `SELECT pg_catalog.current_setting('max_prepared_transactions')`, params: [], wantRows: true }]);
+  const value = Number(result?.rows[0]?.[0] ?? 0);
   if (value === 0) {
     throw new TargetSetupError(
       'two_phase = true prepares transactions on the target, but its max_prepared_transactions is 0. Set max_prepared_transactions (at least max_connections is safe) in the target\'s postgresql.conf and restart it, or set two_phase: false',
