@@ -430,6 +430,8 @@ interface Summary {
   mbPerSecond: number;
   vsNative: number | null;
   vsNativeMin: number | null;
+  /** Against native with its default binary = false. */
+  vsNativeText: number | null;
   vsPipe: number | null;
   vsPipeMin: number | null;
   peakRssMiB: number | null;
@@ -461,6 +463,7 @@ function summarize(results: RunResult[], infos: Record<string, DatasetInfo>): Su
     const lo = min(times);
     const nativeMed = stat(dataset, 'native-binary', median);
     const nativeMin = stat(dataset, 'native-binary', min);
+    const nativeTextMed = stat(dataset, 'native-text', median);
     const pipeMed = stat(dataset, 'pipe-binary', median);
     const pipeMin = stat(dataset, 'pipe-binary', min);
     const cpuKeys = new Set(runs.flatMap((r) => Object.keys(r.cpu.groups)));
@@ -483,6 +486,7 @@ function summarize(results: RunResult[], infos: Record<string, DatasetInfo>): Su
       mbPerSecond: round(infos[dataset]!.heapBytes / 1e6 / med, 1),
       vsNative: nativeMed ? round(nativeMed / med) : null,
       vsNativeMin: nativeMin ? round(nativeMin / lo) : null,
+      vsNativeText: nativeTextMed ? round(nativeTextMed / med) : null,
       vsPipe: pipeMed ? round(pipeMed / med) : null,
       vsPipeMin: pipeMin ? round(pipeMin / lo) : null,
       peakRssMiB: rss.length ? round(Math.max(...rss), 0) : null,
@@ -497,7 +501,7 @@ function summarize(results: RunResult[], infos: Record<string, DatasetInfo>): Su
 
 function printReport(summaries: Summary[], infos: Record<string, DatasetInfo>): string[] {
   const f = (x: number | null, d = 2) => (x === null ? '-' : x.toFixed(d));
-  const header = ['dataset', 'contestant', 'runs', 'min s', 'median s', 'copied s', 'MB/s', '×native', '×pipe', 'peak RSS MiB', 'startup s', 'CPU s pub/tgt/client/all', 'other load'];
+  const header = ['dataset', 'contestant', 'runs', 'min s', 'median s', 'copied s', 'MB/s', '×native', '×native-text', '×pipe', 'peak RSS MiB', 'startup s', 'CPU s pub/tgt/client/all', 'other load'];
   const rows = summaries.map((s) => [
     s.dataset,
     s.contestant,
@@ -507,6 +511,7 @@ function printReport(summaries: Summary[], infos: Record<string, DatasetInfo>): 
     f(s.medianCopiedSeconds),
     f(s.mbPerSecond, 1),
     f(s.vsNative),
+    f(s.vsNativeText),
     f(s.vsPipe),
     s.peakRssMiB === null ? '-' : String(s.peakRssMiB),
     f(s.startupSeconds),
@@ -515,7 +520,7 @@ function printReport(summaries: Summary[], infos: Record<string, DatasetInfo>): 
   ]);
   out('');
   for (const [name, i] of Object.entries(infos)) out(`${name}: ${i.rows} rows, heap ${mb(i.heapBytes)} MB (MB/s is heap MB per median second), with indexes ${mb(i.totalBytes)} MB`);
-  out('×native, ×pipe: median time of native-binary or pipe-binary divided by this median (> 1 = faster)');
+  out('×native, ×native-text, ×pipe: median time of native-binary, native-text or pipe-binary divided by this median (> 1 = faster)');
   out('seconds: start → every table ready (pipe: every COPY committed); copied: → every copy finished');
   out('CPU: median CPU seconds of the publisher, the target, the copying client (pgsub, or this process for the pipe) and their sum');
   out('other load: median cores used meanwhile by processes outside this benchmark (a shared machine makes wall times noisy)');
@@ -534,6 +539,8 @@ function printReport(summaries: Summary[], infos: Record<string, DatasetInfo>): 
   for (const c of CONTESTANTS.filter((c) => c.kind === 'pgsub' && !c.extra)) {
     check(`${c.id} vs native-binary, single table`, get('single', c.id)?.vsNative, 1.3);
     check(`${c.id} vs native-binary, table set`, get('set', c.id)?.vsNative, 1.0);
+    check(`${c.id} vs native-text (native's default), single table`, get('single', c.id)?.vsNativeText, 1.3);
+    check(`${c.id} vs native-text (native's default), table set`, get('set', c.id)?.vsNativeText, 1.0);
     check(`${c.id} vs pipe-binary, single table`, get('single', c.id)?.vsPipe, 0.9);
     check(`${c.id} vs pipe-binary, table set`, get('set', c.id)?.vsPipe, 0.9);
   }
