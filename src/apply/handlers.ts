@@ -46,9 +46,10 @@ export function requireTransaction(state: ApplyState, what: string): RemoteTrans
 function applies(state: ApplyState, xact: RemoteTransaction, relationId: number): boolean {
   const remote = state.relations.remoteRelation(relationId);
   const schema = remote.namespace === '' ? 'pg_catalog' : remote.namespace;
-  if (!state.sync.isKnown(schema, remote.name)) state.onUnknownTable(schema, remote.name);
-  if (!state.sync.shouldApply(schema, remote.name, xact.finalLsn, state.progress.durable)) return false;
+  // One lookup per change: this runs for every row.
   const entry = state.sync.get(schema, remote.name);
+  if (!entry) state.onUnknownTable(schema, remote.name);
+  if (!state.sync.entryApplies(entry, xact.finalLsn, state.progress.durable)) return false;
   if (entry && entry.state !== 'r') xact.syncTouched.add(entry);
   return true;
 }

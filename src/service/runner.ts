@@ -82,7 +82,15 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     }
     streaming = true;
   };
-  const deps = { sync, beforeStreaming, onUnknownTable: () => void launcher.refresh().catch(() => {}) };
+  // Changes of a table not registered yet arrive row after row: one refresh per table name.
+  const reportedUnknown = new Set<string>();
+  const onUnknownTable = (schema: string, table: string) => {
+    const name = `${schema}.${table}`;
+    if (reportedUnknown.has(name)) return;
+    reportedUnknown.add(name);
+    void launcher.refresh().catch(() => {});
+  };
+  const deps = { sync, beforeStreaming, onUnknownTable };
 
   const done = (async () => {
     let delay = config.retryMinDelayMs;

@@ -11,6 +11,7 @@
 import PQueue from 'p-queue';
 import type { Config } from '../config/config.js';
 import { ConfigError } from '../errors.js';
+import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
@@ -69,7 +70,7 @@ export class Launcher {
 
   /** Periodic refresh, and on demand: `pgsub refresh` / `pgsub resync` NOTIFY this channel. */
   startPeriodicRefresh(): void {
-    const refresh = () => void this.refresh().catch((err) => this.log.warn({ err: String(err) }, 'publication refresh failed'));
+    const refresh = () => void this.refresh().catch((err) => this.log.warn({ err: redactSecrets(String(err)) }, 'publication refresh failed'));
     this.timer = setInterval(refresh, this.config.refreshIntervalMs);
     this.timer.unref();
     this.sql
@@ -77,7 +78,7 @@ export class Launcher {
         this.log.info({ request: payload }, 'refresh requested');
         refresh();
       })
-      .catch((err) => this.log.warn({ err: String(err) }, 'cannot listen for refresh requests; periodic refresh only'));
+      .catch((err) => this.log.warn({ err: redactSecrets(String(err)) }, 'cannot listen for refresh requests; periodic refresh only'));
   }
 
   /** Sync the table list with the publications and start copies that are due. Coalesced. */
@@ -155,7 +156,7 @@ export class Launcher {
         if (done) this.events.onCopyFinished?.(done);
       } catch (err) {
         this.failures++;
-        this.log.error({ table: k, err: { code: (err as { code?: string }).code, message: String((err as Error).message) } }, 'table copy failed; will retry');
+        this.log.error({ table: k, err: { code: (err as { code?: string }).code, message: redactSecrets(String((err as Error).message)) } }, 'table copy failed; will retry');
         // Retry with backoff; the table stays in init/datasync and is picked up again.
         const delay = Math.min(this.config.retryMinDelayMs * 2 ** Math.min(this.failures, 10), this.config.retryMaxDelayMs);
         setTimeout(() => {

@@ -85,7 +85,11 @@ export class SyncStates {
   }
 
   shouldApply(schema: string, table: string, commitLsn: Lsn, originLsn: Lsn): boolean {
-    const t = this.tables.get(key(schema, table));
+    return this.entryApplies(this.tables.get(key(schema, table)), commitLsn, originLsn);
+  }
+
+  /** shouldApply for an entry already looked up (undefined: a table not registered yet). */
+  entryApplies(t: TableSync | undefined, commitLsn: Lsn, originLsn: Lsn): boolean {
     if (!t) return !this.copyData && commitLsn >= originLsn;
     switch (t.state) {
       case 'r':
@@ -97,11 +101,6 @@ export class SyncStates {
       default:
         return false;
     }
-  }
-
-  /** Whether a change of this table could be applied later (a sync is pending or running). */
-  isKnown(schema: string, table: string): boolean {
-    return this.tables.has(key(schema, table));
   }
 
   /** The smallest position a table being synced still needs: feedback must not pass it. */
