@@ -237,7 +237,7 @@ const SPOOLED: ReadonlySet<MessageTag> = new Set(['relation', 'type', 'origin', 
 /** worker.c's apply_dispatch, with handle_streamed_transaction's diversion first. */
 export async function dispatch(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> {
   if (state.streamXid !== null && SPOOLED.has(message.tag)) {
-    spoolMessage(state, message, raw);
+    await spoolMessage(state, message, raw);
     return;
   }
   await (handlers[message.tag] as Handler<typeof message.tag>)(state, message as never);

@@ -23,6 +23,7 @@ import type { RelationMap } from './relmap.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../tablesync/state.js';
 import type { StreamSpool } from './spool.js';
 import type { ApplyCounters, ApplyState } from './state.js';
+import { ParallelApply, type ParallelApplyOptions } from './parallel.js';
 import { Pipeline, runAlone, type WireConnection } from './target.js';
 import { PipelineAbortedError } from './wire.js';
 
@@ -57,6 +58,8 @@ export interface ApplyLoopOptions {
   receiveTimeoutMs: number;
   maxInFlight: number;
   queueSize: number;
+  /** streaming = parallel, in a session that starts at the origin (never re-streams applied commits). */
+  parallel?: ParallelApplyOptions | null;
   /** Minimum spacing of idle-position records in the target. */
   idleRecordIntervalMs?: number;
 }
@@ -89,7 +92,11 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     log.trace({ write: formatLsn(status.written), flush: formatLsn(status.flushed) }, 'feedback sent');
   };
 
+  const parallelHolder: { value: ParallelApply | null } = { value: null };
   const state: ApplyState = {
+    get parallel() {
+      return parallelHolder.value;
+    },
     subscription: opts.subscription,
     conn: opts.conn,
     pipeline,
@@ -112,6 +119,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       }, 20).unref();
     },
   };
+
+  if (opts.parallel) parallelHolder.value = new ParallelApply(state, opts.parallel);
 
   const fail = (err: unknown) => {
     // A statement skipped after an earlier failure: report the earlier one, the root cause.
@@ -215,6 +224,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       await Promise.all([opts.conn.execute('ROLLBACK'), opts.conn.sync()]).catch(() => {});
     }
     state.xact = null;
+    await parallelHolder.value?.close();
     if (failure === null) sendFeedback();
     stream.destroy();
     await receiver;

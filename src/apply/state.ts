@@ -11,6 +11,7 @@ import type { RelationMap } from './relmap.js';
 import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../tablesync/state.js';
 import type { Pipeline, WireConnection } from './target.js';
+import type { ParallelApply } from './parallel.js';
 
 export interface RemoteTransaction {
   xid: number;
@@ -45,6 +46,8 @@ export interface ApplyState {
   readonly counters: ApplyCounters;
   readonly sync: SyncStates;
   readonly spool: StreamSpool;
+  /** streaming = parallel: eager apply of one streamed transaction at a time (parallel.ts). */
+  readonly parallel: ParallelApply | null;
   /** Inside STREAM START … STREAM STOP: the streamed transaction's xid. */
   streamXid: number | null;
   xact: RemoteTransaction | null;

@@ -14,11 +14,12 @@ import type { RemoteTransaction } from './state.js';
 import { advanceOrigin, isPrepared, prepareOnTarget, targetGid } from './twophase.js';
 import type { ApplyState } from './state.js';
 
-export function onStreamStart(state: ApplyState, m: StreamStartMessage): void {
+export async function onStreamStart(state: ApplyState, m: StreamStartMessage): Promise<void> {
   if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM START of xid ${m.xid} inside transaction ${state.xact.xid}`);
   if (state.streamXid !== null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM START of xid ${m.xid} inside the stream of xid ${state.streamXid}`);
   state.spool.start(m.xid, m.firstSegment);
   state.streamXid = m.xid;
+  await state.parallel?.onStreamStart(m.xid, m.firstSegment);
 }
 
 export function onStreamStop(state: ApplyState, _m: StreamStopMessage): void {
@@ -27,15 +28,18 @@ export function onStreamStop(state: ApplyState, _m: StreamStopMessage): void {
   state.streamXid = null;
 }
 
-export function spoolMessage(state: ApplyState, message: PgOutputMessage, raw: Buffer): void {
+/** Spooled always; with streaming = parallel also applied at once when the transaction is the eager one. */
+export async function spoolMessage(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> {
   const xid = state.streamXid!;
   const subXid = 'xid' in message && message.xid !== undefined ? message.xid : xid;
   state.spool.append(xid, subXid, raw);
+  if (state.parallel?.isEager(xid)) await state.parallel.onChange(xid, subXid, message, raw);
 }
 
-export function onStreamAbort(state: ApplyState, m: StreamAbortMessage): void {
+export async function onStreamAbort(state: ApplyState, m: StreamAbortMessage): Promise<void> {
   if (state.streamXid !== null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM ABORT of xid ${m.xid} inside a stream block`);
   state.spool.abort(m.xid, m.subXid);
+  await state.parallel?.onStreamAbort(m.xid, m.subXid);
   state.log.debug({ xid: m.xid, subXid: m.subXid }, m.xid === m.subXid ? 'streamed transaction aborted' : 'streamed subtransaction aborted');
 }
 
@@ -52,6 +56,11 @@ async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: 
 }
 
 export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage): Promise<void> {
+  if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM COMMIT of xid ${m.xid} inside another transaction`);
+  if (state.parallel?.isEager(m.xid) && (await state.parallel.commit(m))) {
+    state.spool.discard(m.xid);
+    return;
+  }
   const xact = await replaySpool(state, m.xid, m.commitLsn, m.commitTime);
   await finishTransaction(state, xact, m.endLsn, m.commitTime);
   state.spool.discard(m.xid);
@@ -62,8 +71,13 @@ export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage):
 export async function onStreamPrepare(state: ApplyState, m: StreamPrepareMessage): Promise<void> {
   if (await isPrepared(state, targetGid(state.subscription, m.xid))) {
     // Resent after a restart: prepared already.
+    await state.parallel?.abandon(m.xid);
     state.spool.discard(m.xid);
     await advanceOrigin(state, m.endLsn, []);
+    return;
+  }
+  if (state.parallel?.isEager(m.xid) && (await state.parallel.prepare(m))) {
+    state.spool.discard(m.xid);
     return;
   }
   await replaySpool(state, m.xid, m.prepareLsn, m.prepareTime);

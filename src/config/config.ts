@@ -204,7 +204,6 @@ function rejectUnimplemented(c: FileConfig, streaming: string): void {
   };
   if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
-  if (streaming === 'parallel') refuse('streaming', streaming, 'streamed transactions are spooled and applied at commit (streaming on)');
   if (c.synchronous_commit === 'off') refuse('synchronous_commit', 'off', 'flush tracking for asynchronous commits is not built yet; use on, local, remote_write or remote_apply');
   if (c.disable_on_error) refuse('disable_on_error', true, 'apply errors are retried with backoff');
   if (!c.password_required) refuse('password_required', false, 'pgsub connects as a client; authentication is the server\'s choice');

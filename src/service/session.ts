@@ -124,6 +124,21 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       receiveTimeoutMs: config.receiveTimeoutMs,
       maxInFlight: config.maxInFlight,
       queueSize: config.queueSize,
+      // A session re-streaming from below the origin (a table catching up) would receive
+      // applied streamed transactions again; those are only ever replayed from the spool.
+      parallel:
+        config.streaming === 'parallel' && startLsn >= originLsn
+          ? {
+              openConnection: async (purpose) => {
+                const extra = await openApplyConnection(config.target, { applicationName: `${appName}_${purpose}`, synchronousCommit: config.synchronousCommit });
+                return extra;
+              },
+              originName: replicationOriginName(config.subscription),
+              targetVersionNum: conn.serverVersionNum,
+              binary: config.binary,
+              maxInFlight: config.maxInFlight,
+            }
+          : null,
     });
     const done = loop.done.finally(async () => {
       spool.close();
@@ -185,6 +200,9 @@ function checkOptionsAgainstPublisher(config: Config, serverVersionNum: number):
   }
   if (config.streaming !== 'off' && serverVersionNum < 140000) {
     throw new ConfigError(`streaming = ${config.streaming} needs a PostgreSQL 14 or later publisher (protocol 2); this one is ${major}`, { key: 'streaming' });
+  }
+  if (config.streaming === 'parallel' && serverVersionNum < 160000) {
+    throw new ConfigError(`streaming = parallel needs a PostgreSQL 16 or later publisher (protocol 4); this one is ${major}`, { key: 'streaming' });
   }
   if (config.twoPhase && serverVersionNum < 150000) {
     throw new ConfigError(`two_phase = true needs a PostgreSQL 15 or later publisher (protocol 3); this one is ${major}`, { key: 'two_phase' });

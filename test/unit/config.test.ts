@@ -182,8 +182,10 @@ describe('environment', () => {
     assert.equal(c.statusIntervalMs, 5000);
   });
 
-  test('without the env overrides, the same file is refused for its streaming', () => {
-    assertNotImplemented(() => load({ file }), 'streaming');
+  test('without the env overrides, the values of the file hold', () => {
+    const c = load({ file });
+    assert.equal(c.streaming, 'parallel');
+    assert.equal(c.slotName, 'file_slot');
   });
 
   test('PGSUB_SLOT_NAME and the publication aliases', () => {
@@ -278,7 +280,6 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
   });
 
   const refused: [string, string, string][] = [
-    ['streaming', 'PGSUB_STREAMING', 'parallel'],
     ['disable_on_error', 'PGSUB_DISABLE_ON_ERROR', 'true'],
     ['synchronous_commit', 'PGSUB_SYNCHRONOUS_COMMIT', 'off'],
     ['failover', 'PGSUB_FAILOVER', 'true'],
@@ -293,7 +294,7 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
 
   test('the same values from a file and as JSON booleans', () => {
     const file = writeFile('.json', JSON.stringify({ source: 'host=a', target: 'host=b', publication: 'p', copy_data: false, streaming: 'parallel' }));
-    assertNotImplemented(() => load({ file }), 'streaming');
+    assert.equal(load({ file }).streaming, 'parallel');
     const on = writeFile('.json', JSON.stringify({ source: 'host=a', target: 'host=b', publication: 'p', streaming: true, binary: true }));
     assert.equal(load({ file: on }).streaming, 'on');
     assert.equal(load({ file: on }).binary, true);

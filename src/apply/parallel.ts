@@ -1,0 +1,364 @@
+/**
+ * streaming = parallel (protocol 4, PG16+ publishers): worker.c's parallel apply
+ * (applyparallelworker.c), with a second target connection in place of a parallel apply
+ * worker. The changes of a streamed transaction are applied as they arrive, in their own
+ * target transaction on that connection, with a savepoint at the first change of each
+ * subtransaction (STREAM ABORT of a subtransaction rolls back to it); STREAM COMMIT
+ * commits it there together with the origin row and the replication origin's stamp.
+ *
+ * The leader keeps spooling every streamed change as in streaming = on, so whenever the
+ * eager transaction cannot go on safely it is abandoned (its backend terminated, which
+ * rolls it back) and the transaction is applied from the spool at its commit, like
+ * native's fallback to serialization:
+ *  - a change for a table that is not ready (still syncing, unknown), or any error;
+ *  - the leader waits for a lock the eager transaction holds: the eager transaction can
+ *    only commit after the leader gets past that wait, so PostgreSQL would never see the
+ *    deadlock (one side waits in pgsub, not on a lock) — a watchdog on a third,
+ *    always-idle connection asks pg_blocking_pids;
+ *  - the eager connection has waited on a lock for longer than LOCK_WAIT_LIMIT_MS (e.g.
+ *    behind a transaction prepared on the target, whose COMMIT PREPARED is still queued).
+ * One streamed transaction is applied eagerly at a time; others are spooled (native's
+ * max_parallel_apply_workers_per_subscription, here 1). Commit order is the stream's: the
+ * leader handles STREAM COMMIT in order and waits for the eager commit.
+ *
+ * Only one session may hold a replication origin, so for the eager commit the leader
+ * hands `pgsub_<subscription>` to the eager connection and takes it back afterwards.
+ */
+import { ProtocolError } from '../errors.js';
+import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
+import type { PgOutputMessage, StreamCommitMessage, StreamPrepareMessage } from '../protocol/messages.js';
+import { faultPoint } from '../service/faults.js';
+import { dispatch, finishTransaction, type Ending } from './handlers.js';
+import { RelationMap } from './relmap.js';
+import type { ApplyState, RemoteTransaction } from './state.js';
+import { Pipeline, runAlone, type WireConnection } from './target.js';
+import { advanceOrigin, targetGid } from './twophase.js';
+
+const MAX_LSN = asLsn(0xffffffffffffffffn);
+const WATCH_INTERVAL_MS = 250;
+const LOCK_WAIT_LIMIT_MS = 5000;
+const DATA_CHANGES: ReadonlySet<PgOutputMessage['tag']> = new Set(['insert', 'update', 'delete', 'truncate']);
+
+export interface ParallelApplyOptions {
+  /** Opens a target connection set up like the apply connection (target.ts). */
+  openConnection(purpose: 'parallel' | 'watch'): Promise<WireConnection>;
+  originName: string;
+  targetVersionNum: number;
+  binary: boolean;
+  maxInFlight: number;
+}
+
+interface Worker {
+  conn: WireConnection;
+  state: ApplyState;
+}
+
+interface Eager {
+  xid: number;
+  xact: RemoteTransaction;
+  /** Subtransactions with a savepoint, in the order they were defined. */
+  savepoints: number[];
+  /** Since when the leader has been waiting on the eager connection (a statement push). */
+  busySince: number | null;
+  /** Committing: the watchdog keeps off. */
+  finishing: boolean;
+}
+
+export interface ParallelCounters {
+  eagerTransactions: number;
+  fallbacks: number;
+}
+
+export class ParallelApply {
+  readonly counters: ParallelCounters = { eagerTransactions: 0, fallbacks: 0 };
+  #worker: Worker | null = null;
+  #watch: WireConnection | null = null;
+  #eager: Eager | null = null;
+  #timer: NodeJS.Timeout | null = null;
+  #checking = false;
+  #closed = false;
+
+  constructor(
+    private readonly leader: ApplyState,
+    private readonly opts: ParallelApplyOptions,
+  ) {}
+
+  /** Is `xid` being applied eagerly? */
+  isEager(xid: number): boolean {
+    return this.#eager?.xid === xid;
+  }
+
+  /** STREAM START: the first segment of a transaction starts eager apply when the slot is free. */
+  async onStreamStart(xid: number, firstSegment: boolean): Promise<void> {
+    if (!firstSegment || this.#eager || this.#closed) return;
+    try {
+      const worker = await this.#ensureWorker();
+      const xact: RemoteTransaction = { xid, finalLsn: MAX_LSN, commitTime: 0n, behind: false, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
+      worker.state.xact = xact;
+      this.#eager = { xid, xact, savepoints: [], busySince: null, finishing: false };
+      this.counters.eagerTransactions++;
+      this.leader.log.debug({ xid }, 'streamed transaction applied in parallel');
+    } catch (err) {
+      // No second connection (e.g. max_connections): this transaction is spooled only.
+      this.leader.log.warn({ xid, err }, 'parallel apply connection unavailable; transaction spooled');
+    }
+  }
+
+  /** A change of streamed transaction `xid` (already spooled): applied eagerly if it is the eager one. */
+  async onChange(xid: number, subXid: number, message: PgOutputMessage, raw: Buffer): Promise<void> {
+    const eager = this.#eager;
+    const worker = this.#worker;
+    if (!eager || eager.xid !== xid || !worker) return;
+    if (DATA_CHANGES.has(message.tag)) {
+      const notReady = this.#notReadyTable(worker, message);
+      if (notReady) return this.#fallBack(eager, `change for ${notReady}, which is not ready`);
+    }
+    eager.busySince = Date.now();
+    try {
+      if (DATA_CHANGES.has(message.tag)) await this.#enterSubtransaction(worker, eager, subXid);
+      await dispatch(worker.state, message, raw);
+    } catch (err) {
+      if (this.#eager === eager) await this.#fallBack(eager, 'error in the parallel transaction', err);
+    } finally {
+      eager.busySince = null;
+    }
+  }
+
+  /** STREAM ABORT: roll back the subtransaction to its savepoint, or the whole eager transaction. */
+  async onStreamAbort(xid: number, subXid: number): Promise<void> {
+    const eager = this.#eager;
+    const worker = this.#worker;
+    if (!eager || eager.xid !== xid || !worker) return;
+    if (xid === subXid) {
+      await this.#end(eager);
+      return;
+    }
+    const at = eager.savepoints.indexOf(subXid);
+    if (at < 0) return; // no change of it was applied
+    // Later savepoints are gone with it: they were defined after it.
+    eager.savepoints.length = at;
+    try {
+      await worker.state.pipeline.push(worker.conn.execute(`ROLLBACK TO SAVEPOINT ${savepointName(subXid)}`));
+    } catch (err) {
+      await this.#fallBack(eager, 'error in the parallel transaction', err);
+    }
+  }
+
+  /** STREAM COMMIT of the eager transaction: commit it with the origin. False: not eager, replay the spool. */
+  async commit(m: StreamCommitMessage): Promise<boolean> {
+    return this.#finish(m.xid, m.commitLsn, m.endLsn, m.commitTime, { kind: 'commit' });
+  }
+
+  /** STREAM PREPARE of the eager transaction: prepare it under its gid, then move the origin. */
+  async prepare(m: StreamPrepareMessage): Promise<boolean> {
+    const done = await this.#finish(m.xid, m.prepareLsn, m.endLsn, m.prepareTime, { kind: 'prepare', gid: targetGid(this.leader.subscription, m.xid) });
+    if (!done) return false;
+    faultPoint('after-prepare');
+    await advanceOrigin(this.leader, m.endLsn, []);
+    return true;
+  }
+
+  /** Abandon the eager transaction of `xid` (e.g. it turned out to be prepared already). */
+  async abandon(xid: number): Promise<void> {
+    const eager = this.#eager;
+    if (eager?.xid === xid) await this.#end(eager);
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    this.#stopWatching();
+    this.#eager = null;
+    const worker = this.#worker;
+    this.#worker = null;
+    // Closing the socket rolls back an open eager transaction.
+    await worker?.conn.close().catch(() => {});
+    await this.#watch?.close().catch(() => {});
+    this.#watch = null;
+  }
+
+  async #finish(xid: number, finalLsn: Lsn, endLsn: Lsn, time: bigint, ending: Ending): Promise<boolean> {
+    const eager = this.#eager;
+    const worker = this.#worker;
+    if (!eager || eager.xid !== xid || !worker) return false;
+    // Still watched while draining: a lock wait here is as stuck as one during the stream.
+    eager.busySince = Date.now();
+    try {
+      await worker.state.pipeline.drain();
+    } catch (err) {
+      if (this.#eager === eager) await this.#fallBack(eager, 'error in the parallel transaction', err);
+      return false;
+    }
+    if (this.#eager !== eager) return false;
+    eager.finishing = true;
+    const { xact } = eager;
+    xact.finalLsn = finalLsn;
+    xact.commitTime = time;
+    if (finalLsn < this.leader.progress.durable) {
+      // Cannot happen in a session that allows parallel apply (loop.ts); never apply twice.
+      throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `streamed xid ${xid} ends at ${formatLsn(finalLsn)}, below the origin ${formatLsn(this.leader.progress.durable)}`);
+    }
+    if (xact.open) {
+      // The commit record must carry the origin: hand it over for this one commit.
+      await runAlone(this.leader.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_reset()', params: [] }]);
+      try {
+        await worker.state.pipeline.push(worker.conn.execute('SELECT pg_catalog.pg_replication_origin_session_setup($1)', [this.opts.originName]));
+        await finishTransaction(worker.state, xact, endLsn, time, ending);
+      } finally {
+        this.#eager = null;
+        this.#stopWatching();
+        await runAlone(worker.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_reset()', params: [] }]);
+        await runAlone(this.leader.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_setup($1)', params: [this.opts.originName] }]);
+      }
+    } else {
+      this.#eager = null;
+      this.#stopWatching();
+      await finishTransaction(worker.state, xact, endLsn, time, ending);
+    }
+    this.leader.log.debug({ xid, lsn: formatLsn(finalLsn), changes: xact.changes }, 'parallel transaction finished');
+    return true;
+  }
+
+  /** End the eager transaction without committing (ROLLBACK), keeping the connection. */
+  async #end(eager: Eager): Promise<void> {
+    const worker = this.#worker;
+    this.#eager = null;
+    this.#stopWatching();
+    if (!worker) return;
+    worker.state.xact = null;
+    if (!eager.xact.open) return;
+    try {
+      worker.state.pipeline.reset();
+      await runAlone(worker.conn, [{ text: 'ROLLBACK', params: [] }]);
+    } catch {
+      await this.#dropWorker();
+    }
+  }
+
+  /**
+   * Give up eager apply of this transaction: terminate its backend (rolling it back, even
+   * while it waits on a lock), and let STREAM COMMIT replay the spool.
+   */
+  async #fallBack(eager: Eager, reason: string, err?: unknown): Promise<void> {
+    if (this.#eager !== eager) return;
+    this.#eager = null;
+    this.#stopWatching();
+    this.counters.fallbacks++;
+    const error = err instanceof Error ? err.message : undefined;
+    this.leader.log.info({ xid: eager.xid, reason, error }, 'parallel apply fell back to the spool');
+    await this.#dropWorker();
+  }
+
+  async #dropWorker(): Promise<void> {
+    const worker = this.#worker;
+    this.#worker = null;
+    if (!worker) return;
+    worker.state.pipeline.reset();
+    try {
+      const watch = await this.#ensureWatch();
+      await runAlone(watch, [{ text: 'SELECT pg_catalog.pg_terminate_backend($1::pg_catalog.int4)', params: [String(worker.conn.processId)] }]);
+    } catch (err) {
+      this.leader.log.warn({ err }, 'could not terminate the parallel apply backend; closing its connection');
+    }
+    await worker.conn.close().catch(() => {});
+  }
+
+  #notReadyTable(worker: Worker, message: PgOutputMessage): string | null {
+    const ids = message.tag === 'truncate' ? message.relationIds : 'relationId' in message ? [message.relationId] : [];
+    for (const id of ids) {
+      const remote = worker.state.relations.remoteRelation(id);
+      const schema = remote.namespace === '' ? 'pg_catalog' : remote.namespace;
+      const entry = this.leader.sync.get(schema, remote.name);
+      const ready = entry ? entry.state === 'r' : this.leader.sync.entryApplies(undefined, MAX_LSN, ZERO_LSN);
+      if (!ready) return `${schema}.${remote.name}`;
+    }
+    return null;
+  }
+
+  /** BEGIN before the first change, and a savepoint at the first change of a subtransaction. */
+  async #enterSubtransaction(worker: Worker, eager: Eager, subXid: number): Promise<void> {
+    if (!eager.xact.open) {
+      eager.xact.open = true;
+      await worker.state.pipeline.push(worker.conn.execute('BEGIN'));
+      this.#startWatching();
+    }
+    if (subXid === eager.xid || eager.savepoints.includes(subXid)) return;
+    eager.savepoints.push(subXid);
+    await worker.state.pipeline.push(worker.conn.execute(`SAVEPOINT ${savepointName(subXid)}`));
+  }
+
+  async #ensureWorker(): Promise<Worker> {
+    if (this.#worker) return this.#worker;
+    const conn = await this.opts.openConnection('parallel');
+    const leader = this.leader;
+    // Its own relation map, as a parallel apply worker has: a streamed transaction's
+    // Relation messages describe the table as that transaction sees it.
+    const state: ApplyState = {
+      subscription: leader.subscription,
+      conn,
+      pipeline: new Pipeline(this.opts.maxInFlight),
+      relations: new RelationMap(this.opts.targetVersionNum, { binary: this.opts.binary }),
+      progress: leader.progress,
+      log: leader.log,
+      counters: leader.counters,
+      sync: leader.sync,
+      spool: leader.spool,
+      parallel: null,
+      streamXid: null,
+      xact: null,
+      onUnknownTable: (schema, table) => leader.onUnknownTable(schema, table),
+      onDurable: () => leader.onDurable(),
+    };
+    this.#worker = { conn, state };
+    return this.#worker;
+  }
+
+  async #ensureWatch(): Promise<WireConnection> {
+    this.#watch ??= await this.opts.openConnection('watch');
+    return this.#watch;
+  }
+
+  #startWatching(): void {
+    if (this.#timer) return;
+    this.#timer = setInterval(() => void this.#checkBlocking(), WATCH_INTERVAL_MS);
+    this.#timer.unref();
+  }
+
+  #stopWatching(): void {
+    if (this.#timer) clearInterval(this.#timer);
+    this.#timer = null;
+  }
+
+  /** The watchdog: is the leader waiting for the eager transaction, or the eager one stuck on a lock? */
+  async #checkBlocking(): Promise<void> {
+    const eager = this.#eager;
+    const worker = this.#worker;
+    if (this.#checking || !eager || !worker || eager.finishing) return;
+    this.#checking = true;
+    try {
+      const watch = await this.#ensureWatch();
+      const [result] = await runAlone(watch, [
+        {
+          text: `SELECT $2::pg_catalog.int4 = ANY (pg_catalog.pg_blocking_pids($1::pg_catalog.int4)),
+                        (SELECT wait_event_type = 'Lock' FROM pg_catalog.pg_stat_activity WHERE pid = $2::pg_catalog.int4)`,
+          params: [String(this.leader.conn.processId), String(worker.conn.processId)],
+          wantRows: true,
+        },
+      ]);
+      const [leaderBlocked, eagerWaitsOnLock] = result?.rows[0] ?? [];
+      if (this.#eager !== eager || eager.finishing) return;
+      if (leaderBlocked === 't') {
+        await this.#fallBack(eager, 'the leader waits for a lock the parallel transaction holds');
+      } else if (eagerWaitsOnLock === 't' && eager.busySince !== null && Date.now() - eager.busySince > LOCK_WAIT_LIMIT_MS) {
+        await this.#fallBack(eager, `the parallel transaction has waited on a lock for over ${LOCK_WAIT_LIMIT_MS / 1000} s`);
+      }
+    } catch (err) {
+      this.leader.log.warn({ err }, 'parallel apply watchdog query failed');
+    } finally {
+      this.#checking = false;
+    }
+  }
+}
+
+function savepointName(subXid: number): string {
+  return `"pgsub_sub_${subXid}"`;
+}

@@ -1,0 +1,280 @@
+/**
+ * streaming = parallel (PG18 → PG18, logical_decoding_work_mem = 64kB): a streamed
+ * transaction is applied on a second target connection while the source transaction is
+ * still open (proven by that connection's locks on the target), savepoints and ROLLBACK
+ * TO SAVEPOINT take back exactly their subtransaction, a stream abort leaves nothing, the
+ * commit carries the replication origin; when the leader would wait on the parallel
+ * transaction's lock it falls back to the spool; a second concurrent streamed transaction
+ * is spooled; SIGKILL with a parallel transaction open loses and duplicates nothing;
+ * STREAM PREPARE of a parallel transaction prepares it under its gid. A PG14 publisher is
+ * refused with a clear error.
+ */
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, test } from 'node:test';
+import type pg from 'pg';
+import { compareTables, connect, currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, type Cluster, type PgsubProcess } from '../harness/index.js';
+
+const SCHEMA = `CREATE SCHEMA app;
+  CREATE TABLE app.items (id int PRIMARY KEY, v text, n int);
+  CREATE TABLE app.log (id bigserial PRIMARY KEY, who text, at int);`;
+const TABLES = ['app.items', 'app.log'];
+const SUB = 'par';
+
+let publisher: Cluster;
+let target: Cluster;
+let child: PgsubProcess | null = null;
+const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-parallel-'));
+
+before(async () => {
+  [publisher, target] = await Promise.all([
+    startCluster({ major: 18, name: 'par-pub', settings: { logical_decoding_work_mem: '64kB' } }),
+    startCluster({ major: 18, name: 'par-tgt', settings: { max_prepared_transactions: '10' } }),
+  ]);
+  await publisher.createDatabase('src');
+  await target.createDatabase('dst');
+  await publisher.query(`${SCHEMA} CREATE PUBLICATION pub FOR TABLE app.items, app.log;`, [], 'src');
+  await target.query(SCHEMA, [], 'dst');
+  start();
+  await child!.waitForLog('streaming started');
+});
+
+after(async () => {
+  child?.kill('SIGKILL');
+  await child?.exited;
+  await publisher?.stop();
+  await target?.stop();
+  fs.rmSync(stateDir, { recursive: true, force: true });
+});
+
+function start(extra: Record<string, string> = {}): PgsubProcess {
+  child = spawnPgsub({
+    PGSUB_SOURCE: publisher.url('src'),
+    PGSUB_TARGET: target.url('dst'),
+    PGSUB_PUBLICATION: 'pub',
+    PGSUB_SUBSCRIPTION: SUB,
+    PGSUB_COPY_DATA: 'false',
+    PGSUB_STREAMING: 'parallel',
+    PGSUB_TWO_PHASE: 'true',
+    PGSUB_STATE_DIR: stateDir,
+    PGSUB_STATUS_INTERVAL: '1',
+    PGSUB_RETRY_MIN_DELAY: '0.2',
+    PGSUB_LOG_LEVEL: 'debug',
+    ...extra,
+  });
+  return child;
+}
+
+async function caughtUp(): Promise<void> {
+  const end = await currentWalLsn(publisher, 'src');
+  await waitFor(async () => ((await slotConfirmedLsn(publisher, SUB)) ?? 0n) >= end, { timeoutMs: 60_000, intervalMs: 100, what: 'catch-up' });
+}
+
+async function assertEqual(): Promise<void> {
+  const cmp = await compareTables(publisher, 'src', target, 'dst', TABLES);
+  assert.ok(cmp.equal, JSON.stringify(cmp));
+}
+
+/** Locks the parallel connection holds on app.items in the target: proof of eager apply. */
+async function parallelHoldsItems(): Promise<boolean> {
+  const rows = await target.query(
+    `SELECT 1 FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+      WHERE a.application_name = $1 AND l.relation = 'app.items'::regclass AND l.mode = 'RowExclusiveLock'`,
+    [`pgsub_${SUB}_parallel`],
+    'dst',
+  );
+  return rows.length > 0;
+}
+
+function logCount(msg: string): number {
+  return child!.output().split('\n').filter((l) => l.includes(`"msg":"${msg}"`)).length;
+}
+
+async function withSource<T>(fn: (c: pg.Client) => Promise<T>): Promise<T> {
+  const c = await connect(publisher, 'src');
+  try {
+    return await fn(c);
+  } finally {
+    await c.end();
+  }
+}
+
+test('applied while the source transaction is open; savepoints, rollback to savepoint, nested; commit carries the origin', async () => {
+  await withSource(async (c) => {
+    await c.query('BEGIN');
+    await c.query(`INSERT INTO app.items SELECT g, repeat('a', 100), 0 FROM generate_series(1, 3000) g`);
+    await waitFor(parallelHoldsItems, { timeoutMs: 30_000, intervalMs: 100, what: 'the parallel connection to apply the open transaction' });
+    await c.query(`SAVEPOINT s1;
+      INSERT INTO app.items SELECT g, repeat('b', 100), 1 FROM generate_series(3001, 6000) g;
+      SAVEPOINT s2;
+        UPDATE app.items SET n = 2 WHERE id <= 1500;
+      ROLLBACK TO SAVEPOINT s2;
+      SAVEPOINT s3;
+        DELETE FROM app.items WHERE id BETWEEN 100 AND 199;
+        SAVEPOINT s4;
+          INSERT INTO app.items SELECT g, repeat('c', 100), 4 FROM generate_series(6001, 8000) g;
+        RELEASE SAVEPOINT s4;
+      RELEASE SAVEPOINT s3;
+      INSERT INTO app.log (who, at) SELECT 'sub', g FROM generate_series(1, 500) g;
+    ROLLBACK TO SAVEPOINT s1;
+    INSERT INTO app.items SELECT g, repeat('d', 100), 5 FROM generate_series(9001, 11000) g;
+    UPDATE app.items SET n = 6 WHERE id BETWEEN 1 AND 50;`);
+    // Not committed yet: the target must not show any of it.
+    const [visible] = await target.query(`SELECT count(*)::int AS n FROM app.items`, [], 'dst');
+    assert.equal(visible.n, 0);
+    await c.query('COMMIT');
+  });
+  await caughtUp();
+  await assertEqual();
+  const [count] = await target.query(`SELECT count(*)::int AS n, count(*) FILTER (WHERE n = 5)::int AS d, count(*) FILTER (WHERE n = 6)::int AS u FROM app.items`, [], 'dst');
+  assert.deepEqual(count, { n: 5000, d: 2000, u: 50 });
+  assert.equal(logCount('parallel apply fell back to the spool'), 0, child!.output().slice(-3000));
+  assert.ok(logCount('parallel transaction finished') >= 1);
+  // The commit was stamped with the replication origin, as the leader's commits are.
+  const [origin] = await target.query(`SELECT remote_lsn::text AS lsn FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = $1`, [`pgsub_${SUB}`], 'dst');
+  const [recorded] = await target.query(`SELECT remote_lsn::text AS lsn FROM pgsub.origin WHERE subscription = $1`, [SUB], 'dst');
+  assert.ok(origin?.lsn, 'replication origin has progress');
+  assert.equal(origin.lsn, recorded.lsn);
+  assert.deepEqual(fs.readdirSync(path.join(stateDir, 'spool')), [], 'spool files removed after use');
+});
+
+test('a stream abort rolls the parallel transaction back; the connection is reused', async () => {
+  const before = logCount('parallel transaction finished');
+  await withSource(async (c) => {
+    await c.query('BEGIN');
+    await c.query(`INSERT INTO app.items SELECT g, 'gone', 0 FROM generate_series(50001, 55000) g`);
+    await waitFor(parallelHoldsItems, { timeoutMs: 30_000, intervalMs: 100, what: 'eager apply' });
+    await c.query('ROLLBACK');
+  });
+  await publisher.query(`INSERT INTO app.log (who, at) VALUES ('after abort', 1)`, [], 'src');
+  await caughtUp();
+  await waitFor(async () => !(await parallelHoldsItems()), { timeoutMs: 10_000, intervalMs: 100, what: 'rollback on the target' });
+  await assertEqual();
+  assert.equal(logCount('parallel transaction finished'), before);
+  const [conns] = await target.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle'`, [`pgsub_${SUB}_parallel`], 'dst');
+  assert.equal(conns.n, 1, 'the parallel connection is idle, not in a transaction');
+});
+
+test('the leader waiting on a lock of the parallel transaction makes it fall back to the spool', async () => {
+  // A target-only trigger makes the leader's transaction on app.log lock app.items, which
+  // the open parallel transaction holds: the leader cannot proceed until it gives way.
+  await target.query(
+    `CREATE FUNCTION app.lock_items() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN LOCK TABLE app.items IN SHARE MODE; RETURN NEW; END $$;
+     CREATE TRIGGER lock_items BEFORE INSERT ON app.log FOR EACH ROW EXECUTE FUNCTION app.lock_items();
+     ALTER TABLE app.log ENABLE ALWAYS TRIGGER lock_items;`,
+    [],
+    'dst',
+  );
+  const fallbacks = logCount('parallel apply fell back to the spool');
+  try {
+    await withSource(async (c) => {
+      await c.query('BEGIN');
+      await c.query(`INSERT INTO app.items SELECT g, 'blocking', 7 FROM generate_series(60001, 65000) g`);
+      await waitFor(parallelHoldsItems, { timeoutMs: 30_000, intervalMs: 100, what: 'eager apply' });
+      await publisher.query(`INSERT INTO app.log (who, at) VALUES ('leader', 2)`, [], 'src');
+      // Applied while the big transaction is still open on the source.
+      await waitFor(async () => (await target.query(`SELECT 1 FROM app.log WHERE who = 'leader'`, [], 'dst')).length === 1, {
+        timeoutMs: 30_000,
+        intervalMs: 100,
+        what: 'the leader to get past the lock',
+      });
+      await c.query(`INSERT INTO app.items SELECT g, 'blocking', 8 FROM generate_series(65001, 66000) g`);
+      await c.query('COMMIT');
+    });
+    await caughtUp();
+    await assertEqual();
+    assert.equal(logCount('parallel apply fell back to the spool'), fallbacks + 1);
+    assert.match(child!.output(), /the leader waits for a lock the parallel transaction holds/);
+  } finally {
+    await target.query(`DROP TRIGGER lock_items ON app.log; DROP FUNCTION app.lock_items();`, [], 'dst');
+  }
+});
+
+test('two concurrent streamed transactions: one parallel, the other spooled; interleaved with small ones', async () => {
+  const finished = logCount('parallel transaction finished');
+  const fallbacks = logCount('parallel apply fell back to the spool');
+  const a = await connect(publisher, 'src');
+  const b = await connect(publisher, 'src');
+  try {
+    await a.query('BEGIN');
+    await b.query('BEGIN');
+    for (let i = 0; i < 4; i++) {
+      await a.query(`INSERT INTO app.items SELECT g, 'a', ${i} FROM generate_series(${100000 + i * 2000}, ${100000 + i * 2000 + 1999}) g`);
+      await b.query(`INSERT INTO app.items SELECT g, 'b', ${i} FROM generate_series(${200000 + i * 2000}, ${200000 + i * 2000 + 1999}) g`);
+      await publisher.query(`INSERT INTO app.log (who, at) VALUES ('small', ${i})`, [], 'src');
+      if (i === 2) await b.query(`SAVEPOINT x; UPDATE app.items SET n = 99 WHERE id BETWEEN 200000 AND 200100; ROLLBACK TO SAVEPOINT x`);
+    }
+    await b.query('COMMIT');
+    await a.query(`UPDATE app.items SET v = 'a2' WHERE id % 7 = 0 AND id >= 100000 AND id < 200000`);
+    await a.query('COMMIT');
+  } finally {
+    await a.end();
+    await b.end();
+  }
+  await caughtUp();
+  await assertEqual();
+  // One slot for eager apply: the first transaction took it, the second was spooled.
+  assert.equal(logCount('parallel transaction finished'), finished + 1);
+  assert.equal(logCount('parallel apply fell back to the spool'), fallbacks);
+});
+
+test('SIGKILL with a parallel transaction open: nothing lost, nothing duplicated', async () => {
+  await withSource(async (c) => {
+    await c.query('BEGIN');
+    await c.query(`INSERT INTO app.items SELECT g, 'killed', 1 FROM generate_series(300001, 305000) g`);
+    await waitFor(parallelHoldsItems, { timeoutMs: 30_000, intervalMs: 100, what: 'eager apply' });
+    child!.kill('SIGKILL');
+    await child!.exited;
+    await c.query(`INSERT INTO app.items SELECT g, 'killed', 2 FROM generate_series(305001, 306000) g`);
+    await c.query('COMMIT');
+  });
+  start();
+  await caughtUp();
+  await assertEqual();
+  const [n] = await target.query(`SELECT count(*)::int AS n FROM app.items WHERE v = 'killed'`, [], 'dst');
+  assert.equal(n.n, 6000);
+});
+
+test('STREAM PREPARE of a parallel transaction prepares it under its gid; COMMIT PREPARED commits it', async () => {
+  await withSource(async (c) => {
+    await c.query('BEGIN');
+    await c.query(`INSERT INTO app.items SELECT g, 'prepared', 3 FROM generate_series(400001, 405000) g`);
+    await waitFor(parallelHoldsItems, { timeoutMs: 30_000, intervalMs: 100, what: 'eager apply' });
+    await c.query(`PREPARE TRANSACTION 'big'`);
+  });
+  await caughtUp();
+  const gids = (await target.query<{ gid: string }>(`SELECT gid FROM pg_prepared_xacts WHERE database = 'dst'`, [], 'dst')).map((r) => r.gid);
+  assert.equal(gids.length, 1);
+  assert.match(gids[0]!, new RegExp(`^pgsub_${SUB}_\\d+$`));
+  const [hidden] = await target.query(`SELECT count(*)::int AS n FROM app.items WHERE v = 'prepared'`, [], 'dst');
+  assert.equal(hidden.n, 0);
+  await publisher.query(`COMMIT PREPARED 'big'`, [], 'src');
+  await caughtUp();
+  await assertEqual();
+  const left = await target.query(`SELECT gid FROM pg_prepared_xacts WHERE database = 'dst'`, [], 'dst');
+  assert.equal(left.length, 0);
+});
+
+test('a PG14 publisher is refused: streaming = parallel needs protocol 4', async () => {
+  const old = await startCluster({ major: 14, name: 'par-pub14' });
+  try {
+    await old.createDatabase('src');
+    await old.query(`${SCHEMA} CREATE PUBLICATION pub FOR TABLE app.items;`, [], 'src');
+    const p = spawnPgsub({
+      PGSUB_SOURCE: old.url('src'),
+      PGSUB_TARGET: target.url('dst'),
+      PGSUB_PUBLICATION: 'pub',
+      PGSUB_SUBSCRIPTION: 'par14',
+      PGSUB_COPY_DATA: 'false',
+      PGSUB_STREAMING: 'parallel',
+      PGSUB_STATE_DIR: stateDir,
+    });
+    assert.equal(await p.exited, 1);
+    assert.match(p.output(), /streaming = parallel needs a PostgreSQL 16 or later publisher \(protocol 4\); this one is 14/);
+  } finally {
+    await old.stop();
+  }
+});
