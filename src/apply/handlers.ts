@@ -60,7 +60,8 @@ async function changeTarget(state: ApplyState, what: string, relationId: number)
   if (xact.alreadyPrepared || !applies(state, xact, relationId)) return null;
   if (!xact.open) {
     xact.open = true;
-    await state.pipeline.push(state.conn.execute('BEGIN'));
+    // Inside a group the target transaction is open already.
+    if (!state.group) await state.pipeline.push(state.conn.execute('BEGIN'));
   }
   xact.changes++;
   return xact;
@@ -73,13 +74,15 @@ export function sendStatement(state: ApplyState, statement: Statement, onCount?:
   return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes);
 }
 
-function onBegin(state: ApplyState, m: BeginMessage): void {
+async function onBegin(state: ApplyState, m: BeginMessage): Promise<void> {
   if (state.xact) {
     throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN of xid ${m.xid} while xid ${state.xact.xid} is still open`);
   }
   // Below the origin (a re-streamed range, or a transaction resent): only tables catching
   // up take its changes; for everything else it was applied before.
   const behind = m.finalLsn < state.progress.durable;
+  // Such a transaction does not move the origin: it never joins a group.
+  if (behind) await commitGroup(state);
   if (behind) state.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
   state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
 }
@@ -108,13 +111,41 @@ export async function finishTransaction(state: ApplyState, xact: RemoteTransacti
     state.progress.noteProcessed(endLsn);
     return;
   }
+  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && state.canGroup()) {
+    // Behind the stream: leave the target transaction open for the next source one. The
+    // target commits only at source commit boundaries, with the origin at the last one.
+    const group = (state.group ??= { transactions: 0, changes: 0, endLsn, commitTime });
+    group.transactions++;
+    group.changes += xact.changes;
+    group.endLsn = endLsn;
+    group.commitTime = commitTime;
+    state.xact = null;
+    return;
+  }
+  await commitTarget(state, xact, endLsn, commitTime, ending);
+}
+
+/** Commit the open group of source transactions (the queue ran dry, or a boundary needs it). */
+export async function commitGroup(state: ApplyState): Promise<void> {
+  const group = state.group;
+  if (!group) return;
+  const xact: RemoteTransaction = { xid: 0, finalLsn: group.endLsn, commitTime: group.commitTime, behind: false, open: true, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
+  // commitTarget counts the group's transactions; this empty one adds none.
+  await commitTarget(state, xact, group.endLsn, group.commitTime, { kind: 'commit' }, 0);
+}
+
+async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending, own = 1): Promise<void> {
+  const prepare = ending.kind === 'prepare';
+  const group = state.group;
+  if (group && (prepare || xact.behind)) throw new ApplyError(`a group of ${group.transactions} transactions is open at the end of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  const transactions = own + (group?.transactions ?? 0);
   // The commit record carries the remote LSN and time, like a native apply's (origin.c).
   await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
   if (prepare) {
     // Not the origin row: a prepared transaction would hold its lock until COMMIT PREPARED.
     await sendStatement(state, preparedRowStatement(state.subscription, ending.gid, xact.xid, endLsn));
   } else if (!xact.behind) {
-    const progress = commitProgressStatement(state.subscription, endLsn, commitTime);
+    const progress = commitProgressStatement(state.subscription, endLsn, commitTime, transactions);
     await sendStatement(state, progress, (count) => {
       if (count !== 1) throw new ApplyError(`origin row of subscription "${state.subscription}" is missing in the target`);
     });
@@ -140,15 +171,16 @@ export async function finishTransaction(state: ApplyState, xact: RemoteTransacti
     throw new ApplyError(`target answered ${command} (status ${status}) to ${expected} of remote xid ${xact.xid}`, { remoteXid: xact.xid });
   }
   state.xact = null;
+  state.group = null;
   for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: endLsn });
   for (const t of promoted) state.sync.set({ ...t, state: 'r', syncLsn: null });
   if (promoted.length > 0) state.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(endLsn) }, 'tables ready');
-  state.counters.changesApplied += xact.changes;
+  state.counters.changesApplied += xact.changes + (group?.changes ?? 0);
   if (xact.behind || prepare) {
     state.onDurable();
     return;
   }
-  state.counters.transactionsApplied++;
+  state.counters.transactionsApplied += transactions;
   state.progress.noteDurable(endLsn);
   state.onDurable();
 }

@@ -17,7 +17,7 @@ import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { ReplicationStream } from '../protocol/replication.js';
 import { idleProgressStatement } from '../origin/store.js';
 import type { Progress } from '../origin/progress.js';
-import { dispatch } from './handlers.js';
+import { commitGroup, dispatch } from './handlers.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from './relmap.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../tablesync/state.js';
@@ -36,6 +36,8 @@ type WorkItem =
   | { kind: 'tick' };
 
 const QUEUE_BYTES = 32 * 1024 * 1024;
+/** A group also ends after this many changes: a failure re-applies at most this much. */
+const GROUP_MAX_CHANGES = 100_000;
 const TAG_BEGIN = 0x42; // 'B'
 const TAG_COMMIT = 0x43; // 'C'
 const TAG_BEGIN_PREPARE = 0x62; // 'b'
@@ -58,6 +60,8 @@ export interface ApplyLoopOptions {
   receiveTimeoutMs: number;
   maxInFlight: number;
   queueSize: number;
+  /** Most source transactions per target transaction while behind (1: no grouping). */
+  groupTransactions?: number;
   /** streaming = parallel, in a session that starts at the origin (never re-streams applied commits). */
   parallel?: ParallelApplyOptions | null;
   /** Minimum spacing of idle-position records in the target. */
@@ -76,6 +80,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   const queue = new BoundedQueue<WorkItem>(opts.queueSize, QUEUE_BYTES);
   const pipeline = new Pipeline(opts.maxInFlight);
   const idleRecordIntervalMs = opts.idleRecordIntervalMs ?? 1000;
+  const groupTransactions = opts.groupTransactions ?? 1;
   let stopping = false;
   let failure: unknown = null;
   let lastFrameAt = Date.now();
@@ -109,6 +114,12 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     streamXid: null,
     onUnknownTable: opts.onUnknownTable,
     xact: null,
+    group: null,
+    canGroup() {
+      // Only while more is already queued: a caught-up stream commits each transaction at once.
+      const group = state.group;
+      return queue.length > 0 && (group?.transactions ?? 0) + 1 < groupTransactions && (group?.changes ?? 0) < GROUP_MAX_CHANGES;
+    },
     onDurable() {
       // Coalesce: one feedback for a burst of commits.
       if (feedbackScheduled) return;
@@ -179,10 +190,13 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         else if (message.tag === 'streamStop') decodeContext.inStream = false;
         await dispatch(state, message, item.raw);
       }
+      // Nothing more waiting: the grouped transactions commit now, not with the next arrival.
+      if (state.group && state.xact === null && queue.length === 0) await commitGroup(state);
       else if (item.kind === 'position' && state.xact === null) progress.noteProcessed(item.lsn);
       const now = Date.now();
       if (
         state.xact === null &&
+        state.group === null &&
         progress.hasUnrecordedPosition &&
         now - lastRecordAt >= idleRecordIntervalMs &&
         (queue.length === 0 || now - lastFeedbackAt >= opts.statusIntervalMs)
@@ -217,13 +231,14 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     await applier;
     queue.close();
     clearInterval(timer);
-    if (state.xact?.open) {
+    if (state.xact?.open || state.group) {
       // Roll back the partial remote transaction; it is resent after restart.
       pipeline.reset();
       await opts.conn.sync().catch(() => {});
       await Promise.all([opts.conn.execute('ROLLBACK'), opts.conn.sync()]).catch(() => {});
     }
     state.xact = null;
+    state.group = null;
     await parallelHolder.value?.close();
     if (failure === null) sendFeedback();
     stream.destroy();

@@ -305,6 +305,8 @@ export class ParallelApply {
       parallel: null,
       streamXid: null,
       xact: null,
+      group: null,
+      canGroup: () => false,
       onUnknownTable: (schema, table) => leader.onUnknownTable(schema, table),
       onDurable: () => leader.onDurable(),
     };

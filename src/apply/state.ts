@@ -28,6 +28,17 @@ export interface RemoteTransaction {
   alreadyPrepared: boolean;
 }
 
+/**
+ * Source transactions applied in the target transaction still open (grouping while
+ * behind): committed together, with the origin at the last one's end.
+ */
+export interface TargetGroup {
+  transactions: number;
+  changes: number;
+  endLsn: Lsn;
+  commitTime: bigint;
+}
+
 export interface ApplyCounters {
   transactionsApplied: number;
   transactionsSkipped: number;
@@ -51,6 +62,10 @@ export interface ApplyState {
   /** Inside STREAM START … STREAM STOP: the streamed transaction's xid. */
   streamXid: number | null;
   xact: RemoteTransaction | null;
+  /** An open target transaction holding committed source transactions (see TargetGroup). */
+  group: TargetGroup | null;
+  /** May the transaction just finished stay open for the next one? (more is queued, limits) */
+  canGroup(): boolean;
   /** A change for a table the sync states do not know: the publication gained a table. */
   onUnknownTable(schema: string, table: string): void;
   /** Called after the target committed a new durable position. */

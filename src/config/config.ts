@@ -55,6 +55,7 @@ const fileSchema = z
     retry_max_delay: seconds.default(60),
     max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(1000),
     queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
+    group_transactions: z.coerce.number().int().min(1).max(100_000).default(1000),
     state_dir: z.string().min(1).optional(),
     log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
@@ -89,6 +90,8 @@ export interface Config {
   retryMaxDelayMs: number;
   maxInFlight: number;
   queueSize: number;
+  /** Most source transactions applied in one target transaction while behind (1: one each). */
+  groupTransactions: number;
   logLevel: FileConfig['log_level'];
   /** Where streamed transactions are spooled: <state_dir>/spool. */
   spoolDir: string;
@@ -182,6 +185,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     retryMaxDelayMs: c.retry_max_delay * 1000,
     maxInFlight: c.max_in_flight,
     queueSize: c.queue_size,
+    groupTransactions: c.group_transactions,
     logLevel: c.log_level,
     // systemd's StateDirectory= sets STATE_DIRECTORY; otherwise a folder beside the working directory.
     spoolDir: path.join(c.state_dir ?? env.STATE_DIRECTORY ?? '.pgsub-state', 'spool'),

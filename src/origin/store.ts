@@ -86,13 +86,13 @@ export async function createOrigin(sql: Sql, subscription: string, slotName: str
 }
 
 /** Statement recording an applied remote commit; rides inside that commit's target transaction. */
-export function commitProgressStatement(subscription: string, endLsn: Lsn, commitTime: bigint): { text: string; params: string[] } {
+export function commitProgressStatement(subscription: string, endLsn: Lsn, commitTime: bigint, transactions = 1): { text: string; params: string[] } {
   return {
     text:
       'UPDATE "pgsub"."origin" SET "remote_lsn" = $2::pg_catalog.pg_lsn, "last_commit_end_lsn" = $2::pg_catalog.pg_lsn, ' +
-      '"last_commit_time" = $3::pg_catalog.timestamptz, "transactions_applied" = "transactions_applied" + 1, "updated_at" = pg_catalog.now() ' +
+      '"last_commit_time" = $3::pg_catalog.timestamptz, "transactions_applied" = "transactions_applied" + $4::pg_catalog.int8, "updated_at" = pg_catalog.now() ' +
       'WHERE "subscription" = $1',
-    params: [subscription, formatLsn(endLsn), formatPgTimestamp(commitTime)],
+    params: [subscription, formatLsn(endLsn), formatPgTimestamp(commitTime), String(transactions)],
   };
 }
 

@@ -124,6 +124,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       receiveTimeoutMs: config.receiveTimeoutMs,
       maxInFlight: config.maxInFlight,
       queueSize: config.queueSize,
+      groupTransactions: config.groupTransactions,
       // A session re-streaming from below the origin (a table catching up) would receive
       // applied streamed transactions again; those are only ever replayed from the spool.
       parallel:

@@ -1,0 +1,123 @@
+/**
+ * Grouping while behind: a backlog of small source transactions is applied in far fewer
+ * target transactions (counted by the target's pg_stat_database), each committing at a
+ * source commit boundary with the origin at the last one; pgsub.origin still counts every
+ * source transaction, and the target equals the source. With group_transactions = 1 every
+ * source transaction is a target transaction of its own. A transaction that fails inside
+ * a group rolls back the whole group, and after the fix the backlog is applied exactly once.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { compareTables, currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, type Cluster, type PgsubProcess } from '../harness/index.js';
+
+const SCHEMA = `CREATE TABLE public.acct (id int PRIMARY KEY, balance bigint NOT NULL);`;
+let publisher: Cluster;
+let target: Cluster;
+let child: PgsubProcess | null = null;
+
+before(async () => {
+  [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'grp-pub' }), startCluster({ major: 18, name: 'grp-tgt' })]);
+  await publisher.createDatabase('src');
+  await target.createDatabase('dst');
+  await publisher.query(`${SCHEMA} CREATE PUBLICATION pub FOR TABLE public.acct;`, [], 'src');
+  await target.query(SCHEMA, [], 'dst');
+});
+
+after(async () => {
+  child?.kill('SIGKILL');
+  await child?.exited;
+  await publisher?.stop();
+  await target?.stop();
+});
+
+function start(sub: string, extra: Record<string, string> = {}): PgsubProcess {
+  child = spawnPgsub({
+    PGSUB_SOURCE: publisher.url('src'),
+    PGSUB_TARGET: target.url('dst'),
+    PGSUB_PUBLICATION: 'pub',
+    PGSUB_SUBSCRIPTION: sub,
+    PGSUB_COPY_DATA: 'false',
+    PGSUB_STATUS_INTERVAL: '1',
+    PGSUB_RETRY_MIN_DELAY: '0.2',
+    PGSUB_RETRY_MAX_DELAY: '0.5',
+    ...extra,
+  });
+  return child;
+}
+
+async function stop(): Promise<void> {
+  child!.kill('SIGTERM');
+  assert.equal(await child!.exited, 0, child!.output().slice(-2000));
+  child = null;
+}
+
+async function caughtUp(sub: string): Promise<void> {
+  const end = await currentWalLsn(publisher, 'src');
+  await waitFor(async () => ((await slotConfirmedLsn(publisher, sub)) ?? 0n) >= end, { timeoutMs: 120_000, intervalMs: 100, what: 'catch-up' });
+}
+
+/** A backlog of `n` one-row transactions, written while pgsub is stopped. */
+async function backlog(firstId: number, n: number): Promise<void> {
+  const statements = [];
+  // One simple query is one implicit transaction unless it says BEGIN/COMMIT itself.
+  for (let i = 0; i < n; i++) statements.push(`BEGIN; INSERT INTO public.acct VALUES (${firstId + i}, ${i}); COMMIT;`);
+  await publisher.query(statements.join('\n'), [], 'src');
+}
+
+const targetCommits = async () => Number((await target.query(`SELECT xact_commit FROM pg_stat_database WHERE datname = 'dst'`, [], 'dst'))[0].xact_commit);
+const applied = async (sub: string) => Number((await target.query(`SELECT transactions_applied FROM pgsub.origin WHERE subscription = $1`, [sub], 'dst'))[0].transactions_applied);
+
+async function equal(): Promise<void> {
+  const cmp = await compareTables(publisher, 'src', target, 'dst', ['public.acct']);
+  assert.ok(cmp.equal, JSON.stringify(cmp));
+}
+
+async function measure(sub: string, firstId: number, extra: Record<string, string>): Promise<{ commits: number; applied: number }> {
+  start(sub, extra);
+  await child!.waitForLog('streaming started');
+  await caughtUp(sub);
+  await stop();
+  await backlog(firstId, 2000);
+  const commitsBefore = await targetCommits();
+  const appliedBefore = await applied(sub);
+  start(sub, extra);
+  await caughtUp(sub);
+  // A busy backend reports its statistics late; one that exits reports them at once.
+  await stop();
+  await new Promise((r) => setTimeout(r, 500));
+  return { commits: (await targetCommits()) - commitsBefore, applied: (await applied(sub)) - appliedBefore };
+}
+
+test('a backlog of 2,000 one-row transactions is applied in grouped target transactions, counted one by one', async () => {
+  const grouped = await measure('grp', 1, {});
+  await equal();
+  assert.equal(grouped.applied, 2000);
+  assert.ok(grouped.commits < 400, `target commits while grouping: ${grouped.commits}`);
+});
+
+test('group_transactions = 1: one target transaction per source transaction', async () => {
+  const single = await measure('single', 100_001, { PGSUB_GROUP_TRANSACTIONS: '1' });
+  await equal();
+  assert.equal(single.applied, 2000);
+  assert.ok(single.commits >= 2000, `target commits without grouping: ${single.commits}`);
+});
+
+test('a failure inside a group rolls the group back; after the fix the backlog is applied exactly once', async () => {
+  // The target already holds id 300500: the 501st transaction of the backlog fails.
+  await target.query(`INSERT INTO public.acct VALUES (300500, -1)`, [], 'dst');
+  start('grp3');
+  await child!.waitForLog('streaming started');
+  await caughtUp('grp3').catch(() => undefined);
+  const appliedBefore = await applied('grp3');
+  await stop().catch(() => undefined);
+  await backlog(300_001, 1000);
+  start('grp3');
+  await waitFor(async () => /duplicate key value violates unique constraint/.test(child!.output()), { timeoutMs: 60_000, intervalMs: 100, what: 'the unique violation' });
+  // Nothing of the failing group is committed past the last durable transaction before it.
+  const [{ n }] = await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id > 300500 AND id <= 301000`, [], 'dst');
+  assert.equal(n, 0);
+  await target.query(`DELETE FROM public.acct WHERE id = 300500`, [], 'dst');
+  await caughtUp('grp3').catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  await equal();
+  assert.equal((await applied('grp3')) - appliedBefore, 1000);
+});
