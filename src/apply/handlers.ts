@@ -23,13 +23,16 @@ import type {
   UpdateMessage,
 } from '../protocol/messages.js';
 import { originXactSetupStatement } from '../origin/replorigin.js';
-import { commitProgressStatement, preparedRowStatement } from '../origin/store.js';
+import { commitProgressStatement, idleProgressStatement, preparedRowStatement } from '../origin/store.js';
+import { clearSkipStatement } from '../conflict/control.js';
+import { conflictLogStatement } from '../conflict/report.js';
+import { carefulDelete, carefulInsert, carefulUpdate } from '../conflict/resolve.js';
 import { quoteLiteral } from '../quote.js';
 import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
-import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Statement } from './statements.js';
+import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
@@ -57,7 +60,7 @@ function applies(state: ApplyState, xact: RemoteTransaction, relationId: number)
 /** The transaction to apply into, opening the target transaction on first use; null when skipped. */
 async function changeTarget(state: ApplyState, what: string, relationId: number): Promise<RemoteTransaction | null> {
   const xact = requireTransaction(state, what);
-  if (xact.alreadyPrepared || !applies(state, xact, relationId)) return null;
+  if (xact.alreadyPrepared || !applies(state, xact, relationId) || xact.skip) return null;
   if (!xact.open) {
     xact.open = true;
     await state.pipeline.push(state.conn.execute('BEGIN'));
@@ -82,6 +85,45 @@ function onBegin(state: ApplyState, m: BeginMessage): void {
   const behind = m.finalLsn < state.progress.durable;
   if (behind) state.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
   state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
+  beginTransaction(state, state.xact);
+}
+
+/** Per remote transaction, whatever its kind: skip it (`pgsub skip`), or apply it carefully. */
+export function beginTransaction(state: ApplyState, xact: RemoteTransaction): void {
+  if (state.skipLsn !== null && xact.finalLsn === state.skipLsn) {
+    xact.skip = true;
+    state.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'skipping remote transaction (pgsub skip)');
+  }
+  if (state.carefulLsn !== null && xact.finalLsn === state.carefulLsn) state.careful = true;
+}
+
+/** The skipped transaction's end: the origin moves past it, with a log row, and the skip LSN is cleared. */
+async function finishSkipped(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint): Promise<void> {
+  await state.pipeline.push(state.conn.execute('BEGIN'));
+  await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
+  await sendStatement(state, idleProgressStatement(state.subscription, endLsn));
+  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.subscription, t, endLsn));
+  await sendStatement(state, clearSkipStatement(state.subscription, xact.finalLsn));
+  await sendStatement(
+    state,
+    conflictLogStatement(state.subscription, {
+      type: 'transaction_skipped', relation: null, key: null, remoteTuple: null, localTuple: null, localOrigin: null, localCommitTs: null,
+      remoteLsn: xact.finalLsn, remoteXid: xact.xid, remoteCommitTime: commitTime, policy: 'skip', detail: 'skipped by pgsub skip --lsn',
+    }),
+  );
+  const commit = state.conn.execute('COMMIT');
+  await state.pipeline.push(commit);
+  const synced = state.conn.sync();
+  await state.pipeline.push(synced);
+  await state.pipeline.drain();
+  if ((await commit).command !== 'COMMIT' || (await synced) !== 'I') throw new ApplyError(`target did not commit the skip of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  state.xact = null;
+  for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: endLsn });
+  state.skipLsn = null;
+  state.counters.transactionsSkipped++;
+  state.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'remote transaction skipped');
+  state.progress.noteDurable(endLsn);
+  state.onDurable();
 }
 
 async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
@@ -100,6 +142,7 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
 export type Ending = { kind: 'commit' } | { kind: 'prepare'; gid: string };
 
 export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = { kind: 'commit' }): Promise<void> {
+  if (xact.skip) return finishSkipped(state, xact, endLsn, commitTime);
   const prepare = ending.kind === 'prepare';
   if (!xact.open) {
     // Nothing to write: skipped, or no published change. The position is recorded later.
@@ -169,9 +212,17 @@ function onMessage(state: ApplyState, m: LogicalMessage): void {
   state.log.debug({ prefix: m.prefix, lsn: formatLsn(m.lsn), transactional: m.transactional, bytes: m.content.length }, 'logical decoding message ignored');
 }
 
+/** Detection on the pipelined path: statements that abort the transaction on a conflict (conflict/detect.ts). */
+function detect(state: ApplyState): Detect | null {
+  return state.conflicts.detect ? { originId: state.originId } : null;
+}
+
 async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
-  if (!(await changeTarget(state, 'INSERT', m.relationId))) return;
+  const xact = await changeTarget(state, 'INSERT', m.relationId);
+  if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulInsert(state, xact, rel, m.newTuple);
+  // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
   await sendStatement(state, insertStatement(rel, m.newTuple));
 }
 
@@ -179,9 +230,12 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
   const xact = await changeTarget(state, 'UPDATE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
+  const d = detect(state);
+  if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
-      // Native's update_missing default: the change is skipped, logged and counted.
+      // Detection off: native's update_missing default, skipped, logged and counted in memory.
       state.counters.updateMissing++;
       state.log.warn({ conflict: 'update_missing', table: rel.displayName, xid: xact.xid }, 'row to update not found; change skipped');
     }
@@ -192,6 +246,9 @@ async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
   const xact = await changeTarget(state, 'DELETE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulDelete(state, xact, rel, m.oldKind, m.oldTuple);
+  const d = detect(state);
+  if (d) return sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple, d));
   await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
     if (count === 0) {
       state.counters.deleteMissing++;

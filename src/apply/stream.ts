@@ -9,7 +9,7 @@ import { ProtocolError } from '../errors.js';
 import { decode } from '../protocol/decoder.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamPrepareMessage, StreamStartMessage, StreamStopMessage } from '../protocol/messages.js';
-import { dispatch, finishTransaction } from './handlers.js';
+import { beginTransaction, dispatch, finishTransaction } from './handlers.js';
 import type { RemoteTransaction } from './state.js';
 import { advanceOrigin, isPrepared, prepareOnTarget, targetGid } from './twophase.js';
 import type { ApplyState } from './state.js';
@@ -45,6 +45,9 @@ async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: 
   const behind = finalLsn < state.progress.durable;
   const xact: RemoteTransaction = { xid, finalLsn, commitTime: time, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
   state.xact = xact;
+  beginTransaction(state, xact);
+  // Skipped (`pgsub skip`): its changes are not even read back.
+  if (xact.skip) return xact;
   for await (const record of state.spool.replay(xid)) {
     await dispatch(state, decode(record, { inStream: true }), record);
   }
