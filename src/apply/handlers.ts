@@ -214,7 +214,7 @@ function onMessage(state: ApplyState, m: LogicalMessage): void {
 
 /** Detection on the pipelined path: statements that abort the transaction on a conflict (conflict/detect.ts). */
 function detect(state: ApplyState): Detect | null {
-  return state.conflicts.detect ? { originId: state.originId } : null;
+  return state.conflicts.detect ? { originId: state.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null;
 }
 
 async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {

@@ -229,19 +229,24 @@ export function whereClause(rel: MappedRelation, loc: Locator, firstParam: numbe
 export interface Detect {
   /** This session's replication origin id; null when the target cannot tell (no track_commit_timestamp). */
   originId: number | null;
+  /** The target's RETURNING can name the old row (PostgreSQL 18+: RETURNING WITH (OLD AS …)). */
+  returningOld: boolean;
 }
 
 /** `stmt` wrapped so that a missing row or a foreign last writer aborts the transaction. */
 function detecting(rel: MappedRelation, loc: Locator, stmt: string, firstLocParam: number, kind: 'update' | 'delete', detect: Detect): string {
   const missing = `WHEN NOT EXISTS (SELECT FROM pgsub_changed) THEN "pgsub"."conflict"('${kind}_missing')`;
   if (detect.originId === null) return `WITH pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} END`;
-  // Same snapshot as the change: the row as it was, before this statement wrote it. Only
-  // read when the change found its row (CASE evaluates lazily, and so does a plain CTE).
+  const differs = `WHEN EXISTS (SELECT FROM pgsub_changed WHERE r <> ${detect.originId}) THEN "pgsub"."conflict"('${kind}_origin_differs')`;
+  // The last writer of the row as it was: DELETE returns the old row itself, UPDATE names it
+  // on PostgreSQL 18; no extra probe either way.
+  if (kind === 'delete') return `WITH pgsub_changed AS (${stmt} RETURNING (pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident AS r) SELECT CASE ${missing} ${differs} END`;
+  if (detect.returningOld) {
+    return `WITH pgsub_changed AS (${stmt} RETURNING WITH (OLD AS pgsub_old) (pg_catalog.pg_xact_commit_timestamp_origin(pgsub_old.xmin)).roident AS r) SELECT CASE ${missing} ${differs} END`;
+  }
+  // PostgreSQL 16/17: read the row in the same snapshot, before this statement writes it.
   const before = `SELECT (pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident AS r FROM ${target(rel)} WHERE ${whereClause(rel, loc, firstLocParam)} LIMIT 1`;
-  return (
-    `WITH pgsub_before AS (${before}), pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} ` +
-    `WHEN EXISTS (SELECT FROM pgsub_before WHERE r <> ${detect.originId}) THEN "pgsub"."conflict"('${kind}_origin_differs') END`
-  );
+  return `WITH pgsub_before AS (${before}), pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} ${differs.replace('pgsub_changed WHERE', 'pgsub_before WHERE')} END`;
 }
 
 export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null = null): Statement {

@@ -10,8 +10,10 @@
  *    row, or a row whose last writer (pg_xact_commit_timestamp_origin(xmin), when the
  *    target has track_commit_timestamp = on) is not this session's replication origin,
  *    calls pgsub.conflict(kind), which raises SQLSTATE PSC01 (migrations/0003).
- * A conflict-free transaction therefore costs what it cost before, plus the CTE around
- * each UPDATE/DELETE. A conflicting one is rolled back and its kept messages are
+ * The last writer is read from the row the statement changed (DELETE's RETURNING, and
+ * UPDATE's RETURNING OLD on PostgreSQL 18; PostgreSQL 16/17 probe the row once more in
+ * the same snapshot). A conflict-free transaction therefore costs what it cost before,
+ * plus the CTE around each UPDATE/DELETE. A conflicting one is rolled back and its kept messages are
  * dispatched again in careful mode (apply/loop.ts replayCarefully → resolve.ts), which
  * names the conflict, applies its policy and logs it inside the new target transaction.
  * Under the `error` policy the careful path throws ApplyConflictError and the service
