@@ -5,6 +5,11 @@
  * same transaction. A transaction whose commit LSN lies below the recorded origin was
  * applied before a restart and is dropped whole (walsender's own rule: it resends a
  * transaction unless its commit record starts before the confirmed position).
+ * Conflicts: with detection on, UPDATE/DELETE statements abort the transaction when they
+ * find no row or a foreign last writer, and INSERTs abort on an existing key; the loop
+ * then replays the transaction with `state.careful`, where the change handlers hand each
+ * change to conflict/resolve.ts. The transaction `pgsub skip` names applies nothing and
+ * only moves the origin (finishSkipped).
  */
 import { ApplyError, ProtocolError } from '../errors.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
