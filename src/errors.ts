@@ -85,3 +85,30 @@ export class TargetSetupError extends PgsubError {
   readonly code = 'PGSUB_TARGET_SETUP';
   readonly retryable = false;
 }
+
+/**
+ * A conflict whose policy is `error` (native's behaviour for *_exists): the target
+ * transaction is rolled back and the remote transaction retried after backoff, until
+ * the operator fixes the target row or skips the transaction (`pgsub skip --lsn`).
+ */
+export class ApplyConflictError extends PgsubError {
+  readonly code = 'PGSUB_APPLY_CONFLICT';
+  // Retried like native: the operator may fix the local row meanwhile.
+  readonly retryable = true;
+  /** `record`: the conflict as conflict/report.ts logs it (kept opaque here, errors.ts imports nothing). */
+  constructor(readonly conflict: string, message: string, readonly record: unknown, context: ErrorContext = {}) {
+    super(message, { ...context, conflict });
+  }
+}
+
+/** The subscription is disabled in the target (disable_on_error); `pgsub enable` resumes it. */
+export class SubscriptionDisabledError extends PgsubError {
+  readonly code = 'PGSUB_SUBSCRIPTION_DISABLED';
+  readonly retryable = false;
+}
+
+/** `pgsub skip` / `pgsub enable` asked for something the recorded state does not allow. */
+export class ControlError extends PgsubError {
+  readonly code = 'PGSUB_CONTROL_REFUSED';
+  readonly retryable = false;
+}

@@ -5,6 +5,11 @@
  * same transaction. A transaction whose commit LSN lies below the recorded origin was
  * applied before a restart and is dropped whole (walsender's own rule: it resends a
  * transaction unless its commit record starts before the confirmed position).
+ * Conflicts: with detection on, UPDATE/DELETE statements abort the transaction when they
+ * find no row or a foreign last writer, and INSERTs abort on an existing key; the loop
+ * then replays the transaction with `state.careful`, where the change handlers hand each
+ * change to conflict/resolve.ts. The transaction `pgsub skip` names applies nothing and
+ * only moves the origin (finishSkipped).
  */
 import { ApplyError, ProtocolError } from '../errors.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
@@ -23,13 +28,16 @@ import type {
   UpdateMessage,
 } from '../protocol/messages.js';
 import { originXactSetupStatement } from '../origin/replorigin.js';
-import { commitProgressStatement, preparedRowStatement } from '../origin/store.js';
+import { commitProgressStatement, idleProgressStatement, preparedRowStatement } from '../origin/store.js';
+import { clearSkipStatement } from '../conflict/control.js';
+import { conflictLogStatement } from '../conflict/report.js';
+import { carefulDelete, carefulInsert, carefulUpdate } from '../conflict/resolve.js';
 import { quoteLiteral } from '../quote.js';
 import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
-import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Statement } from './statements.js';
+import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
@@ -57,7 +65,7 @@ function applies(state: ApplyState, xact: RemoteTransaction, relationId: number)
 /** The transaction to apply into, opening the target transaction on first use; null when skipped. */
 async function changeTarget(state: ApplyState, what: string, relationId: number): Promise<RemoteTransaction | null> {
   const xact = requireTransaction(state, what);
-  if (xact.alreadyPrepared || !applies(state, xact, relationId)) return null;
+  if (xact.alreadyPrepared || !applies(state, xact, relationId) || xact.skip) return null;
   if (!xact.open) {
     xact.open = true;
     // Inside a group the target transaction is open already.
@@ -85,6 +93,47 @@ async function onBegin(state: ApplyState, m: BeginMessage): Promise<void> {
   if (behind) await commitGroup(state);
   if (behind) state.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
   state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
+  beginTransaction(state, state.xact);
+}
+
+/** Per remote transaction, whatever its kind: skip it (`pgsub skip`), or apply it carefully. */
+export function beginTransaction(state: ApplyState, xact: RemoteTransaction): void {
+  if (state.skipLsn !== null && xact.finalLsn === state.skipLsn) {
+    xact.skip = true;
+    state.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'skipping remote transaction (pgsub skip)');
+  }
+  if (state.carefulLsn !== null && xact.finalLsn === state.carefulLsn) state.careful = true;
+}
+
+/** The skipped transaction's end: the origin moves past it, with a log row, and the skip LSN is cleared. */
+async function finishSkipped(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint): Promise<void> {
+  // The transactions grouped before it commit on their own; the skip is a transaction of its own.
+  await commitGroup(state);
+  await state.pipeline.push(state.conn.execute('BEGIN'));
+  await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
+  await sendStatement(state, idleProgressStatement(state.subscription, endLsn));
+  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.subscription, t, endLsn));
+  await sendStatement(state, clearSkipStatement(state.subscription, xact.finalLsn));
+  await sendStatement(
+    state,
+    conflictLogStatement(state.subscription, {
+      type: 'transaction_skipped', relation: null, key: null, remoteTuple: null, localTuple: null, localOrigin: null, localCommitTs: null,
+      remoteLsn: xact.finalLsn, remoteXid: xact.xid, remoteCommitTime: commitTime, policy: 'skip', detail: 'skipped by pgsub skip --lsn',
+    }),
+  );
+  const commit = state.conn.execute('COMMIT');
+  await state.pipeline.push(commit);
+  const synced = state.conn.sync();
+  await state.pipeline.push(synced);
+  await state.pipeline.drain();
+  if ((await commit).command !== 'COMMIT' || (await synced) !== 'I') throw new ApplyError(`target did not commit the skip of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  state.xact = null;
+  for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: endLsn });
+  state.skipLsn = null;
+  state.counters.transactionsSkipped++;
+  state.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'remote transaction skipped');
+  state.progress.noteDurable(endLsn);
+  state.onDurable();
 }
 
 async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
@@ -103,6 +152,7 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
 export type Ending = { kind: 'commit' } | { kind: 'prepare'; gid: string };
 
 export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = { kind: 'commit' }): Promise<void> {
+  if (xact.skip) return finishSkipped(state, xact, endLsn, commitTime);
   const prepare = ending.kind === 'prepare';
   if (!xact.open) {
     // Nothing to write: skipped, or no published change. The position is recorded later.
@@ -111,7 +161,7 @@ export async function finishTransaction(state: ApplyState, xact: RemoteTransacti
     state.progress.noteProcessed(endLsn);
     return;
   }
-  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && state.canGroup()) {
+  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && state.canGroup(xact.finalLsn)) {
     // Behind the stream: leave the target transaction open for the next source one. The
     // target commits only at source commit boundaries, with the origin at the last one.
     const group = (state.group ??= { transactions: 0, changes: 0, endLsn, commitTime });
@@ -201,9 +251,17 @@ function onMessage(state: ApplyState, m: LogicalMessage): void {
   state.log.debug({ prefix: m.prefix, lsn: formatLsn(m.lsn), transactional: m.transactional, bytes: m.content.length }, 'logical decoding message ignored');
 }
 
+/** Detection on the pipelined path: statements that abort the transaction on a conflict (conflict/detect.ts). */
+function detect(state: ApplyState): Detect | null {
+  return state.conflicts.detect ? { originId: state.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null;
+}
+
 async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
-  if (!(await changeTarget(state, 'INSERT', m.relationId))) return;
+  const xact = await changeTarget(state, 'INSERT', m.relationId);
+  if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulInsert(state, xact, rel, m.newTuple);
+  // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
   await sendStatement(state, insertStatement(rel, m.newTuple));
 }
 
@@ -211,9 +269,12 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
   const xact = await changeTarget(state, 'UPDATE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
+  const d = detect(state);
+  if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
-      // Native's update_missing default: the change is skipped, logged and counted.
+      // Detection off: native's update_missing default, skipped, logged and counted in memory.
       state.counters.updateMissing++;
       state.log.warn({ conflict: 'update_missing', table: rel.displayName, xid: xact.xid }, 'row to update not found; change skipped');
     }
@@ -224,6 +285,9 @@ async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
   const xact = await changeTarget(state, 'DELETE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulDelete(state, xact, rel, m.oldKind, m.oldTuple);
+  const d = detect(state);
+  if (d) return sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple, d));
   await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
     if (count === 0) {
       state.counters.deleteMissing++;

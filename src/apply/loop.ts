@@ -8,8 +8,16 @@
  * publisher is pinged after half the receive timeout and dropped after all of it.
  * Stopping rolls back an open target transaction: a partial source transaction is never
  * committed; it is received again after restart.
+ *
+ * Conflicts (conflict/detect.ts): the raw messages of the remote transaction being
+ * applied are kept (up to REPLAY_BYTES) until it ends; when the pipelined statements of
+ * that transaction abort on a conflict, the loop rolls the target transaction back and
+ * dispatches the kept messages again in careful mode, then continues with the queue. A
+ * transaction too large to keep is replayed by a new session instead (CarefulReplayError).
  */
-import { ConnectionLostError } from '../errors.js';
+import { ConnectionLostError, PgsubError } from '../errors.js';
+import { isConflictSignal } from '../conflict/detect.js';
+import type { ConflictConfig } from '../conflict/types.js';
 import type { Logger } from '../log.js';
 import { decode } from '../protocol/decoder.js';
 import { parseReplicationFrame } from '../protocol/framing.js';
@@ -38,6 +46,31 @@ type WorkItem =
 const QUEUE_BYTES = 32 * 1024 * 1024;
 /** A group also ends after this many changes: a failure re-applies at most this much. */
 const GROUP_MAX_CHANGES = 100_000;
+/** Messages of one remote transaction kept for a careful replay; beyond this, a session restart replays it. */
+const REPLAY_BYTES = 64 * 1024 * 1024;
+
+/**
+ * A failure while source transactions were grouped in one target transaction: which one
+ * failed is not known (the pipeline reports late), and the group cannot be replayed from
+ * memory. The next session applies one transaction per target transaction up to `untilLsn`,
+ * so the failing one is found, resolved, retried or skipped on its own.
+ */
+export class GroupRetryError extends PgsubError {
+  readonly code = 'PGSUB_GROUP_RETRY';
+  readonly retryable = true;
+  constructor(readonly untilLsn: Lsn, cause: unknown) {
+    super(`a statement failed inside a group of transactions; re-applying them one by one up to ${formatLsn(untilLsn)}`, { untilLsn: formatLsn(untilLsn) }, { cause });
+  }
+}
+
+/** A conflicting transaction too large to keep in memory: the next session applies it carefully from its BEGIN. */
+export class CarefulReplayError extends PgsubError {
+  readonly code = 'PGSUB_CAREFUL_REPLAY';
+  readonly retryable = true;
+  constructor(readonly finishLsn: Lsn, cause: unknown) {
+    super(`conflict in a remote transaction larger than the replay buffer; re-applying it carefully from ${formatLsn(finishLsn)}`, { finishLsn: formatLsn(finishLsn) }, { cause });
+  }
+}
 const TAG_BEGIN = 0x42; // 'B'
 const TAG_COMMIT = 0x43; // 'C'
 const TAG_BEGIN_PREPARE = 0x62; // 'b'
@@ -62,16 +95,27 @@ export interface ApplyLoopOptions {
   queueSize: number;
   /** Most source transactions per target transaction while behind (1: no grouping). */
   groupTransactions?: number;
+  /** No grouping of transactions finishing at or before this LSN (after a GroupRetryError). */
+  noGroupUntil?: Lsn | null;
   /** streaming = parallel, in a session that starts at the origin (never re-streams applied commits). */
   parallel?: ParallelApplyOptions | null;
   /** Minimum spacing of idle-position records in the target. */
   idleRecordIntervalMs?: number;
+  conflicts: ConflictConfig;
+  /** This session's replication origin id when the target tracks commit origins; else null. */
+  originId: number | null;
+  /** Finish LSN of the transaction `pgsub skip` named. */
+  skipLsn: Lsn | null;
+  /** Finish LSN of a transaction to apply carefully from its start (after a CarefulReplayError). */
+  carefulLsn: Lsn | null;
 }
 
 export interface ApplyLoop {
   /** Settles when the loop ends: resolves after stop(), rejects with the first failure. */
   done: Promise<void>;
   stop(): void;
+  /** The remote transaction being applied when the loop failed (for pgsub skip and status). */
+  failedTransaction(): { finishLsn: Lsn; xid: number } | null;
 }
 
 export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
@@ -88,6 +132,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   let lastFeedbackAt = 0;
   let lastRecordAt = 0;
   let feedbackScheduled = false;
+  let failedTransaction: { finishLsn: Lsn; xid: number } | null = null;
 
   const sendFeedback = (replyRequested = false) => {
     lastFeedbackAt = Date.now();
@@ -112,12 +157,18 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     sync: opts.sync,
     spool: opts.spool,
     streamXid: null,
+    conflicts: opts.conflicts,
+    originId: opts.originId,
+    careful: false,
+    carefulLsn: opts.carefulLsn,
+    skipLsn: opts.skipLsn,
     onUnknownTable: opts.onUnknownTable,
     xact: null,
     group: null,
-    canGroup() {
+    canGroup(finalLsn) {
       // Only while more is already queued: a caught-up stream commits each transaction at once.
       const group = state.group;
+      if (opts.noGroupUntil != null && finalLsn <= opts.noGroupUntil) return false;
       return queue.length > 0 && (group?.transactions ?? 0) + 1 < groupTransactions && (group?.changes ?? 0) < GROUP_MAX_CHANGES;
     },
     onDurable() {
@@ -136,7 +187,10 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   const fail = (err: unknown) => {
     // A statement skipped after an earlier failure: report the earlier one, the root cause.
     const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
-    if (failure === null && !stopping) failure = root;
+    if (failure === null && !stopping) {
+      failure = root;
+      if (state.xact) failedTransaction = { finishLsn: state.xact.finalLsn, xid: state.xact.xid };
+    }
     queue.close();
     stream.destroy();
   };
@@ -179,6 +233,46 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     state.onDurable();
   }
 
+  /** A failure with a group open: retry without grouping, unless the connection itself was lost. */
+  function groupFailure(err: unknown): unknown {
+    const group = state.group;
+    if (!group || err instanceof ConnectionLostError) return err;
+    const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
+    const current = state.xact?.finalLsn ?? group.endLsn;
+    return new GroupRetryError(current > group.endLsn ? current : group.endLsn, root);
+  }
+
+  /** Roll back the target transaction after a failed statement (the wire waits for a Sync). */
+  async function rollbackTarget(): Promise<void> {
+    pipeline.reset();
+    await opts.conn.sync().catch(() => {});
+    const rollback = opts.conn.execute('ROLLBACK');
+    const synced = opts.conn.sync();
+    await rollback;
+    await synced;
+  }
+
+  // The current remote transaction's raw messages, for a careful replay; null when not kept.
+  let kept: Buffer[] | null = null;
+  let keptBytes = 0;
+  let keptTooLarge = false;
+
+  /** Whether `err` was a conflict the careful path resolves, and the transaction was replayed. */
+  async function replayCarefully(err: unknown): Promise<boolean> {
+    const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
+    const xact = state.xact;
+    if (!opts.conflicts.detect || state.careful || xact === null || !isConflictSignal(root)) return false;
+    if (keptTooLarge || kept === null) throw new CarefulReplayError(xact.finalLsn, root);
+    log.debug({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn), messages: kept.length, cause: (root as Error).message }, 'conflict in the pipeline; re-applying the transaction carefully');
+    await rollbackTarget();
+    state.xact = null;
+    state.careful = true;
+    opts.counters.carefulReplays++;
+    const messages = kept;
+    for (const raw of messages) await dispatch(state, decode(raw, { inStream: false, streamAbortInfo: opts.streamAbortInfo }), raw);
+    return true;
+  }
+
   async function apply(): Promise<void> {
     const decodeContext = { inStream: false, streamAbortInfo: opts.streamAbortInfo };
     while (!stopping) {
@@ -188,10 +282,39 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         const message = decode(item.raw, decodeContext);
         if (message.tag === 'streamStart') decodeContext.inStream = true;
         else if (message.tag === 'streamStop') decodeContext.inStream = false;
-        await dispatch(state, message, item.raw);
+        // Keep what a careful replay would need: a transaction from its first message,
+        // or the single STREAM COMMIT / STREAM PREPARE that replays a spooled one.
+        if (opts.conflicts.detect && !decodeContext.inStream) {
+          if (state.xact === null && state.streamXid === null) {
+            kept = [];
+            keptBytes = 0;
+            keptTooLarge = false;
+          }
+          if (kept !== null && !keptTooLarge) {
+            keptBytes += item.raw.length;
+            if (keptBytes > REPLAY_BYTES) keptTooLarge = true;
+            else kept.push(item.raw);
+          }
+        }
+        try {
+          await dispatch(state, message, item.raw);
+        } catch (err) {
+          if (state.group) throw groupFailure(err);
+          if (!(await replayCarefully(err))) throw err;
+        }
+        if (state.xact === null && state.streamXid === null) {
+          state.careful = false;
+          kept = null;
+        }
       }
       // Nothing more waiting: the grouped transactions commit now, not with the next arrival.
-      if (state.group && state.xact === null && queue.length === 0) await commitGroup(state);
+      if (state.group && state.xact === null && queue.length === 0) {
+        try {
+          await commitGroup(state);
+        } catch (err) {
+          throw groupFailure(err);
+        }
+      }
       else if (item.kind === 'position' && state.xact === null) progress.noteProcessed(item.lsn);
       const now = Date.now();
       if (
@@ -248,6 +371,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
 
   return {
     done,
+    failedTransaction: () => failedTransaction,
     stop() {
       if (stopping) return;
       stopping = true;

@@ -307,6 +307,12 @@ export class ParallelApply {
       xact: null,
       group: null,
       canGroup: () => false,
+      conflicts: leader.conflicts,
+      originId: leader.originId,
+      // A conflict makes the eager transaction fall back: the leader replays it carefully.
+      careful: false,
+      carefulLsn: null,
+      skipLsn: null,
       onUnknownTable: (schema, table) => leader.onUnknownTable(schema, table),
       onDurable: () => leader.onDurable(),
     };

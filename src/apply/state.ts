@@ -12,6 +12,7 @@ import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../tablesync/state.js';
 import type { Pipeline, WireConnection } from './target.js';
 import type { ParallelApply } from './parallel.js';
+import { CONFLICT_TYPES, type ConflictConfig, type ConflictType } from '../conflict/types.js';
 
 export interface RemoteTransaction {
   xid: number;
@@ -26,6 +27,8 @@ export interface RemoteTransaction {
   syncTouched: Set<TableSync>;
   /** A resent BEGIN PREPARE whose transaction is already prepared on the target: body skipped. */
   alreadyPrepared: boolean;
+  /** The transaction `pgsub skip --lsn` named: no change applied, the origin moves past it. */
+  skip?: boolean;
 }
 
 /**
@@ -45,6 +48,10 @@ export interface ApplyCounters {
   changesApplied: number;
   updateMissing: number;
   deleteMissing: number;
+  /** Conflicts resolved by a policy in this process (the durable counters are in the target). */
+  conflicts: Record<ConflictType, number>;
+  /** Remote transactions re-applied one change at a time after the fast path met a conflict. */
+  carefulReplays: number;
 }
 
 export interface ApplyState {
@@ -59,13 +66,25 @@ export interface ApplyState {
   readonly spool: StreamSpool;
   /** streaming = parallel: eager apply of one streamed transaction at a time (parallel.ts). */
   readonly parallel: ParallelApply | null;
+  readonly conflicts: ConflictConfig;
+  /** This session's replication origin id when the target tracks commit origins (origin_differs checks); else null. */
+  readonly originId: number | null;
+  /**
+   * Apply the current remote transaction one change at a time, detecting and resolving
+   * conflicts with their policies (conflict/resolve.ts); set by the loop for a replay.
+   */
+  careful: boolean;
+  /** Finish LSN of a transaction to apply carefully from its BEGIN (replay across a session restart). */
+  carefulLsn: Lsn | null;
+  /** Finish LSN of the remote transaction to skip (`pgsub skip`); cleared once skipped. */
+  skipLsn: Lsn | null;
   /** Inside STREAM START … STREAM STOP: the streamed transaction's xid. */
   streamXid: number | null;
   xact: RemoteTransaction | null;
   /** An open target transaction holding committed source transactions (see TargetGroup). */
   group: TargetGroup | null;
-  /** May the transaction just finished stay open for the next one? (more is queued, limits) */
-  canGroup(): boolean;
+  /** May the transaction finishing at `finalLsn` stay open for the next one? (more is queued, limits) */
+  canGroup(finalLsn: Lsn): boolean;
   /** A change for a table the sync states do not know: the publication gained a table. */
   onUnknownTable(schema: string, table: string): void;
   /** Called after the target committed a new durable position. */
@@ -73,5 +92,13 @@ export interface ApplyState {
 }
 
 export function newCounters(): ApplyCounters {
-  return { transactionsApplied: 0, transactionsSkipped: 0, changesApplied: 0, updateMissing: 0, deleteMissing: 0 };
+  return {
+    transactionsApplied: 0,
+    transactionsSkipped: 0,
+    changesApplied: 0,
+    updateMissing: 0,
+    deleteMissing: 0,
+    conflicts: Object.fromEntries(CONFLICT_TYPES.map((t) => [t, 0])) as Record<ConflictType, number>,
+    carefulReplays: 0,
+  };
 }

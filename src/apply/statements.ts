@@ -70,7 +70,7 @@ function binaryValue(rel: MappedRelation, value: Buffer, index: number): Buffer 
 }
 
 /** Bind parameters in order, with their Parse types when a binary value needs one. */
-class Params {
+export class Params {
   readonly values: WireValue[] = [];
   #types: number[] | undefined;
 
@@ -82,6 +82,12 @@ class Params {
     const parseType = Buffer.isBuffer(value) ? (this.rel.binary?.parseTypes?.[index] ?? 0) : 0;
     if (parseType !== 0) (this.#types ??= new Array<number>(this.values.length - 1).fill(0)).push(parseType);
     else this.#types?.push(0);
+  }
+
+  /** A value pgsub supplies itself (a ctid, an OID), in text format. */
+  addText(value: string): void {
+    this.values.push(value);
+    this.#types?.push(0);
   }
 
   statement(text: string): Statement {
@@ -108,7 +114,7 @@ function valueOf(rel: MappedRelation, value: TupleValue | undefined, index: numb
   }
 }
 
-function cached(rel: MappedRelation, shape: string, build: () => string): string {
+export function cached(rel: MappedRelation, shape: string, build: () => string): string {
   let text = rel.statements.get(shape);
   if (text === undefined) {
     text = build();
@@ -117,23 +123,23 @@ function cached(rel: MappedRelation, shape: string, build: () => string): string
   return text;
 }
 
-function checkWidth(rel: MappedRelation, tuple: Tuple): void {
+export function checkWidth(rel: MappedRelation, tuple: Tuple): void {
   if (tuple.length !== rel.remote.columns.length) {
     throw new ApplyError(`tuple for "${rel.displayName}" has ${tuple.length} columns, its Relation message ${rel.remote.columns.length}`, { relation: rel.displayName });
   }
 }
 
 /** `$n` cast to the type of the target column receiving remote column `index`. */
-function param(rel: MappedRelation, index: number, n: number): string {
+export function param(rel: MappedRelation, index: number, n: number): string {
   return `$${n}::${rel.targetColumns[index]!.typeName}`;
 }
 
-function column(rel: MappedRelation, index: number): string {
+export function column(rel: MappedRelation, index: number): string {
   return quoteIdent(rel.targetColumns[index]!.name);
 }
 
 /** The relation as UPDATE/DELETE/TRUNCATE name it: ONLY for a plain table (see header). */
-function target(rel: MappedRelation): string {
+export function target(rel: MappedRelation): string {
   return rel.relkind === 'p' ? rel.qualifiedName : `ONLY ${rel.qualifiedName}`;
 }
 
@@ -153,7 +159,7 @@ export function insertStatement(rel: MappedRelation, tuple: Tuple): Statement {
  * Row locator. `key`: the identity columns, `=` each. `full`: every sent column of the old
  * row; `nulls` are the ones whose old value is NULL (matched with IS NULL, no parameter).
  */
-interface Locator {
+export interface Locator {
   shape: string;
   indexes: number[];
   nulls: Set<number>;
@@ -161,7 +167,7 @@ interface Locator {
   full: boolean;
 }
 
-function locator(rel: MappedRelation, what: 'UPDATE' | 'DELETE', oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple | undefined): Locator {
+export function locator(rel: MappedRelation, what: 'UPDATE' | 'DELETE', oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple | undefined): Locator {
   if (oldKind === 'old' && oldTuple) {
     checkWidth(rel, oldTuple);
     // Unchanged TOAST values in the old row cannot be compared; the others still pin the row.
@@ -186,7 +192,7 @@ function locator(rel: MappedRelation, what: 'UPDATE' | 'DELETE', oldKind: 'key' 
 }
 
 /** Parameters of a locator, in the order whereClause numbers them. */
-function addLocatorParams(params: Params, loc: Locator): void {
+export function addLocatorParams(params: Params, loc: Locator): void {
   for (const i of loc.indexes) if (!loc.nulls.has(i)) params.add(loc.tuple, i);
 }
 
@@ -204,7 +210,7 @@ function fullCondition(rel: MappedRelation, index: number, n: number): string {
   return `${column(rel, index)}::pg_catalog.text = (${param(rel, index, n)})::pg_catalog.text`;
 }
 
-function whereClause(rel: MappedRelation, loc: Locator, firstParam: number): string {
+export function whereClause(rel: MappedRelation, loc: Locator, firstParam: number): string {
   let n = firstParam;
   if (!loc.full) return loc.indexes.map((i) => `${column(rel, i)} = ${param(rel, i, n++)}`).join(' AND ');
   const conds = loc.indexes.map((i) => (loc.nulls.has(i) ? `${column(rel, i)} IS NULL` : fullCondition(rel, i, n++)));
@@ -215,18 +221,47 @@ function whereClause(rel: MappedRelation, loc: Locator, firstParam: number): str
   return `ctid = (SELECT ctid FROM ${target(rel)} WHERE ${match} LIMIT 1)`;
 }
 
-export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple): Statement {
+/**
+ * Conflict detection on the pipelined path (conflict/detect.ts): the statement raises
+ * (SQLSTATE PSC01) when it changed no row, or when the row's last writer was another
+ * origin; null: a plain statement whose affected-row count the caller checks.
+ */
+export interface Detect {
+  /** This session's replication origin id; null when the target cannot tell (no track_commit_timestamp). */
+  originId: number | null;
+  /** The target's RETURNING can name the old row (PostgreSQL 18+: RETURNING WITH (OLD AS …)). */
+  returningOld: boolean;
+}
+
+/** `stmt` wrapped so that a missing row or a foreign last writer aborts the transaction. */
+function detecting(rel: MappedRelation, loc: Locator, stmt: string, firstLocParam: number, kind: 'update' | 'delete', detect: Detect): string {
+  const missing = `WHEN NOT EXISTS (SELECT FROM pgsub_changed) THEN "pgsub"."conflict"('${kind}_missing')`;
+  if (detect.originId === null) return `WITH pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} END`;
+  const differs = `WHEN EXISTS (SELECT FROM pgsub_changed WHERE r <> ${detect.originId}) THEN "pgsub"."conflict"('${kind}_origin_differs')`;
+  // The last writer of the row as it was: DELETE returns the old row itself, UPDATE names it
+  // on PostgreSQL 18; no extra probe either way.
+  if (kind === 'delete') return `WITH pgsub_changed AS (${stmt} RETURNING (pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident AS r) SELECT CASE ${missing} ${differs} END`;
+  if (detect.returningOld) {
+    return `WITH pgsub_changed AS (${stmt} RETURNING WITH (OLD AS pgsub_old) (pg_catalog.pg_xact_commit_timestamp_origin(pgsub_old.xmin)).roident AS r) SELECT CASE ${missing} ${differs} END`;
+  }
+  // PostgreSQL 16/17: read the row in the same snapshot, before this statement writes it.
+  const before = `SELECT (pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident AS r FROM ${target(rel)} WHERE ${whereClause(rel, loc, firstLocParam)} LIMIT 1`;
+  return `WITH pgsub_before AS (${before}), pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} ${differs.replace('pgsub_changed WHERE', 'pgsub_before WHERE')} END`;
+}
+
+export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null = null): Statement {
   checkWidth(rel, newTuple);
   const loc = locator(rel, 'UPDATE', oldKind, oldTuple, newTuple);
   // Unchanged TOAST columns ('u') are left as they are in the target.
   const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
-  const shape = `U${setIndexes.join(',')}|${loc.shape}`;
+  const shape = `U${setIndexes.join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
   const text = cached(rel, shape, () => {
     // Every sent value unchanged (FULL identity, only toasted columns): native still
     // updates the row to itself, firing its triggers; an empty SET is not SQL.
     const first = rel.targetColumns[0]!.name;
     const sets = setIndexes.length > 0 ? setIndexes.map((i, n) => `${column(rel, i)} = ${param(rel, i, n + 1)}`).join(', ') : `${quoteIdent(first)} = ${quoteIdent(first)}`;
-    return `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, setIndexes.length + 1)}`;
+    const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, setIndexes.length + 1)}`;
+    return detect ? detecting(rel, loc, plain, setIndexes.length + 1, 'update', detect) : plain;
   });
   const params = new Params(rel);
   for (const i of setIndexes) params.add(newTuple, i);
@@ -234,9 +269,12 @@ export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | un
   return params.statement(text);
 }
 
-export function deleteStatement(rel: MappedRelation, oldKind: 'key' | 'old', oldTuple: Tuple): Statement {
+export function deleteStatement(rel: MappedRelation, oldKind: 'key' | 'old', oldTuple: Tuple, detect: Detect | null = null): Statement {
   const loc = locator(rel, 'DELETE', oldKind, oldTuple, undefined);
-  const text = cached(rel, `D|${loc.shape}`, () => `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)}`);
+  const text = cached(rel, `D|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`, () => {
+    const plain = `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)}`;
+    return detect ? detecting(rel, loc, plain, 1, 'delete', detect) : plain;
+  });
   const params = new Params(rel);
   addLocatorParams(params, loc);
   return params.statement(text);

@@ -9,7 +9,7 @@ import { ProtocolError } from '../errors.js';
 import { decode } from '../protocol/decoder.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamPrepareMessage, StreamStartMessage, StreamStopMessage } from '../protocol/messages.js';
-import { commitGroup, dispatch, finishTransaction } from './handlers.js';
+import { beginTransaction, commitGroup, dispatch, finishTransaction } from './handlers.js';
 import type { RemoteTransaction } from './state.js';
 import { advanceOrigin, isPrepared, prepareOnTarget, targetGid } from './twophase.js';
 import type { ApplyState } from './state.js';
@@ -52,6 +52,9 @@ async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: 
   const behind = finalLsn < state.progress.durable;
   const xact: RemoteTransaction = { xid, finalLsn, commitTime: time, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
   state.xact = xact;
+  beginTransaction(state, xact);
+  // Skipped (`pgsub skip`): its changes are not even read back.
+  if (xact.skip) return xact;
   for await (const record of state.spool.replay(xid)) {
     await dispatch(state, decode(record, { inStream: true }), record);
   }
@@ -61,6 +64,8 @@ async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: 
 export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage): Promise<void> {
   if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM COMMIT of xid ${m.xid} inside another transaction`);
   await commitGroup(state);
+  // The transaction `pgsub skip` names is never committed eagerly: the spool path skips it.
+  if (state.skipLsn === m.commitLsn) await state.parallel?.abandon(m.xid);
   if (state.parallel?.isEager(m.xid) && (await state.parallel.commit(m))) {
     state.spool.discard(m.xid);
     return;
@@ -81,6 +86,7 @@ export async function onStreamPrepare(state: ApplyState, m: StreamPrepareMessage
     await advanceOrigin(state, m.endLsn, []);
     return;
   }
+  if (state.skipLsn === m.prepareLsn) await state.parallel?.abandon(m.xid);
   if (state.parallel?.isEager(m.xid) && (await state.parallel.prepare(m))) {
     state.spool.discard(m.xid);
     return;

@@ -18,7 +18,7 @@ import { finishPreparedStatements, idleProgressStatement } from '../origin/store
 import { quoteLiteral } from '../quote.js';
 import { faultPoint } from '../service/faults.js';
 import { ProtocolError } from '../errors.js';
-import { commitGroup, finishTransaction, requireTransaction } from './handlers.js';
+import { beginTransaction, commitGroup, finishTransaction, requireTransaction } from './handlers.js';
 import type { ApplyState } from './state.js';
 import { runAlone } from './target.js';
 
@@ -40,6 +40,7 @@ export async function onBeginPrepare(state: ApplyState, m: BeginPrepareMessage):
   if (alreadyPrepared) state.log.info({ xid: m.xid, gid: m.gid }, 'transaction already prepared on the target; body skipped');
   const behind = m.prepareLsn < state.progress.durable;
   state.xact = { xid: m.xid, finalLsn: m.prepareLsn, commitTime: m.prepareTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared };
+  beginTransaction(state, state.xact);
 }
 
 export async function onPrepare(state: ApplyState, m: PrepareMessage): Promise<void> {

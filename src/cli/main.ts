@@ -1,5 +1,6 @@
 /**
- * The `pgsub` command line: `run` (the service), `status`, and `demo` (an embedded
+ * The `pgsub` command line: `run` (the service), `status`, `refresh`, `resync`, `skip`
+ * and `enable` (conflict handling, conflict/control.ts), and `demo` (an embedded
  * publisher and target with a sample workload). Startup errors print one line naming
  * the problem and exit 2; a fatal apply error exits 1; a clean stop exits 0.
  */
@@ -13,6 +14,9 @@ import { printStatus } from './status.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
 import type { Config } from '../config/config.js';
 import { requestRefresh } from '../tablesync/launcher.js';
+import { enableSubscription, requestSkip } from '../conflict/control.js';
+import { migrateTarget } from '../origin/store.js';
+import { formatLsn, parseLsn } from '../protocol/lsn.js';
 
 const program = new Command();
 program.name('pgsub').description('PostgreSQL logical-replication subscriber that runs outside the database').showHelpAfterError();
@@ -69,6 +73,35 @@ program
     const ok = await withMaintenance(config, (sql) => requestRefresh(sql, config.subscription, target));
     if (!ok) throw new ConfigError(`resync: ${table} is not a table of subscription ${config.subscription} (see pgsub status)`, { key: 'table' });
     process.stdout.write(`resync of ${table} requested for subscription ${config.subscription}\n`);
+  });
+
+program
+  .command('skip')
+  .description('skip the one remote transaction that fails to apply, like ALTER SUBSCRIPTION … SKIP (lsn = its finish LSN, shown by pgsub status)')
+  .requiredOption('--lsn <lsn>', 'finish LSN (commit or prepare LSN) of the failing remote transaction, X/Y')
+  .option('-c, --config <file>', 'YAML or JSON config file')
+  .action(async (opts: { config?: string; lsn: string }) => {
+    const config = loadConfig({ file: opts.config });
+    let lsn;
+    try {
+      lsn = parseLsn(opts.lsn);
+    } catch {
+      throw new ConfigError(`skip: --lsn must be an LSN like 0/1A2B3C4, not ${JSON.stringify(opts.lsn)}`, { key: 'lsn' });
+    }
+    await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
+    const control = await withMaintenance(config, (sql) => requestSkip(sql, config.subscription, lsn));
+    process.stdout.write(`subscription ${config.subscription} will skip remote transaction ${control.errorXid} (finish LSN ${formatLsn(lsn)}) at its next attempt\n`);
+  });
+
+program
+  .command('enable')
+  .description('resume a subscription disabled after an apply error (disable_on_error)')
+  .option('-c, --config <file>', 'YAML or JSON config file')
+  .action(async (opts: { config?: string }) => {
+    const config = loadConfig({ file: opts.config });
+    await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
+    const was = await withMaintenance(config, (sql) => enableSubscription(sql, config.subscription));
+    process.stdout.write(was ? `subscription ${config.subscription} enabled\n` : `subscription ${config.subscription} was already enabled\n`);
   });
 
 program

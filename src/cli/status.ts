@@ -1,7 +1,9 @@
 /**
  * `pgsub status`: the progress recorded in the target (pgsub.origin) beside the slot's
  * position on the publisher, and the lag between the publisher's WAL and what the target
- * holds. Read-only on both sides.
+ * holds, the conflict and apply-error counters (named as pg_stat_subscription_stats'),
+ * whether the subscription is enabled, the last apply error with the finish LSN that
+ * `pgsub skip --lsn` takes, and a pending skip. Read-only on both sides.
  */
 import type { Config } from '../config/config.js';
 import { openMaintenance } from '../apply/target.js';
@@ -10,6 +12,7 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { loadOrigin } from '../origin/store.js';
 import { formatBytes, formatSeconds } from '../tablesync/progress.js';
 import { STATE_NAMES, type RelState } from '../tablesync/state.js';
+import { loadStats, type Control, type Stats } from '../conflict/control.js';
 
 export async function printStatus(config: Config, json: boolean): Promise<void> {
   const sql = openMaintenance(config.target, `pgsub_${config.subscription}_status`);
@@ -28,6 +31,13 @@ export async function printStatus(config: Config, json: boolean): Promise<void> 
           [config.subscription],
         ).catch(() => [])
       : [];
+    const hasConflictSchema = hasSchema[0]?.ok
+      ? (await sql.unsafe<{ ok: boolean }[]>(`SELECT pg_catalog.to_regclass('pgsub.subscription_stats') IS NOT NULL AS ok`))[0]?.ok
+      : false;
+    const stats: Stats | null = hasConflictSchema ? await loadStats(sql, config.subscription) : null;
+    const control: Control | null = hasConflictSchema ? await readControl(sql, config.subscription) : null;
+    // A recorded error is pending while the origin has not passed its transaction.
+    const errorPending = control?.errorLsn != null && (origin === null || origin.remoteLsn < control.errorLsn);
     const status = {
       subscription: config.subscription,
       slot: config.slotName,
@@ -40,6 +50,23 @@ export async function printStatus(config: Config, json: boolean): Promise<void> 
       lastCommitTime: origin?.lastCommitTime ?? null,
       transactionsApplied: origin ? Number(origin.transactionsApplied) : 0,
       lagBytes: origin ? Number(publisherLsn > origin.remoteLsn ? publisherLsn - origin.remoteLsn : 0n) : null,
+      enabled: control?.enabled ?? true,
+      disabledReason: control?.disabledReason ?? null,
+      skipLsn: control?.skipLsn != null ? formatLsn(control.skipLsn) : null,
+      lastErrorLsn: control?.errorLsn != null ? formatLsn(control.errorLsn) : null,
+      lastErrorXid: control?.errorXid ?? null,
+      lastErrorConflict: control?.errorConflict ?? null,
+      lastErrorMessage: control?.errorMessage ?? null,
+      lastErrorTime: control?.errorAt ?? null,
+      lastErrorPending: errorPending,
+      apply_error_count: stats?.applyErrorCount ?? 0,
+      confl_insert_exists: stats?.confl_insert_exists ?? 0,
+      confl_update_origin_differs: stats?.confl_update_origin_differs ?? 0,
+      confl_update_exists: stats?.confl_update_exists ?? 0,
+      confl_update_missing: stats?.confl_update_missing ?? 0,
+      confl_delete_origin_differs: stats?.confl_delete_origin_differs ?? 0,
+      confl_delete_missing: stats?.confl_delete_missing ?? 0,
+      confl_multiple_unique_conflicts: stats?.confl_multiple_unique_conflicts ?? 0,
       tables: tables.map((t) => ({
         table: `${t.schema_name}.${t.table_name}`,
         state: STATE_NAMES[t.state as RelState] ?? t.state,
@@ -67,4 +94,27 @@ export async function printStatus(config: Config, json: boolean): Promise<void> 
     await replication.close();
     await sql.end({ timeout: 5 });
   }
+}
+
+/** The state row without creating it (status is read-only). */
+async function readControl(sql: ReturnType<typeof openMaintenance>, subscription: string): Promise<Control | null> {
+  const [row] = await sql.unsafe<Record<string, string | boolean | null>[]>(
+    `SELECT enabled, disabled_reason, skip_lsn::text AS skip_lsn, error_lsn::text AS error_lsn, error_xid::text AS error_xid,
+            error_code, error_conflict, error_message, error_at::text AS error_at
+       FROM "pgsub"."subscription" WHERE subscription = $1`,
+    [subscription],
+  );
+  if (!row) return null;
+  const text = (k: string) => (row[k] === null || row[k] === undefined ? null : String(row[k]));
+  return {
+    enabled: row.enabled === true || row.enabled === 't',
+    disabledReason: text('disabled_reason'),
+    skipLsn: text('skip_lsn') ? parseLsn(text('skip_lsn')!) : null,
+    errorLsn: text('error_lsn') ? parseLsn(text('error_lsn')!) : null,
+    errorXid: text('error_xid') === null ? null : Number(text('error_xid')),
+    errorCode: text('error_code'),
+    errorConflict: text('error_conflict'),
+    errorMessage: text('error_message'),
+    errorAt: text('error_at'),
+  };
 }

@@ -11,6 +11,7 @@ import YAML from 'yaml';
 import { z } from 'zod';
 import { ConfigError, NotImplementedError } from '../errors.js';
 import { parseConninfo, type ConnInfo } from './conninfo.js';
+import { ALLOWED, CONFLICT_TYPES, NATIVE_DEFAULTS, POLICIES, type ConflictConfig, type ConflictType, type PolicySet } from '../conflict/types.js';
 
 const boolish = z.union([
   z.boolean(),
@@ -21,6 +22,43 @@ const boolEnum = <const T extends readonly [string, ...string[]]>(values: T) =>
   z.union([z.boolean().transform((b) => (b ? 'on' : 'off')), z.enum(values)]);
 const seconds = z.coerce.number().positive();
 const identifier = z.string().min(1).max(63);
+
+/** Policies by conflict type; unknown types and policies a type cannot take are refused. */
+const policySet = z
+  .object(Object.fromEntries(CONFLICT_TYPES.map((t) => [t, z.enum(POLICIES).optional()])) as Record<ConflictType, z.ZodOptional<z.ZodEnum<{ [K in (typeof POLICIES)[number]]: K }>>>)
+  .strict()
+  .superRefine((set, ctx) => {
+    for (const [type, policy] of Object.entries(set)) {
+      if (policy !== undefined && !ALLOWED[type as ConflictType].includes(policy)) {
+        ctx.addIssue({ code: 'custom', path: [type], message: `${type} cannot take policy ${policy} (allowed: ${ALLOWED[type as ConflictType].join(', ')})` });
+      }
+    }
+  });
+/** `conflicts:` — a JSON string when it comes from PGSUB_CONFLICTS. */
+const conflictsSchema = z.preprocess(
+  (v) => {
+    if (typeof v !== 'string') return v;
+    try {
+      return JSON.parse(v) as unknown;
+    } catch {
+      return v;
+    }
+  },
+  z
+    .object({
+      detect: boolish.default(true),
+      default: policySet.default({}),
+      tables: z
+        .record(z.string(), policySet)
+        .superRefine((tables, ctx) => {
+          for (const name of Object.keys(tables)) {
+            if (!/^[^.]+\..+$/.test(name)) ctx.addIssue({ code: 'custom', path: [name], message: 'give tables as schema.table, as the publisher names them' });
+          }
+        })
+        .default({}),
+    })
+    .strict(),
+);
 
 /** Keys accepted in the file, each also settable as PGSUB_<KEY uppercased>. */
 const fileSchema = z
@@ -43,6 +81,7 @@ const fileSchema = z
     synchronous_commit: boolEnum(['on', 'off', 'local', 'remote_write', 'remote_apply']).default('on'),
     two_phase: boolish.default(false),
     disable_on_error: boolish.default(false),
+    conflicts: conflictsSchema.optional(),
     origin: z.enum(['any', 'none']).default('any'),
     messages: boolish.default(false),
     password_required: boolish.default(true),
@@ -80,7 +119,10 @@ export interface Config {
   streaming: 'off' | 'on' | 'parallel';
   synchronousCommit: 'on' | 'local' | 'remote_write' | 'remote_apply' | 'off';
   twoPhase: boolean;
+  /** Stop retrying after an apply error and mark the subscription disabled until `pgsub enable`. */
   disableOnError: boolean;
+  /** Conflict detection and the policies per type and table (conflict/types.ts). */
+  conflicts: ConflictConfig;
   origin: 'any' | 'none';
   /** Ask for logical decoding messages (pg_logical_emit_message); logged, not applied. */
   messages: boolean;
@@ -177,6 +219,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     synchronousCommit: c.synchronous_commit,
     twoPhase: c.two_phase,
     disableOnError: c.disable_on_error,
+    conflicts: conflictConfig(c.conflicts),
     origin: c.origin,
     messages: c.messages,
     statusIntervalMs: c.status_interval * 1000,
@@ -201,6 +244,16 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
   return Object.freeze(config);
 }
 
+function conflictConfig(c: FileConfig['conflicts']): ConflictConfig {
+  const tables: Record<string, PolicySet> = {};
+  for (const [name, set] of Object.entries(c?.tables ?? {})) tables[name] = Object.freeze({ ...set });
+  return Object.freeze({
+    detect: c?.detect ?? true,
+    defaults: Object.freeze({ ...NATIVE_DEFAULTS, ...(c?.default ?? {}) }),
+    tables: Object.freeze(tables),
+  });
+}
+
 /** Options users know from CREATE SUBSCRIPTION whose non-default values are not built yet. */
 function rejectUnimplemented(c: FileConfig, streaming: string): void {
   const refuse = (key: string, value: unknown, hint: string) => {
@@ -209,7 +262,6 @@ function rejectUnimplemented(c: FileConfig, streaming: string): void {
   if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
   if (c.synchronous_commit === 'off') refuse('synchronous_commit', 'off', 'flush tracking for asynchronous commits is not built yet; use on, local, remote_write or remote_apply');
-  if (c.disable_on_error) refuse('disable_on_error', true, 'apply errors are retried with backoff');
   if (!c.password_required) refuse('password_required', false, 'pgsub connects as a client; authentication is the server\'s choice');
   if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');
   if (c.failover) refuse('failover', true, 'failover slots are not built yet');

@@ -5,9 +5,21 @@
  * exponential backoff — resuming from the origin committed in the target, so nothing is
  * lost or applied twice. A fatal failure (bad protocol bytes, slot ahead of the target,
  * setup errors) ends the service with the error. Errors are logged here, once.
+ *
+ * Every apply error is also recorded in the target (conflict/control.ts): counted in
+ * apply_error_count, the failing remote transaction's finish LSN kept for `pgsub skip`.
+ * With disable_on_error, an error while applying a remote transaction disables the
+ * subscription instead of retrying; a disabled subscription — found so at start, or
+ * disabled here — leaves the process up and idle, polling the target until `pgsub
+ * enable` (SIGTERM still exits 0). Connection losses never disable it.
  */
 import type { Config } from '../config/config.js';
-import { PgsubError } from '../errors.js';
+import { ApplyConflictError, ConnectionLostError, PgsubError, SubscriptionDisabledError } from '../errors.js';
+import { CarefulReplayError, GroupRetryError } from '../apply/loop.js';
+import { openMaintenance } from '../apply/target.js';
+import { loadControl, recordApplyError } from '../conflict/control.js';
+import type { ConflictRecord } from '../conflict/report.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/state.js';
@@ -90,7 +102,65 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     reportedUnknown.add(name);
     void launcher.refresh().catch(() => {});
   };
-  const deps = { sync, beforeStreaming, onUnknownTable };
+  const deps: { sync: SyncStates; beforeStreaming: () => Promise<void>; onUnknownTable: typeof onUnknownTable; carefulLsn: Lsn | null; noGroupUntil: Lsn | null } = {
+    sync,
+    beforeStreaming,
+    onUnknownTable,
+    carefulLsn: null,
+    noGroupUntil: null,
+  };
+  const appName = `pgsub_${config.subscription}`;
+
+  const sleep = (ms: number) =>
+    new Promise<void>((resolve) => {
+      wake = resolve;
+      setTimeout(resolve, ms);
+    }).finally(() => (wake = null));
+
+  /** Idle until `pgsub enable` (or stop): the subscription is disabled in the target. */
+  const waitForEnable = async () => {
+    const pollMs = Math.min(config.retryMaxDelayMs, 5000);
+    while (!stopped) {
+      await sleep(pollMs);
+      if (stopped) return;
+      const sql = openMaintenance(config.target, appName);
+      try {
+        if ((await loadControl(sql, config.subscription)).enabled) {
+          log.info({ subscription: config.subscription }, 'subscription enabled; resuming');
+          return;
+        }
+      } catch (err) {
+        log.debug({ err: describeError(err) }, 'cannot read the subscription state; still waiting');
+      } finally {
+        await sql.end({ timeout: 5 }).catch(() => {});
+      }
+    }
+  };
+
+  /** Record the error in the target; returns whether the subscription is now disabled. */
+  const recordError = async (err: unknown, failed: { finishLsn: Lsn; xid: number } | null): Promise<boolean> => {
+    // A lost connection is not the target's data disagreeing, and the target may be unreachable.
+    if (err instanceof ConnectionLostError) return false;
+    const disable = config.disableOnError && failed !== null;
+    const e = describeError(err);
+    const sql = openMaintenance(config.target, appName);
+    try {
+      await recordApplyError(sql, config.subscription, {
+        failed,
+        code: String(e.code ?? 'UNKNOWN'),
+        message: String(e.message),
+        conflict: err instanceof ApplyConflictError ? (err.record as ConflictRecord) : null,
+        disable,
+      });
+      return disable;
+    } catch (recordErr) {
+      // The target may be what failed; the error is still logged below.
+      log.debug({ err: describeError(recordErr) }, 'cannot record the apply error in the target');
+      return false;
+    } finally {
+      await sql.end({ timeout: 5 }).catch(() => {});
+    }
+  };
 
   const done = (async () => {
     let delay = config.retryMinDelayMs;
@@ -106,19 +176,40 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
         // A session that ran a while before failing resets the backoff.
         if (Date.now() - startedAt > config.retryMaxDelayMs) delay = config.retryMinDelayMs;
       } catch (err) {
+        const failed = session?.failedTransaction() ?? null;
         session = null;
         if (stopped) return;
+        if (err instanceof SubscriptionDisabledError) {
+          log.warn({ err: describeError(err) }, 'subscription disabled; waiting for pgsub enable');
+          await waitForEnable();
+          continue;
+        }
+        if (err instanceof GroupRetryError) {
+          // Not yet an error: the failing transaction is found by applying the group one by one.
+          log.info({ untilLsn: err.context.untilLsn, cause: describeError(err.cause).message }, 'a grouped transaction failed; re-applying one transaction at a time');
+          deps.noGroupUntil = err.untilLsn;
+          continue;
+        }
+        if (err instanceof CarefulReplayError) {
+          // Not an error: a large conflicting transaction is re-applied carefully from its start.
+          log.info({ finishLsn: err.context.finishLsn }, 're-streaming a conflicting transaction to apply it carefully');
+          deps.carefulLsn = err.finishLsn;
+          continue;
+        }
+        const disabled = await recordError(err, failed);
         if (!isRetryable(err)) {
           log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
           throw err;
         }
-        log.error({ err: describeError(err), retryInMs: delay }, 'apply failed; retrying');
+        if (disabled) {
+          log.error({ err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; subscription disabled (disable_on_error)');
+          await waitForEnable();
+          delay = config.retryMinDelayMs;
+          continue;
+        }
+        log.error({ err: describeError(err), retryInMs: delay, ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; retrying');
         // Not unref'd: between sessions this timer is what keeps the service alive.
-        await new Promise<void>((resolve) => {
-          wake = resolve;
-          setTimeout(resolve, delay);
-        });
-        wake = null;
+        await sleep(delay);
         delay = Math.min(delay * 2, config.retryMaxDelayMs);
       }
     }

@@ -6,7 +6,8 @@
  * target recorded — that would mean changes the target never got — so that is fatal.
  */
 import type { Config } from '../config/config.js';
-import { ConfigError, SlotAheadError, SourceSetupError, TargetSetupError } from '../errors.js';
+import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError, TargetSetupError } from '../errors.js';
+import { loadControl } from '../conflict/control.js';
 import type { SyncStates } from '../tablesync/state.js';
 import { StreamSpool } from '../apply/spool.js';
 import { quoteLiteral } from '../quote.js';
@@ -27,6 +28,8 @@ export interface SessionHandle {
   done: Promise<void>;
   stop(): void;
   progress: Progress;
+  /** After `done` rejected: the remote transaction being applied, if any. */
+  failedTransaction(): { finishLsn: Lsn; xid: number } | null;
 }
 
 export interface SessionEvents {
@@ -39,11 +42,20 @@ export interface SessionDeps {
   /** After the slot and origin exist, before streaming: register tables, run the initial copy. */
   beforeStreaming(): Promise<void>;
   onUnknownTable(schema: string, table: string): void;
+  /** Finish LSN of a conflicting transaction to apply carefully from its start. */
+  carefulLsn?: Lsn | null;
+  /** Apply one source transaction per target transaction up to this LSN (after a GroupRetryError). */
+  noGroupUntil?: Lsn | null;
 }
 
 export async function startSession(config: Config, counters: ApplyCounters, log: Logger, deps: SessionDeps, events: SessionEvents = {}): Promise<SessionHandle> {
   const appName = `pgsub_${config.subscription}`;
   await migrateTarget(config.target, appName);
+  // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
+  const control = await withMaintenanceConn(config, appName, (sql) => loadControl(sql, config.subscription));
+  if (!control.enabled) {
+    throw new SubscriptionDisabledError(`subscription ${config.subscription} is disabled (${control.disabledReason ?? 'by the operator'}); run pgsub enable to resume`);
+  }
   let conn: WireConnection | null = null;
   let replication: ReplicationConnection | null = null;
   try {
@@ -51,6 +63,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     const applyConn = conn;
     await setupSessionOrigin((text, params) => runAlone(applyConn, [{ text, params }]), replicationOriginName(config.subscription));
     if (config.twoPhase) await checkPreparedTransactions(applyConn);
+    const originId = config.conflicts.detect ? await trackedOriginId(applyConn, replicationOriginName(config.subscription)) : null;
     replication = await ReplicationConnection.open(config.source, appName);
     const protoVersion = protoVersionFor(replication.serverVersionNum);
     checkOptionsAgainstPublisher(config, replication.serverVersionNum);
@@ -125,6 +138,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       maxInFlight: config.maxInFlight,
       queueSize: config.queueSize,
       groupTransactions: config.groupTransactions,
+      noGroupUntil: deps.noGroupUntil ?? null,
       // A session re-streaming from below the origin (a table catching up) would receive
       // applied streamed transactions again; those are only ever replayed from the spool.
       parallel:
@@ -140,13 +154,19 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
               maxInFlight: config.maxInFlight,
             }
           : null,
+      conflicts: config.conflicts,
+      originId,
+      skipLsn: control.skipLsn,
+      carefulLsn: deps.carefulLsn ?? null,
     });
+    if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
+    if (config.conflicts.detect) log.info({ originDiffers: originId !== null }, originId !== null ? 'conflict detection on, with origin checks (track_commit_timestamp)' : 'conflict detection on');
     const done = loop.done.finally(async () => {
       spool.close();
       await openReplicationConn.close();
       await applyConn.close().catch(() => {});
     });
-    return { done, stop: () => loop.stop(), progress };
+    return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction() };
   } catch (err) {
     await replication?.close();
     await conn?.close().catch(() => {});
@@ -238,4 +258,28 @@ async function checkPreparedTransactions(conn: WireConnection): Promise<void> {
       { key: 'two_phase' },
     );
   }
+}
+
+async function withMaintenanceConn<T>(config: Config, appName: string, fn: (sql: Sql) => Promise<T>): Promise<T> {
+  const sql = openMaintenance(config.target, appName);
+  try {
+    return await fn(sql);
+  } finally {
+    await sql.end({ timeout: 5 });
+  }
+}
+
+/**
+ * This session's replication origin id, when the target can tell who last wrote a row:
+ * track_commit_timestamp = on and pg_xact_commit_timestamp_origin (PostgreSQL 16+).
+ * Otherwise null, and *_origin_differs are not detected.
+ */
+async function trackedOriginId(conn: WireConnection, originName: string): Promise<number | null> {
+  if (conn.serverVersionNum < 160000) return null;
+  const [result] = await runAlone(conn, [
+    { text: `SELECT pg_catalog.current_setting('track_commit_timestamp'), pg_catalog.pg_replication_origin_oid($1)::pg_catalog.int8::pg_catalog.text`, params: [originName], wantRows: true },
+  ]);
+  const row = result?.rows[0];
+  if (row?.[0] !== 'on' || row?.[1] == null) return null;
+  return Number(row[1]);
 }

@@ -116,6 +116,15 @@ test('a failure inside a group rolls the group back; after the fix the backlog i
   // Nothing of the failing group is committed past the last durable transaction before it.
   const [{ n }] = await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id > 300500 AND id <= 301000`, [], 'dst');
   assert.equal(n, 0);
+  // Found by re-applying the group one transaction at a time: the conflict names the right row.
+  await waitFor(async () => (await target.query(`SELECT 1 FROM pgsub.conflict_log WHERE subscription = 'grp3' AND conflict_type = 'insert_exists'`, [], 'dst')).length > 0, {
+    timeoutMs: 30_000,
+    intervalMs: 100,
+    what: 'the conflict log row',
+  });
+  const [logged] = await target.query(`SELECT key::text AS key FROM pgsub.conflict_log WHERE subscription = 'grp3' AND conflict_type = 'insert_exists'`, [], 'dst');
+  assert.match(logged.key, /300500/);
+  assert.match(child!.output(), /a grouped transaction failed; re-applying one transaction at a time/);
   await target.query(`DELETE FROM public.acct WHERE id = 300500`, [], 'dst');
   await caughtUp('grp3').catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
   await equal();

@@ -280,7 +280,6 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
   });
 
   const refused: [string, string, string][] = [
-    ['disable_on_error', 'PGSUB_DISABLE_ON_ERROR', 'true'],
     ['synchronous_commit', 'PGSUB_SYNCHRONOUS_COMMIT', 'off'],
     ['failover', 'PGSUB_FAILOVER', 'true'],
     ['enabled', 'PGSUB_ENABLED', 'false'],
@@ -291,6 +290,29 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
   for (const [key, name, value] of refused) {
     test(`${key} = ${value}`, () => assertNotImplemented(() => load({ env: { ...MINIMAL_ENV, [name]: value } }), key));
   }
+
+  test('disable_on_error and conflict policies: native defaults, per-table overrides, validation', () => {
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_DISABLE_ON_ERROR: 'true' } }).disableOnError, true);
+    const d = load({ env: MINIMAL_ENV }).conflicts;
+    assert.equal(d.detect, true);
+    assert.deepEqual(d.defaults, {
+      insert_exists: 'error', update_origin_differs: 'apply_remote', update_exists: 'error', update_missing: 'skip',
+      delete_origin_differs: 'apply_remote', delete_missing: 'skip', multiple_unique_conflicts: 'error',
+    });
+    const file = writeFile('.yaml', [
+      'source: host=a', 'target: host=b', 'publication: p',
+      'conflicts:', '  default:', '    insert_exists: apply_remote', '  tables:', `    'public.Odd "name"':`, '      update_missing: apply_remote', '      insert_exists: keep_local', '',
+    ].join('\n'));
+    const c = load({ file }).conflicts;
+    assert.equal(c.defaults.insert_exists, 'apply_remote');
+    assert.equal(c.defaults.update_exists, 'error');
+    assert.deepEqual(c.tables['public.Odd "name"'], { update_missing: 'apply_remote', insert_exists: 'keep_local' });
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"detect":false}' } }).conflicts.detect, false);
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"delete_missing":"apply_remote"}}' } }), 'delete_missing');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"insert_exists":"merge"}}' } }), 'insert_exists');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"row_exists":"skip"}}' } }), 'row_exists');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"tables":{"nodot":{"insert_exists":"skip"}}}' } }), 'schema.table');
+  });
 
   test('the same values from a file and as JSON booleans', () => {
     const file = writeFile('.json', JSON.stringify({ source: 'host=a', target: 'host=b', publication: 'p', copy_data: false, streaming: 'parallel' }));

@@ -1,0 +1,95 @@
+/**
+ * What a detected conflict leaves behind in the target: one pgsub.conflict_log row and
+ * one increment of its confl_* counter, as a single statement that rides in the apply
+ * transaction resolving the conflict. Both commit with the change and the origin row or
+ * vanish with them, so a transaction re-applied after a crash logs and counts once.
+ * Tuples are JSON built on the client from what the publisher sent (column name → text
+ * form, binary values as \x hex, unchanged TOAST values as null with the column listed
+ * in `detail`); the local row is the target's own to_jsonb of it. Errors under the
+ * `error` policy are recorded on the maintenance connection instead (control.ts),
+ * because their apply transaction never commits.
+ */
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import { formatPgTimestamp, type Tuple } from '../protocol/messages.js';
+import type { MappedRelation } from '../apply/relmap.js';
+import type { Statement } from '../apply/statements.js';
+import { quoteIdent } from '../quote.js';
+import { counterColumn, type ConflictType, type Policy } from './types.js';
+
+export interface ConflictRecord {
+  type: ConflictType | 'transaction_skipped';
+  relation: MappedRelation | null;
+  key: Record<string, string | null> | null;
+  remoteTuple: Record<string, string | null> | null;
+  /** JSON text as the target rendered it (to_jsonb), or null. */
+  localTuple: string | null;
+  localOrigin: string | null;
+  localCommitTs: string | null;
+  remoteLsn: Lsn;
+  remoteXid: number;
+  remoteCommitTime: bigint | null;
+  policy: Policy;
+  detail: string | null;
+}
+
+/** Column name → text form of the sent value; `indexes` limits it (a key). */
+export function tupleJson(rel: MappedRelation, tuple: Tuple | undefined, indexes?: readonly number[]): Record<string, string | null> | null {
+  if (!tuple) return null;
+  const out: Record<string, string | null> = {};
+  for (const i of indexes ?? tuple.map((_, k) => k)) {
+    const v = tuple[i];
+    const name = rel.remote.columns[i]?.name ?? `#${i}`;
+    if (!v || v.kind === 'null' || v.kind === 'unchanged') out[name] = null;
+    else if (v.kind === 'text') out[name] = v.value;
+    else out[name] = `\\x${v.value.toString('hex')}`;
+  }
+  return out;
+}
+
+export function unchangedColumns(rel: MappedRelation, tuple: Tuple | undefined): string[] {
+  return (tuple ?? []).flatMap((v, i) => (v.kind === 'unchanged' ? [rel.remote.columns[i]?.name ?? `#${i}`] : []));
+}
+
+const LOG_COLUMNS =
+  '"subscription", "conflict_type", "relation", "schema_name", "table_name", "key", "remote_tuple", "local_tuple", ' +
+  '"local_origin", "local_commit_ts", "remote_lsn", "remote_xid", "remote_commit_ts", "policy", "detail"';
+const LOG_VALUES = '$1, $2, $3, $4, $5, $6::pg_catalog.jsonb, $7::pg_catalog.jsonb, $8::pg_catalog.jsonb, $9, $10::pg_catalog.timestamptz, $11::pg_catalog.pg_lsn, $12::pg_catalog.int8, $13::pg_catalog.timestamptz, $14, $15';
+
+function logParams(subscription: string, r: ConflictRecord): (string | null)[] {
+  const schema = r.relation ? (r.relation.remote.namespace === '' ? 'pg_catalog' : r.relation.remote.namespace) : null;
+  return [
+    subscription,
+    r.type,
+    r.relation?.displayName ?? null,
+    schema,
+    r.relation?.remote.name ?? null,
+    r.key ? JSON.stringify(r.key) : null,
+    r.remoteTuple ? JSON.stringify(r.remoteTuple) : null,
+    r.localTuple,
+    r.localOrigin,
+    r.localCommitTs,
+    formatLsn(r.remoteLsn),
+    String(r.remoteXid),
+    r.remoteCommitTime === null ? null : formatPgTimestamp(r.remoteCommitTime),
+    r.policy,
+    r.detail,
+  ];
+}
+
+/** The log row and the counter, one statement (for the apply transaction). */
+export function conflictLogStatement(subscription: string, r: ConflictRecord): Statement {
+  const params = logParams(subscription, r);
+  if (r.type === 'transaction_skipped') {
+    return { text: `INSERT INTO "pgsub"."conflict_log" (${LOG_COLUMNS}) VALUES (${LOG_VALUES})`, params };
+  }
+  const counter = quoteIdent(counterColumn(r.type));
+  return {
+    text:
+      `WITH l AS (INSERT INTO "pgsub"."conflict_log" (${LOG_COLUMNS}) VALUES (${LOG_VALUES})) ` +
+      `INSERT INTO "pgsub"."subscription_stats" AS s ("subscription", ${counter}) VALUES ($1, 1) ` +
+      `ON CONFLICT ("subscription") DO UPDATE SET ${counter} = s.${counter} + 1`,
+    params,
+  };
+}
+
+export { logParams, LOG_COLUMNS, LOG_VALUES };
