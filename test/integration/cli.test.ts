@@ -278,7 +278,7 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     const { PGSUB_TARGET: _t, ...noTarget } = pgsubEnv('cli_cfg', 'pub_items');
     const cases = [
       { env: noTarget, args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: target: / },
-      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_STREAMING: 'parallel' }), args: ['run'], line: /^pgsub: PGSUB_NOT_IMPLEMENTED: streaming = parallel is not implemented yet/ },
+      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_FAILOVER: 'true' }), args: ['run'], line: /^pgsub: PGSUB_NOT_IMPLEMENTED: failover = true is not implemented yet/ },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_SOURCE: `postgresql://postgres:${SOURCE_PASSWORD}@127.0.0.1:99999/${DB}` }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: source: / },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_TARGET: `${targetUri()}&sslmode=sometimes` }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: target: sslmode "sometimes"/ },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_PUBLICATON: 'typo' }), args: ['status', '--json'], line: /^pgsub: PGSUB_CONFIG_INVALID: environment variable PGSUB_PUBLICATON is not a pgsub setting/ },

@@ -89,7 +89,9 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
   }
   await workload;
 
-  // Last run: let it catch up, then stop it cleanly.
+  // Last run: let it catch up, then stop it cleanly (once it runs: a process still loading
+  // has no signal handler yet, and the killed one may have confirmed everything already).
+  await current.waitForLog('streaming started');
   const end = await currentWalLsn(publisher, 'src');
   await waitFor(async () => ((await slotConfirmedLsn(publisher, 'crash')) ?? 0n) >= end, { timeoutMs: 180_000, intervalMs: 200, what: 'catch-up after the last restart' });
   current.kill('SIGTERM');
