@@ -23,7 +23,8 @@
  * random()), so each fresh target database is filled with exactly the publisher's
  * initial rows without copying them, and checksums compare like with like.
  * `scale` shrinks the counts (rows, transactions) proportionally; transaction sizes
- * (10,000 rows for W1, one row for W4) and pgbench's scale 1 stay as they are.
+ * (10,000 rows for W1, one row for W4) and pgbench's scale 1 stay as they are, and W3's
+ * logical_decoding_work_mem shrinks with its transaction.
  */
 import type pg from 'pg';
 
@@ -37,6 +38,12 @@ export interface Workload {
   title: string;
   /** The `streaming` modes it is measured with (both contestants). */
   modes: Mode[];
+  /**
+   * The publisher's logical_decoding_work_mem while it runs: PostgreSQL's default 64MB,
+   * except that W3's shrinks with --scale, so that its one transaction is still streamed
+   * (W1's 10,000-row transactions must not start spilling at a small scale).
+   */
+  decodingWorkMem: string;
   publication: string;
   /** Schema-qualified; all of them are checksummed. */
   tables: string[];
@@ -79,6 +86,7 @@ export function workloads(scale: number): Workload[] {
       id: 'W1',
       title: `${fmt(w1Rows)} rows inserted in ${fmt(w1Tx)} transactions of up to ${fmt(W1_TX_ROWS)}`,
       modes: ['off'],
+      decodingWorkMem: '64MB',
       publication: 'pub_w1',
       tables: ['public.w1'],
       rowChanges: w1Rows,
@@ -92,6 +100,7 @@ export function workloads(scale: number): Workload[] {
       id: 'W2',
       title: `pgbench TPC-B-like: ${fmt(w2Tx)} transactions from ${W2_CLIENTS} clients (scale 1; history with a primary key)`,
       modes: ['off'],
+      decodingWorkMem: '64MB',
       publication: 'pub_w2',
       tables: ['public.pgbench_accounts', 'public.pgbench_tellers', 'public.pgbench_branches', 'public.pgbench_history'],
       // Each transaction: three UPDATEs and one INSERT.
@@ -116,6 +125,7 @@ export function workloads(scale: number): Workload[] {
       id: 'W3',
       title: `one transaction updating ${fmt(w3Rows)} rows`,
       modes: ['on', 'parallel'],
+      decodingWorkMem: `${Math.max(64, Math.round(65536 * Math.min(scale, 1)))}kB`,
       publication: 'pub_w3',
       tables: ['public.w3'],
       rowChanges: w3Rows,
@@ -129,6 +139,7 @@ export function workloads(scale: number): Workload[] {
       id: 'W4',
       title: `${fmt(w4Tx)} single-row INSERT transactions`,
       modes: ['off'],
+      decodingWorkMem: '64MB',
       publication: 'pub_w4',
       tables: ['public.w4'],
       rowChanges: w4Tx,

@@ -12,7 +12,8 @@
  * transactions of 10,000; W2 pgbench's TPC-B-like transaction, 100,000 from 4 clients;
  * W3 one transaction updating 1,000,000 rows, measured with streaming on and with
  * streaming parallel; W4 100,000 single-row transactions. --scale shrinks the counts,
- * and logical_decoding_work_mem (64MB) with them, so that W3 is still streamed.
+ * and W3's logical_decoding_work_mem (64MB, the default) with them, so that W3 is still
+ * streamed.
  *
  * One round = one workload × streaming mode × repetition, for every contestant:
  *   1. The publisher's tables are emptied and refilled with the workload's starting
@@ -99,6 +100,7 @@ const { values: opts } = parseArgs({
   options: {
     scale: { type: 'string', default: '1' },
     repeat: { type: 'string', default: '3' },
+    'cross-repeat': { type: 'string', default: '1' },
     workloads: { type: 'string', default: WORKLOAD_IDS.join(',') },
     contestants: { type: 'string', default: CONTESTANTS.join(',') },
     pair: { type: 'string', default: '18-18,16-18' },
@@ -118,6 +120,8 @@ const SCALE = Number(opts.scale);
 if (!(SCALE > 0 && SCALE <= 10)) throw new Error(`--scale must be in (0, 10], not ${opts.scale}`);
 const REPEAT = Number(opts.repeat);
 if (!Number.isInteger(REPEAT) || REPEAT < 1) throw new Error(`--repeat must be a positive integer, not ${opts.repeat}`);
+const CROSS_REPEAT = Number(opts['cross-repeat']);
+if (!Number.isInteger(CROSS_REPEAT) || CROSS_REPEAT < 1) throw new Error(`--cross-repeat must be a positive integer, not ${opts['cross-repeat']}`);
 const SELECTED = opts.workloads.split(',').map((w) => w.trim().toUpperCase()) as WorkloadId[];
 for (const w of SELECTED) if (!WORKLOAD_IDS.includes(w)) throw new Error(`--workloads: unknown ${w} (known: ${WORKLOAD_IDS.join(', ')})`);
 const KINDS = opts.contestants.split(',').map((c) => c.trim()) as Kind[];
@@ -126,7 +130,9 @@ const PAIRS = opts.pair.split(',').map((p) => {
   const m = /^(\d+)-(\d+)$/.exec(p.trim());
   if (!m) throw new Error(`--pair wants PUBLISHER-TARGET majors like 18-18 or 16-18, not ${p}`);
   for (const major of [Number(m[1]), Number(m[2])]) if (!installedMajors().includes(major)) throw new Error(`--pair ${p}: PostgreSQL ${major} is not installed (installed: ${installedMajors().join(', ')})`);
-  return { name: `${m[1]}-${m[2]}`, publisher: Number(m[1]), target: Number(m[2]) };
+  const [publisher, target] = [Number(m[1]), Number(m[2])];
+  // A cross-version pair is repeated less (--cross-repeat): it checks the other protocol path, not the ratios' noise.
+  return { name: `${publisher}-${target}`, publisher, target, repeat: publisher === target ? REPEAT : CROSS_REPEAT };
 });
 const PGSUB_EXTRA_ENV = parsePgsubEnv(opts['pgsub-env']);
 const TIMEOUT_MS = Number(opts['timeout-minutes']) * 60_000;
@@ -137,7 +143,8 @@ const SERVER_SETTINGS = {
   shared_buffers: '128MB',
   max_wal_size: '4GB',
   checkpoint_timeout: '30min',
-  logical_decoding_work_mem: `${Math.max(64, Math.round(65536 * SCALE))}kB`,
+  // Per workload (ALTER SYSTEM before each round); this is the default.
+  logical_decoding_work_mem: '64MB',
 };
 
 const out = (line = '') => process.stdout.write(`${line}\n`);
@@ -189,6 +196,8 @@ interface Entrant {
   start(): Promise<number | null>;
   /** Throws when the subscriber has visibly failed, so that waiting stops early. */
   check(): Promise<void>;
+  /** For the JSON: pgsub's warnings and last log messages. */
+  details?(): Record<string, unknown>;
   cleanup(): Promise<void>;
 }
 
@@ -205,8 +214,8 @@ async function dropSlot(s: Servers, slot: string): Promise<void> {
   }, 30_000);
 }
 
+/** `name`'s target database exists (createTargetDb); returns with the slot created. */
 async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, build: PgsubBuild): Promise<Entrant> {
-  await createTargetDb(s, w, name);
   const stateDir = mkdtempSync(path.join(os.tmpdir(), 'pgsub-bench-apply-'));
   const env = {
     PGSUB_SOURCE: s.pub.url(SOURCE_DB),
@@ -254,12 +263,16 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     async check() {
       if (child && child.exitCode() !== null) throw new Error(`pgsub exited (${child.exitCode()}):\n${child.output().slice(-4000)}`);
     },
+    details() {
+      const messages = (child?.logs() ?? []).filter((l) => l.msg !== undefined);
+      const line = (l: Record<string, unknown>) => `${round((Number(l.time) - child!.startedAt) / 1000)} ${String(l.level)} ${String(l.msg)}`;
+      return { warnings: messages.filter((l) => Number(l.level) >= 40).map(line).slice(0, 20), log: messages.map(line).slice(-20) };
+    },
     cleanup,
   };
 }
 
 async function prepareNative(s: Servers, w: Workload, mode: Mode, name: string): Promise<Entrant> {
-  await createTargetDb(s, w, name);
   const conninfo = `host=${s.pub.host} port=${s.pub.port} user=${s.pub.user} dbname=${SOURCE_DB}`;
   const tgtDb = await benchClient(s.tgt.url(name));
   const cleanup = async () => {
@@ -324,6 +337,9 @@ interface RunResult {
   publisherCpu?: number;
   quietWaitSeconds?: number;
   foreignCores?: number;
+  /** pg_stat_replication_slots after the run: transactions and bytes decoded, streamed, spilled. */
+  slotStats?: Record<string, number>;
+  details?: Record<string, unknown>;
   cpu?: CpuReport;
 }
 
@@ -332,7 +348,12 @@ let roundCounter = 0;
 async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build: PgsubBuild): Promise<{ backlog: Backlog; runs: RunResult[] }> {
   const n = ++roundCounter;
   const order = rep % 2 === 1 ? KINDS : [...KINDS].reverse();
-  // 1. Starting rows, with no slot in existence (none of it is decoded).
+  // 1. Decoding memory, then starting rows, with no slot in existence (none of it is decoded).
+  await s.pubMonitor.query(`ALTER SYSTEM SET logical_decoding_work_mem = '${w.decodingWorkMem}'`);
+  await s.pubMonitor.query('SELECT pg_catalog.pg_reload_conf()');
+  // New sessions (the walsenders to come) must see it; the reload is asynchronous.
+  const settled = `SELECT pg_catalog.pg_size_bytes(current_setting('logical_decoding_work_mem')) = pg_catalog.pg_size_bytes('${w.decodingWorkMem}') AS ok`;
+  await pollUntil(async () => (await s.pub.query<{ ok: boolean }>(settled))[0]!.ok, 10_000);
   const [work] = s.work;
   await work!.query(w.reset);
   if (w.initialRows) await work!.query(w.initialRows);
@@ -342,10 +363,9 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build:
   const cleaned = new Set<Entrant>();
   const runs: RunResult[] = [];
   try {
-    for (const kind of order) {
-      const name = `bench_${n}_${kind}`;
-      entrants.push(kind === 'pgsub' ? await preparePgsub(s, w, mode, name, build) : await prepareNative(s, w, mode, name));
-    }
+    const name = (kind: Kind) => `bench_${n}_${kind}`;
+    await Promise.all(order.map((kind) => createTargetDb(s, w, name(kind))));
+    for (const kind of order) entrants.push(kind === 'pgsub' ? await preparePgsub(s, w, mode, name(kind), build) : await prepareNative(s, w, mode, name(kind)));
     // 3. The backlog, nobody consuming.
     await Promise.all([s.pub.query('CHECKPOINT'), s.tgt.query('CHECKPOINT')]);
     const startLsn = await currentLsn(s.pubMonitor);
@@ -373,6 +393,8 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build:
           `  ${e.kind}: ${r.seconds} s, ${fmtInt(r.rowsPerSecond!)} rows/s` +
             (r.peakRssMB !== undefined ? `, peak RSS ${r.peakRssMB} MB` : '') +
             `, CPU walsender ${r.walsenderCpu} s, target ${r.targetCpu} s${r.pgsubCpu !== undefined ? `, pgsub ${r.pgsubCpu} s` : ''}` +
+            (r.slotStats?.stream_txns ? `, ${r.slotStats.stream_txns} streamed txn(s)` : '') +
+            (r.slotStats?.spill_txns ? `, ${r.slotStats.spill_txns} spilled txn(s)` : '') +
             (r.foreignCores! > 0.25 ? `; other processes used ${r.foreignCores} cores meanwhile` : ''),
         );
       } catch (err) {
@@ -428,6 +450,9 @@ async function measure(s: Servers, w: Workload, e: Entrant, endLsn: bigint, sour
     await sleep(200); // let the postmasters reap ended workers: their CPU counts
     stopped = cpu.stop();
     const report = stopped;
+    // What decoding did (streamed or spilled transactions): proof of the mode, and the same for both contestants.
+    const stats = (await s.pubMonitor.query<Record<string, string | number | null>>('SELECT total_txns, total_bytes, stream_txns, stream_bytes, spill_txns, spill_bytes FROM pg_catalog.pg_stat_replication_slots WHERE slot_name = $1', [e.slot])).rows[0];
+    const slotStats = stats && Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, Number(v)]));
     // Equal to the source? Checked after the clock stopped, unless it is not yet.
     let late = false;
     for (;;) {
@@ -452,6 +477,8 @@ async function measure(s: Servers, w: Workload, e: Entrant, endLsn: bigint, sour
       publisherCpu: report.groups.publisher,
       quietWaitSeconds: quiet.waitedSeconds,
       foreignCores: foreignCores(report),
+      ...(slotStats ? { slotStats } : {}),
+      ...(e.details ? { details: e.details() } : {}),
       cpu: report,
     };
   } finally {
@@ -540,7 +567,7 @@ function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
 function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { text: string; met: boolean | null }[]): void {
   const f = (x: number | undefined, d = 2) => (x === undefined ? '-' : x.toFixed(d));
   out();
-  out(`scale ${SCALE}, ${REPEAT} repetition(s); seconds: subscriber start → slot confirmed the backlog's end LSN, target equal to the source`);
+  out(`scale ${SCALE}; repetitions: ${PAIRS.map((p) => `${p.name} ${p.repeat}`).join(', ')}; seconds: subscriber start → slot confirmed the backlog's end LSN, target equal to the source`);
   for (const w of WORKLOADS) {
     const b = backlogs.filter((x) => x.workload === w.id);
     out(`  ${w.id}: ${w.title}${b.length ? `; backlog ${(median(b.map((x) => x.walBytes)) / 1e6).toFixed(0)} MB of WAL, generated in ${median(b.map((x) => x.seconds)).toFixed(1)} s (median)` : ''}`);
@@ -566,7 +593,7 @@ const fmtLsn = (lsn: bigint) => `${(lsn >> 32n).toString(16).toUpperCase()}/${(l
 async function main(): Promise<void> {
   const started = Date.now();
   const build = snapshotPgsub(opts.live, { build: !opts.tsx });
-  log(`pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`} (src fingerprint ${build.fingerprint}, run as ${build.mode}${build.buildErrors ? `, ${build.buildErrors} tsc errors` : ''}); workloads ${WORKLOADS.map((w) => w.id).join(', ')}, scale ${SCALE}, ${REPEAT} repetition(s), pairs ${PAIRS.map((p) => p.name).join(', ')}`);
+  log(`pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`} (src fingerprint ${build.fingerprint}, run as ${build.mode}${build.buildErrors ? `, ${build.buildErrors} tsc errors` : ''}); workloads ${WORKLOADS.map((w) => w.id).join(', ')}, scale ${SCALE}, pairs ${PAIRS.map((p) => `${p.name} (${p.repeat} repetition(s))`).join(', ')}`);
   const backlogs: Backlog[] = [];
   const runs: RunResult[] = [];
   const versions: Record<string, Servers['versions']> = {};
@@ -576,7 +603,7 @@ async function main(): Promise<void> {
       const s = await startServers(pair);
       versions[pair.name] = s.versions;
       try {
-        for (let rep = 1; rep <= REPEAT; rep++) {
+        for (let rep = 1; rep <= pair.repeat; rep++) {
           for (const w of WORKLOADS) {
             for (const mode of w.modes) {
               const r = await runRound(s, w, mode, rep, build);
@@ -604,7 +631,7 @@ async function main(): Promise<void> {
           machine: { cores: coreCount(), cpu: os.cpus()[0]?.model, memoryGiB: round(os.totalmem() / 2 ** 30, 1), node: process.version, servers: versions },
           pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, runAs: build.mode, buildErrors: build.buildErrors, settings: { copy_data: false, binary: true, streaming: 'per workload', ...PGSUB_EXTRA_ENV } },
           native: { settings: 'enabled false until measured, copy_data false, binary true, streaming per workload, synchronous_commit off (default)' },
-          settings: { scale: SCALE, repeat: REPEAT, pairs: PAIRS, contestants: KINDS, server: SERVER_SETTINGS, workloads: WORKLOADS.map((w) => ({ id: w.id, title: w.title, modes: w.modes, rowChanges: w.rowChanges, tables: w.tables })) },
+          settings: { scale: SCALE, repeat: REPEAT, crossRepeat: CROSS_REPEAT, pairs: PAIRS, contestants: KINDS, server: SERVER_SETTINGS, workloads: WORKLOADS.map((w) => ({ id: w.id, title: w.title, modes: w.modes, rowChanges: w.rowChanges, tables: w.tables })) },
           goals: goalLines,
           summaries,
           backlogs,
