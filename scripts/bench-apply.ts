@@ -26,15 +26,18 @@
  *      native: CREATE SUBSCRIPTION … WITH (enabled = false, copy_data = false,
  *      binary = true, streaming = <mode>), synchronous_commit left at its default (off).
  *   3. CHECKPOINT; the backlog runs on the publisher while nobody consumes the slots;
- *      then pg_current_wal_lsn() is the end LSN (a logical message written after it
- *      makes sure the walsenders have something to decode beyond it).
+ *      then one marker row is inserted (a table in every publication) and
+ *      pg_current_wal_lsn() is the end LSN (a logical message written after it makes
+ *      sure the walsenders have something to decode beyond it).
  *   4. The contestants, one after the other (the order alternates between repetitions,
  *      so that neither always finds the WAL in the page cache): after waiting up to
  *      --quiet-seconds for a quiet machine, the subscriber is started (pgsub: spawn;
  *      native: ALTER SUBSCRIPTION … ENABLE) and timed until its slot's
- *      confirmed_flush_lsn ≥ the end LSN; then every workload table's checksum on its
- *      target must equal the publisher's (count + md5 of the sorted row md5s; if it
- *      does not yet, the time is when it does).
+ *      confirmed_flush_lsn ≥ the end LSN and its target has the marker row, so it has
+ *      applied everything before it (the slot alone does not say so: native confirms a
+ *      transaction streamed with streaming = on before it has applied it). Then every
+ *      workload table's checksum on the target must equal the publisher's (count + md5
+ *      of the sorted row md5s; if it does not yet, the time is when it does).
  * Measured meanwhile (scripts/bench-lib.ts): CPU seconds of the publisher and the
  * target clusters (exact, from /proc), of the walsender serving the slot (its
  * pg_replication_slots.active_pid, whole life: the decoding floor both contestants
@@ -95,6 +98,15 @@ const SPEEDUP_GOALS: Record<WorkloadId, number> = { W1: 1.2, W2: 1.2, W3: 1.5, W
 const RSS_GOAL_MB = 200;
 const MIB_TO_MB = 1.048576;
 const POLL_MS = 100;
+/**
+ * One row per round, inserted on the publisher after the backlog, in every workload's
+ * publication: when a target has it, it has applied everything before it (both
+ * subscribers commit in the publisher's commit order). The slot's confirmed_flush_lsn
+ * alone is not enough: the native subscriber confirms the end of a transaction streamed
+ * with streaming = on before it has applied it.
+ */
+const MARKER_TABLE = 'public.bench_marker';
+const MARKER_DDL = `CREATE TABLE ${MARKER_TABLE} (round integer PRIMARY KEY)`;
 
 const { values: opts } = parseArgs({
   options: {
@@ -170,8 +182,9 @@ async function startServers(pair: (typeof PAIRS)[number]): Promise<Servers> {
     startCluster({ major: pair.target, name: `bench-apply-tgt${pair.target}`, settings: SERVER_SETTINGS }),
   ]);
   await pub.createDatabase(SOURCE_DB);
+  await pub.query(MARKER_DDL, [], SOURCE_DB);
   for (const w of WORKLOADS) {
-    await pub.query(`${w.ddl}; ${w.publisherDdl}; CREATE PUBLICATION ${w.publication} FOR TABLE ${w.tables.join(', ')}`, [], SOURCE_DB);
+    await pub.query(`${w.ddl}; ${w.publisherDdl}; CREATE PUBLICATION ${w.publication} FOR TABLE ${[...w.tables, MARKER_TABLE].join(', ')}`, [], SOURCE_DB);
   }
   const work = await Promise.all(Array.from({ length: Math.max(...WORKLOADS.map((w) => w.backlog.length)) }, () => benchClient(pub.url(SOURCE_DB))));
   const version = async (c: Cluster) => (await c.query<{ v: string }>('SELECT version() AS v'))[0]!.v;
@@ -203,7 +216,7 @@ interface Entrant {
 
 async function createTargetDb(s: Servers, w: Workload, db: string): Promise<void> {
   await s.tgt.createDatabase(db);
-  await s.tgt.query(`${w.ddl}; ${w.initialRows}; ANALYZE`, [], db);
+  await s.tgt.query(`${w.ddl}; ${MARKER_DDL}; ${w.initialRows}; ANALYZE`, [], db);
 }
 
 async function dropSlot(s: Servers, slot: string): Promise<void> {
@@ -327,7 +340,10 @@ interface RunResult {
   error?: string;
   /** Subscriber started → slot confirmed the end LSN (and the target equal to the source). */
   seconds?: number;
-  /** The checksums were not equal yet when the slot confirmed; `seconds` is when they were. */
+  /** When the slot had confirmed the end LSN, and when the target had the round's marker row (seconds since start). */
+  confirmedSeconds?: number;
+  markerSeconds?: number;
+  /** The checksums were not equal yet when both had happened; `seconds` is when they were. */
   checksumLate?: boolean;
   rowsPerSecond?: number;
   peakRssMB?: number;
@@ -355,7 +371,7 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build:
   const settled = `SELECT pg_catalog.pg_size_bytes(current_setting('logical_decoding_work_mem')) = pg_catalog.pg_size_bytes('${w.decodingWorkMem}') AS ok`;
   await pollUntil(async () => (await s.pub.query<{ ok: boolean }>(settled))[0]!.ok, 10_000);
   const [work] = s.work;
-  await work!.query(w.reset);
+  await work!.query(`${w.reset}; TRUNCATE ${MARKER_TABLE}`);
   if (w.initialRows) await work!.query(w.initialRows);
   await work!.query(`VACUUM ANALYZE ${w.tables.join(', ')}`);
   // 2. Targets and slots.
@@ -372,6 +388,7 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build:
     const t0 = performance.now();
     await runBacklog(w, s.work);
     const seconds = round((performance.now() - t0) / 1000);
+    await work!.query(`INSERT INTO ${MARKER_TABLE} VALUES (${n})`);
     const endLsnText = (await s.pubMonitor.query<{ lsn: string }>('SELECT pg_current_wal_lsn()::text AS lsn')).rows[0]!.lsn;
     const endLsn = lsnValue(endLsnText);
     await s.pubMonitor.query(`SELECT pg_catalog.pg_logical_emit_message(false, 'bench', 'end of backlog')`);
@@ -387,10 +404,10 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build:
         continue;
       }
       try {
-        const r = await measure(s, w, e, endLsn, source);
+        const r = await measure(s, w, e, n, endLsn, source);
         runs.push({ ...base, ...r });
         log(
-          `  ${e.kind}: ${r.seconds} s, ${fmtInt(r.rowsPerSecond!)} rows/s` +
+          `  ${e.kind}: ${r.seconds} s (applied ${r.markerSeconds} s, confirmed ${r.confirmedSeconds} s${r.checksumLate ? ', checksums late' : ''}), ${fmtInt(r.rowsPerSecond!)} rows/s` +
             (r.peakRssMB !== undefined ? `, peak RSS ${r.peakRssMB} MB` : '') +
             `, CPU walsender ${r.walsenderCpu} s, target ${r.targetCpu} s${r.pgsubCpu !== undefined ? `, pgsub ${r.pgsubCpu} s` : ''}` +
             (r.slotStats?.stream_txns ? `, ${r.slotStats.stream_txns} streamed txn(s)` : '') +
@@ -416,11 +433,12 @@ async function currentLsn(c: pg.Client): Promise<bigint> {
   return lsnValue((await c.query<{ lsn: string }>('SELECT pg_current_wal_lsn()::text AS lsn')).rows[0]!.lsn);
 }
 
-async function measure(s: Servers, w: Workload, e: Entrant, endLsn: bigint, source: TableChecksum[]): Promise<Omit<RunResult, 'pair' | 'workload' | 'mode' | 'contestant' | 'rep'>> {
+async function measure(s: Servers, w: Workload, e: Entrant, marker: number, endLsn: bigint, source: TableChecksum[]): Promise<Omit<RunResult, 'pair' | 'workload' | 'mode' | 'contestant' | 'rep'>> {
   const quiet = QUIET_MS > 0 ? await waitForQuiet(0.3, 2000, QUIET_MS) : { waitedSeconds: 0 };
   const cpu = new CpuSampler({ publisher: postmasterPid(s.pub.dataDir), target: postmasterPid(s.tgt.dataDir) });
   let memory: MemorySampler | null = null;
   let stopped: CpuReport | null = null;
+  const target = await benchClient(s.tgt.url(e.db));
   try {
     cpu.start();
     const t0 = performance.now();
@@ -431,20 +449,26 @@ async function measure(s: Servers, w: Workload, e: Entrant, endLsn: bigint, sour
     }
     let walsender: number | null = null;
     let lastReport = Date.now();
+    let tConfirmed = 0;
+    let tMarker = 0;
     await pollUntil(async () => {
       await e.check();
-      const st = await slotState(s.pubMonitor, e.slot);
-      if (walsender === null && st?.activePid) {
-        walsender = st.activePid;
-        cpu.addProcess('walsender', walsender, true);
+      if (!tConfirmed) {
+        const st = await slotState(s.pubMonitor, e.slot);
+        if (walsender === null && st?.activePid) {
+          walsender = st.activePid;
+          cpu.addProcess('walsender', walsender, true);
+        }
+        if (Date.now() - lastReport > 30_000) {
+          lastReport = Date.now();
+          log(`  … ${e.kind} ${((performance.now() - t0) / 1000).toFixed(0)} s, slot at ${st?.confirmed === null || !st ? '-' : fmtLsn(st.confirmed)} of ${fmtLsn(endLsn)}`);
+        }
+        if (st?.confirmed != null && st.confirmed >= endLsn) tConfirmed = performance.now();
       }
-      if (Date.now() - lastReport > 30_000) {
-        lastReport = Date.now();
-        log(`  … ${e.kind} ${((performance.now() - t0) / 1000).toFixed(0)} s, slot at ${st?.confirmed === null || !st ? '-' : fmtLsn(st.confirmed)} of ${fmtLsn(endLsn)}`);
-      }
-      return st?.confirmed != null && st.confirmed >= endLsn;
+      if (!tMarker && (await target.query(`SELECT 1 FROM ${MARKER_TABLE} WHERE round = $1`, [marker])).rowCount) tMarker = performance.now();
+      return tConfirmed > 0 && tMarker > 0;
     }, TIMEOUT_MS, POLL_MS);
-    let tDone = performance.now();
+    let tDone = Math.max(tConfirmed, tMarker);
     const peak = memory?.finish();
     memory = null;
     await sleep(200); // let the postmasters reap ended workers: their CPU counts
@@ -456,8 +480,8 @@ async function measure(s: Servers, w: Workload, e: Entrant, endLsn: bigint, sour
     // Equal to the source? Checked after the clock stopped, unless it is not yet.
     let late = false;
     for (;;) {
-      const target = await Promise.all(w.tables.map((t) => tableChecksum(s.tgt, e.db, t)));
-      const diff = target.filter((t, i) => t.rows !== source[i]!.rows || t.md5 !== source[i]!.md5);
+      const sums = await Promise.all(w.tables.map((t) => tableChecksum(s.tgt, e.db, t)));
+      const diff = sums.filter((t, i) => t.rows !== source[i]!.rows || t.md5 !== source[i]!.md5);
       if (diff.length === 0) break;
       late = true;
       await e.check();
@@ -468,6 +492,8 @@ async function measure(s: Servers, w: Workload, e: Entrant, endLsn: bigint, sour
     const seconds = round((tDone - t0) / 1000);
     return {
       seconds,
+      confirmedSeconds: round((tConfirmed - t0) / 1000),
+      markerSeconds: round((tMarker - t0) / 1000),
       ...(late ? { checksumLate: true } : {}),
       rowsPerSecond: Math.round(w.rowChanges / seconds),
       ...(peak ? { peakRssMB: round(peak.peakRssMiB * MIB_TO_MB, 0) } : {}),
@@ -485,6 +511,7 @@ async function measure(s: Servers, w: Workload, e: Entrant, endLsn: bigint, sour
     // After a failure: stop the samplers' timers, or they would keep this process alive.
     memory?.finish();
     if (!stopped) cpu.stop();
+    await target.end().catch(() => {});
   }
 }
 

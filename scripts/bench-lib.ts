@@ -110,6 +110,7 @@ export function backendKind(cmdline: string): string {
   if (title.startsWith('walsender')) return 'walsender';
   if (title.startsWith('logical replication tablesync worker')) return 'tablesync worker';
   if (title.startsWith('logical replication apply worker')) return 'apply worker';
+  if (title.startsWith('logical replication parallel apply worker')) return 'parallel apply worker';
   if (title.startsWith('logical replication launcher')) return 'launcher';
   if (/^autovacuum/.test(title)) return 'autovacuum';
   for (const aux of ['checkpointer', 'background writer', 'walwriter', 'io worker', 'startup', 'archiver', 'stats', 'walsummarizer']) {
