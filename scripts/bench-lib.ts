@@ -110,6 +110,7 @@ export function backendKind(cmdline: string): string {
   if (title.startsWith('walsender')) return 'walsender';
   if (title.startsWith('logical replication tablesync worker')) return 'tablesync worker';
   if (title.startsWith('logical replication apply worker')) return 'apply worker';
+  if (title.startsWith('logical replication parallel apply worker')) return 'parallel apply worker';
   if (title.startsWith('logical replication launcher')) return 'launcher';
   if (/^autovacuum/.test(title)) return 'autovacuum';
   for (const aux of ['checkpointer', 'background writer', 'walwriter', 'io worker', 'startup', 'archiver', 'stats', 'walsummarizer']) {
@@ -168,11 +169,15 @@ export class CpuSampler {
     this.timer = setInterval(() => this.sample(false), this.intervalMs);
   }
 
-  /** Watch one more process (its whole CPU time counts from the moment it was added). */
-  addProcess(name: string, pid: number): void {
+  /**
+   * Watch one more process: its CPU time counts from the moment it was added, or with
+   * `fromBirth` all of it (for a process started inside the interval but found a little
+   * later, e.g. the walsender serving a subscriber that was just started).
+   */
+  addProcess(name: string, pid: number, fromBirth = false): void {
     this.procs.set(name, pid);
     const s = readProcStat(pid);
-    this.procFirst.set(name, s?.cpu ?? 0);
+    this.procFirst.set(name, fromBirth ? 0 : (s?.cpu ?? 0));
     this.procLast.set(name, s?.cpu ?? 0);
   }
 
@@ -562,6 +567,42 @@ export function formatTable(header: string[], rows: (string | number)[][]): stri
   const numeric = (c: string) => /^(-|[-+]?\d[\d.,/]*)$/.test(c);
   const line = (r: string[], body: boolean) => r.map((c, j) => (body && numeric(c) ? c.padStart(widths[j]!) : c.padEnd(widths[j]!))).join('  ').trimEnd();
   return [line(cells[0]!, false), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map((r) => line(r, true))].join('\n');
+}
+
+/** `--pgsub-env PGSUB_NAME=value` options (repeatable) as an environment for pgsub. */
+export function parsePgsubEnv(list: string[]): Record<string, string> {
+  return Object.fromEntries(
+    list.map((kv) => {
+      const eq = kv.indexOf('=');
+      if (eq < 1 || !kv.startsWith('PGSUB_')) throw new Error(`--pgsub-env wants PGSUB_NAME=value, not ${kv}`);
+      return [kv.slice(0, eq), kv.slice(eq + 1)];
+    }),
+  );
+}
+
+/** The text of a script's header comment, for --help. */
+export function headerText(scriptUrl: string): string {
+  return readFileSync(fileURLToPath(scriptUrl), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '') + '\n';
+}
+
+/** A pg.Client for measuring and driving workloads; an error while idle (server stopped) is left to the next query. */
+export async function benchClient(url: string, applicationName = 'bench'): Promise<pg.Client> {
+  const c = new pg.Client({ connectionString: url, application_name: applicationName });
+  c.on('error', () => {});
+  await c.connect();
+  return c;
+}
+
+/** A replication slot as the benchmarks watch it: who serves it and how far it has confirmed. */
+export async function slotState(c: pg.Client, slot: string): Promise<{ active: boolean; activePid: number | null; confirmed: bigint | null } | undefined> {
+  const row = (await c.query<{ active: boolean; active_pid: number | null; confirmed: string | null }>('SELECT active, active_pid, confirmed_flush_lsn::text AS confirmed FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0];
+  return row && { active: row.active, activePid: row.active_pid, confirmed: row.confirmed === null ? null : lsnValue(row.confirmed) };
+}
+
+/** 'XX/YYYYYYYY' → bigint. */
+export function lsnValue(text: string): bigint {
+  const [hi, lo] = text.split('/');
+  return (BigInt(`0x${hi}`) << 32n) | BigInt(`0x${lo}`);
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));

@@ -1,0 +1,690 @@
+/**
+ * `npm run bench`: how fast pgsub works off a replication backlog, against PostgreSQL's
+ * native subscriber (CREATE SUBSCRIPTION), in the same run, on the same servers and
+ * versions: PostgreSQL 18 → 18, and a cross-version pair (16 → 18 by default).
+ *
+ *   npm run bench                                      # full run: W1-W4, 3 repetitions, 18-18 and 16-18
+ *   npm run bench -- --scale 0.05 --repeat 1           # a quick look (every count × 0.05)
+ *   npm run bench -- --pair 18-18,14-18 --cross-repeat 1   # another cross-version pair, once
+ *   npm run bench -- --workloads W1,W4 --contestants pgsub --pair 18-18
+ *   npm run bench -- --pgsub-env PGSUB_MAX_IN_FLIGHT=5000   # any pgsub setting, repeatable
+ *
+ * Workloads (scripts/bench-apply-workloads.ts): W1 1,000,000 rows inserted in
+ * transactions of 10,000; W2 pgbench's TPC-B-like transaction, 100,000 from 4 clients;
+ * W3 one transaction updating 1,000,000 rows, measured with streaming on and with
+ * streaming parallel; W4 100,000 single-row transactions. --scale shrinks the counts,
+ * and W3's logical_decoding_work_mem (64MB, the default) with them, so that W3 is still
+ * streamed.
+ *
+ * One round = one workload × streaming mode × repetition, for every contestant:
+ *   1. The publisher's tables are emptied and refilled with the workload's starting
+ *      rows; each contestant gets a fresh database on the target with the same tables
+ *      and rows (deterministic SQL, no copy).
+ *   2. Each contestant's slot is created before the backlog. pgsub: `pgsub run`
+ *      (copy_data false, binary true, streaming <mode>) is started until it logs
+ *      'streaming started' — which creates its slot and its progress row — and stopped;
+ *      a mode its config refuses (exit 2, PGSUB_NOT_IMPLEMENTED) is recorded as refused.
+ *      native: CREATE SUBSCRIPTION … WITH (enabled = false, copy_data = false,
+ *      binary = true, streaming = <mode>), synchronous_commit left at its default (off).
+ *   3. CHECKPOINT; the backlog runs on the publisher while nobody consumes the slots;
+ *      then one marker row is inserted (a table in every publication) and
+ *      pg_current_wal_lsn() is the end LSN (a logical message written after it makes
+ *      sure the walsenders have something to decode beyond it).
+ *   4. The contestants, one after the other (the order alternates between repetitions,
+ *      so that neither always finds the WAL in the page cache): after waiting up to
+ *      --quiet-seconds for a quiet machine, the subscriber is started (pgsub: spawn;
+ *      native: ALTER SUBSCRIPTION … ENABLE) and timed until its slot's
+ *      confirmed_flush_lsn ≥ the end LSN and its target has the marker row, so it has
+ *      applied everything before it (the slot alone does not say so: native confirms a
+ *      transaction streamed with streaming = on before it has applied it). Then every
+ *      workload table's checksum on the target must equal the publisher's (count + md5
+ *      of the sorted row md5s; if it does not yet, the time is when it does).
+ * Measured meanwhile (scripts/bench-lib.ts): CPU seconds of the publisher and the
+ * target clusters (exact, from /proc), of the walsender serving the slot (its
+ * pg_replication_slots.active_pid, whole life: the decoding floor both contestants
+ * share), of pgsub; pgsub's peak RSS (VmHWM). Slots, subscriptions and databases are
+ * dropped after each round.
+ *
+ * Duration: the full default run (2 pairs × 3 repetitions × 5 rounds) takes about 35
+ * minutes on a 2-core machine with today's pgsub: one repetition of all workloads is
+ * about 6 minutes, of which pgsub applying is about 2.5 (W2 alone ~50 s, W4 ~50 s),
+ * native about 0.5, and the rest generating backlogs and starting rows, checksums,
+ * slots and databases. Waiting for a quiet machine adds up to 30 s per measurement on
+ * a busy one (--quiet-seconds). --scale, --repeat, --cross-repeat, --workloads and
+ * --pair make it shorter; a measurement exceeding --timeout-minutes (default 20) is
+ * recorded as failed and the run goes on.
+ *
+ * pgsub runs from a copy of bin/, src/ and migrations/ taken at startup and compiled
+ * with tsc, as an installed pgsub runs (--tsx: the TypeScript through tsx; --live: the
+ * working tree as it is). Output: a table on stdout (min and median seconds over the
+ * repetitions, rows/s at the median, native/pgsub time ratio = pgsub's speedup, peak
+ * RSS, walsender / pgsub / target CPU seconds), the issue's goals as met / not met, and
+ * bench-results/apply-<timestamp>.json. Nothing is asserted about speed.
+ */
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import type pg from 'pg';
+import { installedMajors, startCluster, stopAllClusters, tableChecksum, type Cluster, type TableChecksum } from '../test/harness/index.js';
+import { WORKLOAD_IDS, runBacklog, workloads, type Mode, type Workload, type WorkloadId } from './bench-apply-workloads.js';
+import {
+  benchClient,
+  coreCount,
+  CpuSampler,
+  foreignCores,
+  formatTable,
+  headerText,
+  lsnValue,
+  median,
+  MemorySampler,
+  min,
+  parsePgsubEnv,
+  pollUntil,
+  postmasterPid,
+  REPO_ROOT,
+  round,
+  sleep,
+  slotState,
+  snapshotPgsub,
+  spawnPgsub,
+  waitForQuiet,
+  type CpuReport,
+  type PgsubBuild,
+  type WatchedPgsub,
+} from './bench-lib.js';
+
+const SOURCE_DB = 'bench';
+const CONTESTANTS = ['pgsub', 'native'] as const;
+type Kind = (typeof CONTESTANTS)[number];
+/** The issue's goals: pgsub's speedup over native (time ratio, best mode each) and its peak RSS. */
+const SPEEDUP_GOALS: Record<WorkloadId, number> = { W1: 1.2, W2: 1.2, W3: 1.5, W4: 2.0 };
+const RSS_GOAL_MB = 200;
+const MIB_TO_MB = 1.048576;
+const POLL_MS = 100;
+/**
+ * One row per round, inserted on the publisher after the backlog, in every workload's
+ * publication: when a target has it, it has applied everything before it (both
+ * subscribers commit in the publisher's commit order). The slot's confirmed_flush_lsn
+ * alone is not enough: the native subscriber confirms the end of a transaction streamed
+ * with streaming = on before it has applied it.
+ */
+const MARKER_TABLE = 'public.bench_marker';
+const MARKER_DDL = `CREATE TABLE ${MARKER_TABLE} (round integer PRIMARY KEY)`;
+
+const { values: opts } = parseArgs({
+  options: {
+    scale: { type: 'string', default: '1' },
+    repeat: { type: 'string', default: '3' },
+    'cross-repeat': { type: 'string' },
+    workloads: { type: 'string', default: WORKLOAD_IDS.join(',') },
+    contestants: { type: 'string', default: CONTESTANTS.join(',') },
+    pair: { type: 'string', default: '18-18,16-18' },
+    'pgsub-env': { type: 'string', multiple: true, default: [] },
+    'timeout-minutes': { type: 'string', default: '20' },
+    'quiet-seconds': { type: 'string', default: '30' },
+    live: { type: 'boolean', default: false },
+    tsx: { type: 'boolean', default: false },
+    help: { type: 'boolean', default: false },
+  },
+});
+if (opts.help) {
+  process.stdout.write(headerText(import.meta.url));
+  process.exit(0);
+}
+const SCALE = Number(opts.scale);
+if (!(SCALE > 0 && SCALE <= 10)) throw new Error(`--scale must be in (0, 10], not ${opts.scale}`);
+const REPEAT = Number(opts.repeat);
+if (!Number.isInteger(REPEAT) || REPEAT < 1) throw new Error(`--repeat must be a positive integer, not ${opts.repeat}`);
+const CROSS_REPEAT = Number(opts['cross-repeat'] ?? opts.repeat);
+if (!Number.isInteger(CROSS_REPEAT) || CROSS_REPEAT < 1) throw new Error(`--cross-repeat must be a positive integer, not ${opts['cross-repeat']}`);
+const SELECTED = opts.workloads.split(',').map((w) => w.trim().toUpperCase()) as WorkloadId[];
+for (const w of SELECTED) if (!WORKLOAD_IDS.includes(w)) throw new Error(`--workloads: unknown ${w} (known: ${WORKLOAD_IDS.join(', ')})`);
+const KINDS = opts.contestants.split(',').map((c) => c.trim()) as Kind[];
+for (const c of KINDS) if (!CONTESTANTS.includes(c)) throw new Error(`--contestants: unknown ${c} (known: ${CONTESTANTS.join(', ')})`);
+const PAIRS = opts.pair.split(',').map((p) => {
+  const m = /^(\d+)-(\d+)$/.exec(p.trim());
+  if (!m) throw new Error(`--pair wants PUBLISHER-TARGET majors like 18-18 or 16-18, not ${p}`);
+  for (const major of [Number(m[1]), Number(m[2])]) if (!installedMajors().includes(major)) throw new Error(`--pair ${p}: PostgreSQL ${major} is not installed (installed: ${installedMajors().join(', ')})`);
+  const [publisher, target] = [Number(m[1]), Number(m[2])];
+  // --cross-repeat: a cross-version pair may be repeated less, for a shorter run.
+  return { name: `${publisher}-${target}`, publisher, target, repeat: publisher === target ? REPEAT : CROSS_REPEAT };
+});
+const PGSUB_EXTRA_ENV = parsePgsubEnv(opts['pgsub-env']);
+const TIMEOUT_MS = Number(opts['timeout-minutes']) * 60_000;
+const QUIET_MS = Number(opts['quiet-seconds']) * 1000;
+const WORKLOADS = workloads(SCALE).filter((w) => SELECTED.includes(w.id));
+/** Both servers of a pair. Large max_wal_size: no checkpoint forced by a backlog's WAL volume. */
+const SERVER_SETTINGS = {
+  shared_buffers: '128MB',
+  max_wal_size: '4GB',
+  checkpoint_timeout: '30min',
+  // Per workload (ALTER SYSTEM before each round); this is the default.
+  logical_decoding_work_mem: '64MB',
+};
+
+const out = (line = '') => process.stdout.write(`${line}\n`);
+const log = (line: string) => process.stderr.write(`[bench ${new Date().toISOString().slice(11, 19)}] ${line}\n`);
+
+// ---------------------------------------------------------------------------------------
+// Servers
+
+interface Servers {
+  pair: (typeof PAIRS)[number];
+  pub: Cluster;
+  tgt: Cluster;
+  pubMonitor: pg.Client;
+  tgtMonitor: pg.Client;
+  /** Publisher sessions in the source database: the backlog's clients. */
+  work: pg.Client[];
+  versions: { publisher: string; target: string };
+}
+
+async function startServers(pair: (typeof PAIRS)[number]): Promise<Servers> {
+  const [pub, tgt] = await Promise.all([
+    startCluster({ major: pair.publisher, name: `bench-apply-pub${pair.publisher}`, settings: SERVER_SETTINGS }),
+    startCluster({ major: pair.target, name: `bench-apply-tgt${pair.target}`, settings: SERVER_SETTINGS }),
+  ]);
+  await pub.createDatabase(SOURCE_DB);
+  await pub.query(MARKER_DDL, [], SOURCE_DB);
+  for (const w of WORKLOADS) {
+    await pub.query(`${w.ddl}; ${w.publisherDdl}; CREATE PUBLICATION ${w.publication} FOR TABLE ${[...w.tables, MARKER_TABLE].join(', ')}`, [], SOURCE_DB);
+  }
+  const work = await Promise.all(Array.from({ length: Math.max(...WORKLOADS.map((w) => w.backlog.length)) }, () => benchClient(pub.url(SOURCE_DB))));
+  const version = async (c: Cluster) => (await c.query<{ v: string }>('SELECT version() AS v'))[0]!.v;
+  return { pair, pub, tgt, pubMonitor: await benchClient(pub.url()), tgtMonitor: await benchClient(tgt.url()), work, versions: { publisher: await version(pub), target: await version(tgt) } };
+}
+
+async function stopServers(s: Servers): Promise<void> {
+  for (const c of [s.pubMonitor, s.tgtMonitor, ...s.work]) await c.end().catch(() => {});
+  await Promise.all([s.pub.stop(), s.tgt.stop()]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Contestants: prepared (slot created) before the backlog, started when measured
+
+interface Entrant {
+  kind: Kind;
+  db: string;
+  slot: string;
+  /** pgsub's config refused the mode: nothing was created. */
+  refused?: string;
+  /** Starts applying; returns pgsub's pid (its memory and CPU are watched). */
+  start(): Promise<number | null>;
+  /** Throws when the subscriber has visibly failed, so that waiting stops early. */
+  check(): Promise<void>;
+  /** For the JSON: pgsub's warnings and last log messages. */
+  details?(): Record<string, unknown>;
+  cleanup(): Promise<void>;
+}
+
+async function createTargetDb(s: Servers, w: Workload, db: string): Promise<void> {
+  await s.tgt.createDatabase(db);
+  await s.tgt.query(`${w.ddl}; ${MARKER_DDL}; ${w.initialRows}; ANALYZE`, [], db);
+}
+
+async function dropSlot(s: Servers, slot: string): Promise<void> {
+  await pollUntil(async () => {
+    const st = await slotState(s.pubMonitor, slot);
+    if (st && !st.active) await s.pubMonitor.query('SELECT pg_catalog.pg_drop_replication_slot($1)', [slot]);
+    return !st || !st.active;
+  }, 30_000);
+}
+
+/** `name`'s target database exists (createTargetDb); returns with the slot created. */
+async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, build: PgsubBuild): Promise<Entrant> {
+  const stateDir = mkdtempSync(path.join(os.tmpdir(), 'pgsub-bench-apply-'));
+  const env = {
+    PGSUB_SOURCE: s.pub.url(SOURCE_DB),
+    PGSUB_TARGET: s.tgt.url(name),
+    PGSUB_PUBLICATION: w.publication,
+    PGSUB_SUBSCRIPTION: name,
+    PGSUB_COPY_DATA: 'false',
+    PGSUB_BINARY: 'true',
+    PGSUB_STREAMING: mode,
+    PGSUB_STATE_DIR: stateDir,
+    PGSUB_LOG_LEVEL: 'info',
+    ...PGSUB_EXTRA_ENV,
+  };
+  let child: WatchedPgsub | null = null;
+  const cleanup = async () => {
+    await child?.stop();
+    await dropSlot(s, name);
+    rmSync(stateDir, { recursive: true, force: true });
+    await s.tgt.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+  };
+  // First start: creates the slot (and pgsub's progress row) before the backlog exists.
+  const first = spawnPgsub(build, env);
+  try {
+    await pollUntil(async () => {
+      if (first.logs().some((l) => l.msg === 'streaming started')) return true;
+      if (first.exitCode() !== null) throw new Error('exited');
+      return false;
+    }, 60_000);
+    await first.stop();
+  } catch (err) {
+    await first.stop();
+    await cleanup();
+    const refusal = /^pgsub: PGSUB_NOT_IMPLEMENTED: (.*)$/m.exec(first.output());
+    if (first.exitCode() === 2 && refusal) return { kind: 'pgsub', db: name, slot: name, refused: refusal[1]!, start: async () => null, check: async () => {}, cleanup: async () => {} };
+    throw new Error(`pgsub (streaming ${mode}) did not start (${(err as Error).message}, exit ${first.exitCode()}):\n${first.output().slice(-4000)}`);
+  }
+  return {
+    kind: 'pgsub',
+    db: name,
+    slot: name,
+    async start() {
+      child = spawnPgsub(build, env);
+      return child.pid;
+    },
+    async check() {
+      if (child && child.exitCode() !== null) throw new Error(`pgsub exited (${child.exitCode()}):\n${child.output().slice(-4000)}`);
+    },
+    details() {
+      const messages = (child?.logs() ?? []).filter((l) => l.msg !== undefined);
+      const line = (l: Record<string, unknown>) => `${round((Number(l.time) - child!.startedAt) / 1000)} ${String(l.level)} ${String(l.msg)}`;
+      return { warnings: messages.filter((l) => Number(l.level) >= 40).map(line).slice(0, 20), log: messages.map(line).slice(-20) };
+    },
+    cleanup,
+  };
+}
+
+async function prepareNative(s: Servers, w: Workload, mode: Mode, name: string): Promise<Entrant> {
+  const conninfo = `host=${s.pub.host} port=${s.pub.port} user=${s.pub.user} dbname=${SOURCE_DB}`;
+  const tgtDb = await benchClient(s.tgt.url(name));
+  const cleanup = async () => {
+    await tgtDb.query(`DROP SUBSCRIPTION IF EXISTS ${name}`).catch((err: Error) => log(`DROP SUBSCRIPTION ${name}: ${err.message}`));
+    await tgtDb.end().catch(() => {});
+    await dropSlot(s, name);
+    await s.tgt.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+  };
+  try {
+    // Creates the slot now; the apply worker starts with ENABLE.
+    await tgtDb.query(`CREATE SUBSCRIPTION ${name} CONNECTION '${conninfo}' PUBLICATION ${w.publication} WITH (enabled = false, copy_data = false, binary = true, streaming = ${mode})`);
+  } catch (err) {
+    await cleanup();
+    throw err;
+  }
+  let lastCheck = 0;
+  return {
+    kind: 'native',
+    db: name,
+    slot: name,
+    async start() {
+      await tgtDb.query(`ALTER SUBSCRIPTION ${name} ENABLE`);
+      return null;
+    },
+    async check() {
+      // Once a second is soon enough to stop waiting, and keeps the target's CPU for applying.
+      if (Date.now() - lastCheck < 1000) return;
+      lastCheck = Date.now();
+      const [st] = (await s.tgtMonitor.query<{ n: string }>('SELECT apply_error_count::text AS n FROM pg_catalog.pg_stat_subscription_stats WHERE subname = $1', [name])).rows;
+      if (st && Number(st.n) > 0) throw new Error(`native subscription ${name} reports ${st.n} apply error(s); see the target's server log`);
+    },
+    cleanup,
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// One round: backlog once, then each contestant works it off
+
+interface Backlog {
+  pair: string;
+  workload: WorkloadId;
+  mode: Mode;
+  rep: number;
+  seconds: number;
+  walBytes: number;
+  endLsn: string;
+}
+
+interface RunResult {
+  pair: string;
+  workload: WorkloadId;
+  mode: Mode;
+  contestant: Kind;
+  rep: number;
+  refused?: string;
+  error?: string;
+  /** Subscriber started → slot confirmed the end LSN (and the target equal to the source). */
+  seconds?: number;
+  /** When the slot had confirmed the end LSN, and when the target had the round's marker row (seconds since start). */
+  confirmedSeconds?: number;
+  markerSeconds?: number;
+  /** The checksums were not equal yet when both had happened; `seconds` is when they were. */
+  checksumLate?: boolean;
+  rowsPerSecond?: number;
+  peakRssMB?: number;
+  walsenderCpu?: number;
+  pgsubCpu?: number;
+  targetCpu?: number;
+  publisherCpu?: number;
+  quietWaitSeconds?: number;
+  foreignCores?: number;
+  /** pg_stat_replication_slots after the run: transactions and bytes decoded, streamed, spilled. */
+  slotStats?: Record<string, number>;
+  details?: Record<string, unknown>;
+  cpu?: CpuReport;
+}
+
+let roundCounter = 0;
+
+async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build: PgsubBuild): Promise<{ backlog: Backlog; runs: RunResult[] }> {
+  const n = ++roundCounter;
+  const order = rep % 2 === 1 ? KINDS : [...KINDS].reverse();
+  // 1. Decoding memory, then starting rows, with no slot in existence (none of it is decoded).
+  await s.pubMonitor.query(`ALTER SYSTEM SET logical_decoding_work_mem = '${w.decodingWorkMem}'`);
+  await s.pubMonitor.query('SELECT pg_catalog.pg_reload_conf()');
+  // New sessions (the walsenders to come) must see it; the reload is asynchronous.
+  const settled = `SELECT pg_catalog.pg_size_bytes(current_setting('logical_decoding_work_mem')) = pg_catalog.pg_size_bytes('${w.decodingWorkMem}') AS ok`;
+  await pollUntil(async () => (await s.pub.query<{ ok: boolean }>(settled))[0]!.ok, 10_000);
+  const [work] = s.work;
+  await work!.query(`${w.reset}; TRUNCATE ${MARKER_TABLE}`);
+  if (w.initialRows) await work!.query(w.initialRows);
+  await work!.query(`VACUUM ANALYZE ${w.tables.join(', ')}`);
+  // 2. Targets and slots.
+  const entrants: Entrant[] = [];
+  const cleaned = new Set<Entrant>();
+  const runs: RunResult[] = [];
+  try {
+    const name = (kind: Kind) => `bench_${n}_${kind}`;
+    await Promise.all(order.map((kind) => createTargetDb(s, w, name(kind))));
+    for (const kind of order) entrants.push(kind === 'pgsub' ? await preparePgsub(s, w, mode, name(kind), build) : await prepareNative(s, w, mode, name(kind)));
+    // 3. The backlog, nobody consuming.
+    await Promise.all([s.pub.query('CHECKPOINT'), s.tgt.query('CHECKPOINT')]);
+    const startLsn = await currentLsn(s.pubMonitor);
+    const t0 = performance.now();
+    await runBacklog(w, s.work);
+    const seconds = round((performance.now() - t0) / 1000);
+    await work!.query(`INSERT INTO ${MARKER_TABLE} VALUES (${n})`);
+    const endLsnText = (await s.pubMonitor.query<{ lsn: string }>('SELECT pg_current_wal_lsn()::text AS lsn')).rows[0]!.lsn;
+    const endLsn = lsnValue(endLsnText);
+    await s.pubMonitor.query(`SELECT pg_catalog.pg_logical_emit_message(false, 'bench', 'end of backlog')`);
+    const backlog: Backlog = { pair: s.pair.name, workload: w.id, mode, rep, seconds, walBytes: Number(endLsn - startLsn), endLsn: endLsnText };
+    log(`${s.pair.name} ${w.id} ${mode} rep ${rep}: backlog of ${(backlog.walBytes / 1e6).toFixed(0)} MB WAL generated in ${seconds} s`);
+    const source = await Promise.all(w.tables.map((t) => tableChecksum(s.pub, SOURCE_DB, t)));
+    // 4. Each contestant in turn.
+    for (const e of entrants) {
+      const base = { pair: s.pair.name, workload: w.id, mode, contestant: e.kind, rep };
+      if (e.refused) {
+        log(`  ${e.kind}: refused streaming ${mode} (${e.refused})`);
+        runs.push({ ...base, refused: e.refused });
+        continue;
+      }
+      try {
+        const r = await measure(s, w, e, n, endLsn, source);
+        runs.push({ ...base, ...r });
+        log(
+          `  ${e.kind}: ${r.seconds} s (applied ${r.markerSeconds} s, confirmed ${r.confirmedSeconds} s${r.checksumLate ? ', checksums late' : ''}), ${fmtInt(r.rowsPerSecond!)} rows/s` +
+            (r.peakRssMB !== undefined ? `, peak RSS ${r.peakRssMB} MB` : '') +
+            `, CPU walsender ${r.walsenderCpu} s, target ${r.targetCpu} s${r.pgsubCpu !== undefined ? `, pgsub ${r.pgsubCpu} s` : ''}` +
+            (r.slotStats?.stream_txns ? `, ${r.slotStats.stream_txns} streamed txn(s)` : '') +
+            (r.slotStats?.spill_txns ? `, ${r.slotStats.spill_txns} spilled txn(s)` : '') +
+            (r.foreignCores! > 0.25 ? `; other processes used ${r.foreignCores} cores meanwhile` : ''),
+        );
+      } catch (err) {
+        const message = (err as Error).message;
+        log(`  ${e.kind}: FAILED: ${message.slice(0, 2000)}`);
+        runs.push({ ...base, error: message.slice(0, 4000) });
+      }
+      // Its walsender and workers stop now, not while the next contestant is measured.
+      cleaned.add(e);
+      await e.cleanup();
+    }
+    return { backlog, runs };
+  } finally {
+    for (const e of entrants) if (!cleaned.has(e)) await e.cleanup().catch((err: Error) => log(`cleanup of ${e.db}: ${err.message}`));
+  }
+}
+
+async function currentLsn(c: pg.Client): Promise<bigint> {
+  return lsnValue((await c.query<{ lsn: string }>('SELECT pg_current_wal_lsn()::text AS lsn')).rows[0]!.lsn);
+}
+
+async function measure(s: Servers, w: Workload, e: Entrant, marker: number, endLsn: bigint, source: TableChecksum[]): Promise<Omit<RunResult, 'pair' | 'workload' | 'mode' | 'contestant' | 'rep'>> {
+  const quiet = QUIET_MS > 0 ? await waitForQuiet(0.3, 2000, QUIET_MS) : { waitedSeconds: 0 };
+  const cpu = new CpuSampler({ publisher: postmasterPid(s.pub.dataDir), target: postmasterPid(s.tgt.dataDir) });
+  let memory: MemorySampler | null = null;
+  let stopped: CpuReport | null = null;
+  const target = await benchClient(s.tgt.url(e.db));
+  try {
+    cpu.start();
+    const t0 = performance.now();
+    const pid = await e.start();
+    if (pid !== null) {
+      memory = new MemorySampler(pid, 200);
+      cpu.addProcess('pgsub', pid, true);
+    }
+    let walsender: number | null = null;
+    let lastReport = Date.now();
+    let tConfirmed = 0;
+    let tMarker = 0;
+    await pollUntil(async () => {
+      await e.check();
+      if (!tConfirmed) {
+        const st = await slotState(s.pubMonitor, e.slot);
+        if (walsender === null && st?.activePid) {
+          walsender = st.activePid;
+          cpu.addProcess('walsender', walsender, true);
+        }
+        if (Date.now() - lastReport > 30_000) {
+          lastReport = Date.now();
+          log(`  … ${e.kind} ${((performance.now() - t0) / 1000).toFixed(0)} s, slot at ${st?.confirmed === null || !st ? '-' : fmtLsn(st.confirmed)} of ${fmtLsn(endLsn)}`);
+        }
+        if (st?.confirmed != null && st.confirmed >= endLsn) tConfirmed = performance.now();
+      }
+      if (!tMarker && (await target.query(`SELECT 1 FROM ${MARKER_TABLE} WHERE round = $1`, [marker])).rowCount) tMarker = performance.now();
+      return tConfirmed > 0 && tMarker > 0;
+    }, TIMEOUT_MS, POLL_MS);
+    let tDone = Math.max(tConfirmed, tMarker);
+    const peak = memory?.finish();
+    memory = null;
+    await sleep(200); // let the postmasters reap ended workers: their CPU counts
+    stopped = cpu.stop();
+    const report = stopped;
+    // What decoding did (streamed or spilled transactions): proof of the mode, and the same for both contestants.
+    const stats = (await s.pubMonitor.query<Record<string, string | number | null>>('SELECT total_txns, total_bytes, stream_txns, stream_bytes, spill_txns, spill_bytes FROM pg_catalog.pg_stat_replication_slots WHERE slot_name = $1', [e.slot])).rows[0];
+    const slotStats = stats && Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, Number(v)]));
+    // Equal to the source? Checked after the clock stopped, unless it is not yet.
+    let late = false;
+    for (;;) {
+      const sums = await Promise.all(w.tables.map((t) => tableChecksum(s.tgt, e.db, t)));
+      const diff = sums.filter((t, i) => t.rows !== source[i]!.rows || t.md5 !== source[i]!.md5);
+      if (diff.length === 0) break;
+      late = true;
+      await e.check();
+      if (performance.now() - t0 > TIMEOUT_MS) throw new Error(`target differs from the source: ${diff.map((t) => `${t.table} ${t.rows} rows vs ${source[w.tables.indexOf(t.table)]!.rows}`).join(', ')}`);
+      await sleep(500);
+      tDone = performance.now();
+    }
+    const seconds = round((tDone - t0) / 1000);
+    return {
+      seconds,
+      confirmedSeconds: round((tConfirmed - t0) / 1000),
+      markerSeconds: round((tMarker - t0) / 1000),
+      ...(late ? { checksumLate: true } : {}),
+      rowsPerSecond: Math.round(w.rowChanges / seconds),
+      ...(peak ? { peakRssMB: round(peak.peakRssMiB * MIB_TO_MB, 0) } : {}),
+      walsenderCpu: report.groups.walsender,
+      ...(report.groups.pgsub !== undefined ? { pgsubCpu: report.groups.pgsub } : {}),
+      targetCpu: report.groups.target,
+      publisherCpu: report.groups.publisher,
+      quietWaitSeconds: quiet.waitedSeconds,
+      foreignCores: foreignCores(report),
+      ...(slotStats ? { slotStats } : {}),
+      ...(e.details ? { details: e.details() } : {}),
+      cpu: report,
+    };
+  } finally {
+    // After a failure: stop the samplers' timers, or they would keep this process alive.
+    memory?.finish();
+    if (!stopped) cpu.stop();
+    await target.end().catch(() => {});
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+
+interface Summary {
+  pair: string;
+  workload: WorkloadId;
+  mode: Mode;
+  contestant: Kind;
+  runs: number;
+  refused?: string;
+  failed: number;
+  minSeconds?: number;
+  medianSeconds?: number;
+  rowsPerSecond?: number;
+  /** On pgsub's row: native's median / pgsub's median in the same mode. */
+  speedup?: number;
+  peakRssMB?: number;
+  walsenderCpu?: number;
+  pgsubCpu?: number;
+  targetCpu?: number;
+}
+
+function summarize(runs: RunResult[]): Summary[] {
+  const keys = [...new Set(runs.map((r) => `${r.pair}|${r.workload}|${r.mode}|${r.contestant}`))];
+  const summaries = keys.map((key): Summary => {
+    const [pair, workload, mode, contestant] = key.split('|') as [string, WorkloadId, Mode, Kind];
+    const all = runs.filter((r) => `${r.pair}|${r.workload}|${r.mode}|${r.contestant}` === key);
+    const ok = all.filter((r) => r.seconds !== undefined);
+    const base: Summary = { pair, workload, mode, contestant, runs: ok.length, failed: all.filter((r) => r.error).length };
+    if (all.some((r) => r.refused)) base.refused = all.find((r) => r.refused)!.refused;
+    if (ok.length === 0) return base;
+    const med = (f: (r: RunResult) => number | undefined) => {
+      const xs = ok.map(f).filter((x): x is number => x !== undefined);
+      return xs.length ? round(median(xs)) : undefined;
+    };
+    const medianSeconds = med((r) => r.seconds)!;
+    const rows = WORKLOADS.find((w) => w.id === workload)!.rowChanges;
+    return {
+      ...base,
+      minSeconds: round(min(ok.map((r) => r.seconds!))),
+      medianSeconds,
+      rowsPerSecond: Math.round(rows / medianSeconds),
+      ...(contestant === 'pgsub' ? { peakRssMB: Math.max(...ok.map((r) => r.peakRssMB ?? 0)) } : {}),
+      walsenderCpu: med((r) => r.walsenderCpu),
+      pgsubCpu: med((r) => r.pgsubCpu),
+      targetCpu: med((r) => r.targetCpu),
+    };
+  });
+  for (const p of summaries.filter((x) => x.contestant === 'pgsub' && x.medianSeconds)) {
+    const nat = summaries.find((x) => x.contestant === 'native' && x.pair === p.pair && x.workload === p.workload && x.mode === p.mode);
+    if (nat?.medianSeconds) p.speedup = round(nat.medianSeconds / p.medianSeconds!);
+  }
+  return summaries;
+}
+
+/** The issue's goals per pair and workload: best mode against best mode, and the RSS bound. */
+function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
+  const lines: { text: string; met: boolean | null }[] = [];
+  for (const pair of PAIRS) {
+    for (const w of WORKLOADS) {
+      const of = (kind: Kind) => summaries.filter((x) => x.pair === pair.name && x.workload === w.id && x.contestant === kind && x.medianSeconds);
+      const best = (xs: Summary[]) => xs.reduce<Summary | null>((a, b) => (a === null || b.medianSeconds! < a.medianSeconds! ? b : a), null);
+      const p = best(of('pgsub'));
+      const nat = best(of('native'));
+      const goal = SPEEDUP_GOALS[w.id];
+      if (p && nat) {
+        const ratio = round(nat.medianSeconds! / p.medianSeconds!);
+        lines.push({ met: ratio >= goal, text: `${pair.name} ${w.id}: native ${nat.medianSeconds} s (${nat.mode}) / pgsub ${p.medianSeconds} s (${p.mode}) = ${ratio.toFixed(2)}× (goal ≥ ${goal}×)` });
+      } else lines.push({ met: null, text: `${pair.name} ${w.id}: speedup not measured (goal ≥ ${goal}×)` });
+      const rss = Math.max(0, ...of('pgsub').map((x) => x.peakRssMB ?? 0));
+      if (p) lines.push({ met: rss <= RSS_GOAL_MB, text: `${pair.name} ${w.id}: pgsub peak RSS ${rss} MB (goal ≤ ${RSS_GOAL_MB} MB)` });
+    }
+  }
+  return lines;
+}
+
+function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { text: string; met: boolean | null }[]): void {
+  const f = (x: number | undefined, d = 2) => (x === undefined ? '-' : x.toFixed(d));
+  out();
+  out(`scale ${SCALE}; repetitions: ${PAIRS.map((p) => `${p.name} ${p.repeat}`).join(', ')}; seconds: subscriber start → slot confirmed the backlog's end LSN, target equal to the source`);
+  for (const w of WORKLOADS) {
+    const b = backlogs.filter((x) => x.workload === w.id);
+    out(`  ${w.id}: ${w.title}${b.length ? `; backlog ${(median(b.map((x) => x.walBytes)) / 1e6).toFixed(0)} MB of WAL, generated in ${median(b.map((x) => x.seconds)).toFixed(1)} s (median)` : ''}`);
+  }
+  out('native/pgsub > 1: pgsub faster (median against median, same mode). CPU: seconds during the measurement (median); walsender = the one serving the slot');
+  out();
+  const header = ['pair', 'workload', 'mode', 'contestant', 'runs', 'min s', 'median s', 'rows/s', 'native/pgsub', 'pgsub peak RSS MB', 'walsender CPU s', 'pgsub CPU s', 'target CPU s'];
+  const rows = summaries.map((x) =>
+    x.refused && !x.runs
+      ? [x.pair, x.workload, x.mode, x.contestant, 0, 'refused', '', '', '', '', '', '', '']
+      : [x.pair, x.workload, x.mode, x.contestant, x.failed ? `${x.runs} (${x.failed} failed)` : x.runs, f(x.minSeconds), f(x.medianSeconds), x.rowsPerSecond === undefined ? '-' : fmtInt(x.rowsPerSecond), f(x.speedup), x.peakRssMB === undefined ? '-' : String(x.peakRssMB), f(x.walsenderCpu), f(x.pgsubCpu), f(x.targetCpu)],
+  );
+  out(formatTable(header, rows));
+  out('\ngoals:');
+  for (const g of goalLines) out(`  ${g.met === null ? 'n/a    ' : g.met ? 'met    ' : 'NOT met'}  ${g.text}`);
+}
+
+const fmtInt = (n: number) => n.toLocaleString('en-US');
+const fmtLsn = (lsn: bigint) => `${(lsn >> 32n).toString(16).toUpperCase()}/${(lsn & 0xffffffffn).toString(16).toUpperCase()}`;
+
+// ---------------------------------------------------------------------------------------
+
+async function main(): Promise<void> {
+  const started = Date.now();
+  const build = snapshotPgsub(opts.live, { build: !opts.tsx });
+  log(`pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`} (src fingerprint ${build.fingerprint}, run as ${build.mode}${build.buildErrors ? `, ${build.buildErrors} tsc errors` : ''}); workloads ${WORKLOADS.map((w) => w.id).join(', ')}, scale ${SCALE}, pairs ${PAIRS.map((p) => `${p.name} (${p.repeat} repetition(s))`).join(', ')}`);
+  const backlogs: Backlog[] = [];
+  const runs: RunResult[] = [];
+  const versions: Record<string, Servers['versions']> = {};
+  try {
+    for (const pair of PAIRS) {
+      log(`starting PostgreSQL ${pair.publisher} publisher and PostgreSQL ${pair.target} target`);
+      const s = await startServers(pair);
+      versions[pair.name] = s.versions;
+      try {
+        for (let rep = 1; rep <= pair.repeat; rep++) {
+          for (const w of WORKLOADS) {
+            for (const mode of w.modes) {
+              const r = await runRound(s, w, mode, rep, build);
+              backlogs.push(r.backlog);
+              runs.push(...r.runs);
+            }
+          }
+        }
+      } finally {
+        await stopServers(s);
+      }
+    }
+    const summaries = summarize(runs);
+    const goalLines = goals(summaries);
+    printReport(summaries, backlogs, goalLines);
+    mkdirSync(path.join(REPO_ROOT, 'bench-results'), { recursive: true });
+    const file = path.join(REPO_ROOT, 'bench-results', `apply-${new Date(started).toISOString().replace(/[:.]/g, '-')}.json`);
+    writeFileSync(
+      file,
+      JSON.stringify(
+        {
+          benchmark: 'apply',
+          startedAt: new Date(started).toISOString(),
+          totalSeconds: round((Date.now() - started) / 1000, 0),
+          machine: { cores: coreCount(), cpu: os.cpus()[0]?.model, memoryGiB: round(os.totalmem() / 2 ** 30, 1), node: process.version, servers: versions },
+          pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, runAs: build.mode, buildErrors: build.buildErrors, settings: { copy_data: false, binary: true, streaming: 'per workload', ...PGSUB_EXTRA_ENV } },
+          native: { settings: 'enabled false until measured, copy_data false, binary true, streaming per workload, synchronous_commit off (default)' },
+          settings: { scale: SCALE, repeat: REPEAT, crossRepeat: CROSS_REPEAT, pairs: PAIRS, contestants: KINDS, server: SERVER_SETTINGS, workloads: WORKLOADS.map((w) => ({ id: w.id, title: w.title, modes: w.modes, rowChanges: w.rowChanges, tables: w.tables })) },
+          goals: goalLines,
+          summaries,
+          backlogs,
+          runs,
+        },
+        null,
+        2,
+      ),
+    );
+    out(`\nresults: ${path.relative(process.cwd(), file)} (${round((Date.now() - started) / 60_000, 1)} min)`);
+  } finally {
+    await stopAllClusters();
+    build.remove();
+  }
+}
+
+main().catch((err) => {
+  process.stderr.write(`bench failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  // The clusters are gone (main's finally); nothing left worth waiting for.
+  process.exit(1);
+});
