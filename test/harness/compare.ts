@@ -12,11 +12,14 @@ export interface TableChecksum {
   md5: string | null;
 }
 
-/** `table` is a quoted, schema-qualified name, e.g. '"shop"."orders"'. */
+/**
+ * `table` is a quoted, schema-qualified name, e.g. '"shop"."orders"'. The whole-row alias
+ * must not be a plausible column name: a column of that name would be hashed instead.
+ */
 export async function tableChecksum(cluster: Cluster, database: string, table: string, columns = '*'): Promise<TableChecksum> {
   const [row] = await cluster.query<{ rows: string; md5: string | null }>(
     `SELECT count(*) AS rows, md5(string_agg(h, '' ORDER BY h)) AS md5
-       FROM (SELECT md5(${columns === '*' ? 't' : `ROW(${columns})`}::text) AS h FROM ${table} AS t) s`,
+       FROM (SELECT md5(${columns === '*' ? 'pgsub_compared_row' : `ROW(${columns})`}::text) AS h FROM ${table} AS pgsub_compared_row) s`,
     [],
     database,
   );
