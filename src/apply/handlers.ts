@@ -37,7 +37,7 @@ import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } f
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
-import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
+import { deleteStatement, insertManyStatement, insertStatement, maxInsertRows, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
@@ -152,6 +152,7 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
 export type Ending = { kind: 'commit' } | { kind: 'prepare'; gid: string };
 
 export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = { kind: 'commit' }): Promise<void> {
+  await flushInserts(state);
   if (xact.skip) return finishSkipped(state, xact, endLsn, commitTime);
   const prepare = ending.kind === 'prepare';
   if (!xact.open) {
@@ -262,7 +263,37 @@ async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulInsert(state, xact, rel, m.newTuple);
   // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
-  await sendStatement(state, insertStatement(rel, m.newTuple));
+  if (state.insertBatchRows <= 1) return sendStatement(state, insertStatement(rel, m.newTuple));
+  let batch = state.insertBatch;
+  if (batch && (batch.relationId !== m.relationId || batch.rel !== rel)) {
+    await flushInserts(state);
+    batch = null;
+  }
+  batch ??= state.insertBatch = { relationId: m.relationId, rel, tuples: [], bytes: 0 };
+  batch.tuples.push(m.newTuple);
+  for (const v of m.newTuple) if (v.kind === 'text' || v.kind === 'binary') batch.bytes += v.value.length;
+  if (batch.tuples.length >= maxInsertRows(rel, state.insertBatchRows) || batch.bytes >= INSERT_BATCH_BYTES) await flushInserts(state);
+}
+
+/** A multi-row INSERT stops growing here, whatever the row count: wide rows. */
+const INSERT_BATCH_BYTES = 1024 * 1024;
+
+/**
+ * Send the pending run of INSERTs: multi-row statements of power-of-two sizes, so a
+ * relation needs only a handful of prepared texts. Called before anything else reaches
+ * the target (dispatch, finishTransaction), so statement order is the stream's.
+ */
+export async function flushInserts(state: ApplyState): Promise<void> {
+  const batch = state.insertBatch;
+  if (!batch) return;
+  state.insertBatch = null;
+  let rest = batch.tuples;
+  while (rest.length > 0) {
+    let size = 1;
+    while (size * 2 <= rest.length) size *= 2;
+    await sendStatement(state, insertManyStatement(batch.rel, rest.slice(0, size)));
+    rest = rest.slice(size);
+  }
 }
 
 async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
@@ -336,5 +367,6 @@ export async function dispatch(state: ApplyState, message: PgOutputMessage, raw:
     await spoolMessage(state, message, raw);
     return;
   }
+  if (state.insertBatch && message.tag !== 'insert') await flushInserts(state);
   await (handlers[message.tag] as Handler<typeof message.tag>)(state, message as never);
 }

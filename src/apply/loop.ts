@@ -95,6 +95,8 @@ export interface ApplyLoopOptions {
   queueSize: number;
   /** Most source transactions per target transaction while behind (1: no grouping). */
   groupTransactions?: number;
+  /** Most rows per multi-row INSERT for runs of inserts into one table (1: one per row). */
+  insertBatchRows?: number;
   /** No grouping of transactions finishing at or before this LSN (after a GroupRetryError). */
   noGroupUntil?: Lsn | null;
   /** streaming = parallel, in a session that starts at the origin (never re-streams applied commits). */
@@ -165,6 +167,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     onUnknownTable: opts.onUnknownTable,
     xact: null,
     group: null,
+    insertBatch: null,
+    insertBatchRows: opts.insertBatchRows ?? 1,
     canGroup(finalLsn) {
       // Only while more is already queued: a caught-up stream commits each transaction at once.
       const group = state.group;
@@ -245,6 +249,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   /** Roll back the target transaction after a failed statement (the wire waits for a Sync). */
   async function rollbackTarget(): Promise<void> {
     pipeline.reset();
+    state.insertBatch = null;
     await opts.conn.sync().catch(() => {});
     const rollback = opts.conn.execute('ROLLBACK');
     const synced = opts.conn.sync();
@@ -362,6 +367,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     }
     state.xact = null;
     state.group = null;
+    state.insertBatch = null;
     await parallelHolder.value?.close();
     if (failure === null) sendFeedback();
     stream.destroy();

@@ -28,7 +28,7 @@ import { ProtocolError } from '../errors.js';
 import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import type { PgOutputMessage, StreamCommitMessage, StreamPrepareMessage } from '../protocol/messages.js';
 import { faultPoint } from '../service/faults.js';
-import { dispatch, finishTransaction, type Ending } from './handlers.js';
+import { dispatch, finishTransaction, flushInserts, type Ending } from './handlers.js';
 import { RelationMap } from './relmap.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { Pipeline, runAlone, type WireConnection } from './target.js';
@@ -138,6 +138,8 @@ export class ParallelApply {
     // Later savepoints are gone with it: they were defined after it.
     eager.savepoints.length = at;
     try {
+      // Inserts batched before the abort belong before the rollback.
+      await flushInserts(worker.state);
       await worker.state.pipeline.push(worker.conn.execute(`ROLLBACK TO SAVEPOINT ${savepointName(subXid)}`));
     } catch (err) {
       await this.#fallBack(eager, 'error in the parallel transaction', err);
@@ -225,6 +227,7 @@ export class ParallelApply {
     this.#stopWatching();
     if (!worker) return;
     worker.state.xact = null;
+    worker.state.insertBatch = null;
     if (!eager.xact.open) return;
     try {
       worker.state.pipeline.reset();
@@ -283,6 +286,8 @@ export class ParallelApply {
     }
     if (subXid === eager.xid || eager.savepoints.includes(subXid)) return;
     eager.savepoints.push(subXid);
+    // Inserts batched so far belong before the savepoint.
+    await flushInserts(worker.state);
     await worker.state.pipeline.push(worker.conn.execute(`SAVEPOINT ${savepointName(subXid)}`));
   }
 
@@ -307,6 +312,8 @@ export class ParallelApply {
       xact: null,
       group: null,
       canGroup: () => false,
+      insertBatch: null,
+      insertBatchRows: leader.insertBatchRows,
       conflicts: leader.conflicts,
       originId: leader.originId,
       // A conflict makes the eager transaction fall back: the leader replays it carefully.

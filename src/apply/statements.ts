@@ -155,6 +155,35 @@ export function insertStatement(rel: MappedRelation, tuple: Tuple): Statement {
   return params.statement(text);
 }
 
+/** Most bind parameters one statement may carry (the protocol's Int16 count). */
+const MAX_PARAMS = 65535;
+
+/** How many rows of `rel` one multi-row INSERT may carry. */
+export function maxInsertRows(rel: MappedRelation, wanted: number): number {
+  return Math.max(1, Math.min(wanted, Math.floor(MAX_PARAMS / Math.max(1, rel.targetColumns.length))));
+}
+
+/**
+ * One INSERT for several rows of the same relation (a run of INSERT messages): one Bind and
+ * one executor run on the target instead of one per row. Texts are cached per row count;
+ * callers use a few counts only (powers of two), so few statements get prepared.
+ */
+export function insertManyStatement(rel: MappedRelation, tuples: Tuple[]): Statement {
+  if (tuples.length === 1) return insertStatement(rel, tuples[0]!);
+  const width = rel.targetColumns.length;
+  const text = cached(rel, `I${tuples.length}`, () => {
+    const cols = rel.targetColumns.map((_, i) => column(rel, i)).join(', ');
+    const rows = tuples.map((_, r) => `(${rel.targetColumns.map((_, i) => param(rel, i, r * width + i + 1)).join(', ')})`);
+    return `INSERT INTO ${rel.qualifiedName} (${cols}) VALUES ${rows.join(', ')}`;
+  });
+  const params = new Params(rel);
+  for (const tuple of tuples) {
+    checkWidth(rel, tuple);
+    for (let i = 0; i < tuple.length; i++) params.add(tuple, i);
+  }
+  return params.statement(text);
+}
+
 /**
  * Row locator. `key`: the identity columns, `=` each. `full`: every sent column of the old
  * row; `nulls` are the ones whose old value is NULL (matched with IS NULL, no parameter).

@@ -95,6 +95,7 @@ const fileSchema = z
     max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(1000),
     queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
     group_transactions: z.coerce.number().int().min(1).max(100_000).default(1000),
+    insert_batch_rows: z.coerce.number().int().min(1).max(4096).default(128),
     state_dir: z.string().min(1).optional(),
     log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
@@ -134,6 +135,8 @@ export interface Config {
   queueSize: number;
   /** Most source transactions applied in one target transaction while behind (1: one each). */
   groupTransactions: number;
+  /** Most rows per multi-row INSERT for a run of inserts into one table (1: one statement per row). */
+  insertBatchRows: number;
   logLevel: FileConfig['log_level'];
   /** Where streamed transactions are spooled: <state_dir>/spool. */
   spoolDir: string;
@@ -229,6 +232,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     maxInFlight: c.max_in_flight,
     queueSize: c.queue_size,
     groupTransactions: c.group_transactions,
+    insertBatchRows: c.insert_batch_rows,
     logLevel: c.log_level,
     // systemd's StateDirectory= sets STATE_DIRECTORY; otherwise a folder beside the working directory.
     spoolDir: path.join(c.state_dir ?? env.STATE_DIRECTORY ?? '.pgsub-state', 'spool'),

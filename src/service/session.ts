@@ -138,6 +138,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       maxInFlight: config.maxInFlight,
       queueSize: config.queueSize,
       groupTransactions: config.groupTransactions,
+      insertBatchRows: config.insertBatchRows,
       noGroupUntil: deps.noGroupUntil ?? null,
       // A session re-streaming from below the origin (a table catching up) would receive
       // applied streamed transactions again; those are only ever replayed from the spool.

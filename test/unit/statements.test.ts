@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import type { MappedRelation, TargetColumn } from '../../src/apply/relmap.js';
-import { deleteStatement, insertStatement, truncateStatement, updateStatement } from '../../src/apply/statements.js';
+import { deleteStatement, insertManyStatement, insertStatement, maxInsertRows, truncateStatement, updateStatement } from '../../src/apply/statements.js';
 import { ApplyError } from '../../src/errors.js';
 import type { RelationMessage, ReplicaIdentity, Tuple } from '../../src/protocol/messages.js';
 
@@ -71,6 +71,20 @@ describe('statements', () => {
     const s = insertStatement(orders, [t('1'), t('2'), t("x'); DROP TABLE y; --")]);
     assert.equal(s.text, `INSERT INTO "app"."orders" ("region", "id", "note") VALUES ($1::${INT4}, $2::${INT8}, $3::${TEXT})`);
     assert.deepEqual(s.params, ['1', '2', "x'); DROP TABLE y; --"]);
+  });
+
+  test('multi-row INSERT: parameters numbered row by row, text cached per row count, capped by the protocol', () => {
+    const s = insertManyStatement(orders, [
+      [t('1'), t('2'), t('a')],
+      [t('3'), t('4'), { kind: 'null' }],
+    ]);
+    assert.equal(s.text, `INSERT INTO "app"."orders" ("region", "id", "note") VALUES ($1::${INT4}, $2::${INT8}, $3::${TEXT}), ($4::${INT4}, $5::${INT8}, $6::${TEXT})`);
+    assert.deepEqual(s.params, ['1', '2', 'a', '3', '4', null]);
+    assert.equal(insertManyStatement(orders, [[t('5'), t('6'), t('b')], [t('7'), t('8'), t('c')]]).text, s.text);
+    assert.equal(insertManyStatement(orders, [[t('5'), t('6'), t('b')]]).text, insertStatement(orders, [t('5'), t('6'), t('b')]).text);
+    assert.equal(maxInsertRows(orders, 128), 128);
+    assert.equal(maxInsertRows(orders, 100_000), 21845);
+    assert.throws(() => insertManyStatement(orders, [[t('1'), t('2'), t('a')], [t('3')]]), ApplyError);
   });
 
   test('UPDATE by composite key from the new tuple, or from the old key tuple when the key changed', () => {
