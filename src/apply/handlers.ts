@@ -152,7 +152,6 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
 export type Ending = { kind: 'commit' } | { kind: 'prepare'; gid: string };
 
 export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = { kind: 'commit' }): Promise<void> {
-  await flushInserts(state);
   if (xact.skip) return finishSkipped(state, xact, endLsn, commitTime);
   const prepare = ending.kind === 'prepare';
   if (!xact.open) {
@@ -186,6 +185,9 @@ export async function commitGroup(state: ApplyState): Promise<void> {
 }
 
 async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending, own = 1): Promise<void> {
+  // Inside a group a run of inserts continues across source commits (W4-like streams of
+  // one-row transactions); it is sent before anything that ends the target transaction.
+  await flushInserts(state);
   const prepare = ending.kind === 'prepare';
   const group = state.group;
   if (group && (prepare || xact.behind)) throw new ApplyError(`a group of ${group.transactions} transactions is open at the end of remote xid ${xact.xid}`, { remoteXid: xact.xid });
