@@ -105,6 +105,21 @@ program
   });
 
 program
+  .command('drop')
+  .description('drop the subscription like DROP SUBSCRIPTION: the publisher\'s slot, pgsub\'s rows and replication origin in the target, spool files')
+  .option('-c, --config <file>', 'YAML or JSON config file')
+  .option('--keep-slot', 'leave the replication slot on the publisher (like slot_name = NONE)')
+  .action(async (opts: { config?: string; keepSlot?: boolean }) => {
+    const config = loadConfig({ file: opts.config });
+    const { dropSubscription } = await import('./drop.js');
+    const report = await dropSubscription(config, { keepSlot: Boolean(opts.keepSlot) });
+    process.stdout.write(
+      `subscription ${config.subscription} dropped: slot ${config.slotName} ${report.slot}, ${report.rows} row(s) of pgsub's schema deleted, replication origin ${report.origin}, ${report.spoolFiles} spool file(s) removed\n`,
+    );
+    if (report.preparedLeft.length > 0) process.stdout.write(`left in place: transactions prepared on the target ${report.preparedLeft.join(', ')} (COMMIT PREPARED or ROLLBACK PREPARED them)\n`);
+  });
+
+program
   .command('demo')
   .description('embedded publisher and target of different majors, a sample workload, live progress, and a final comparison')
   .option('--publisher <major>', 'publisher major version', '16')

@@ -333,4 +333,29 @@ describe('pgsub CLI against PostgreSQL 18', () => {
       fs.rmSync(dir, { recursive: true, force: true });
     }
   });
+
+  test('drop: refused while the slot is in use; then slot, rows and replication origin are gone; a second drop finds nothing', async () => {
+    const env = pgsubEnv('cli_drop', 'pub_items');
+    const running = start(env);
+    await running.waitForLog('streaming started');
+    const refused = start(env, ['drop']);
+    assert.equal(await withTimeout(refused.exited, 30_000, 'drop to exit'), 2, refused.output());
+    assert.match(refused.stderr(), /^pgsub: PGSUB_CONTROL_REFUSED: replication slot "cli_drop" is in use by walsender PID \d+/);
+    running.kill('SIGTERM');
+    assert.equal(await running.exited, 0, running.output());
+
+    const drop = start(env, ['drop']);
+    assert.equal(await withTimeout(drop.exited, 30_000, 'drop to exit'), 0, drop.output());
+    assert.match(drop.stdout(), /^subscription cli_drop dropped: slot cli_drop dropped, [1-9]\d* row\(s\) of pgsub's schema deleted, replication origin dropped/);
+    assertNoSecrets(drop.output(), 'drop');
+    assert.equal((await publisher.query(`SELECT 1 FROM pg_replication_slots WHERE slot_name = 'cli_drop'`, [], DB)).length, 0);
+    assert.equal((await target.query(`SELECT 1 FROM pg_replication_origin WHERE roname = 'pgsub_cli_drop'`, [], DB)).length, 0);
+    assert.equal((await target.query(`SELECT 1 FROM pgsub.origin WHERE subscription = 'cli_drop'`, [], DB)).length, 0);
+    // Other subscriptions keep theirs.
+    assert.ok(await originRow('cli_a'));
+
+    const again = start(env, ['drop']);
+    assert.equal(await withTimeout(again.exited, 30_000, 'drop to exit'), 0, again.output());
+    assert.match(again.stdout(), /slot cli_drop absent, 0 row\(s\) of pgsub's schema deleted, replication origin absent/);
+  });
 });
