@@ -12,7 +12,7 @@
  * only moves the origin (finishSkipped).
  */
 import { ApplyError, ProtocolError } from '../errors.js';
-import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import type {
   BeginMessage,
   CommitMessage,
@@ -37,7 +37,8 @@ import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } f
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
-import { deleteStatement, insertManyStatement, insertStatement, maxInsertRows, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
+import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
+import { batchInsert, batchUpdate, flushRowBatch } from './batch.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
@@ -62,6 +63,17 @@ function applies(state: ApplyState, xact: RemoteTransaction, relationId: number)
   return true;
 }
 
+/**
+ * BEGIN of a target transaction applying remote changes. With synchronous_commit = off
+ * (native's default) only these commits are asynchronous — the origin still moves with
+ * them, but feedback waits for the target's WAL flush (origin/progress.ts); idle records,
+ * two-phase steps and skips stay synchronous.
+ */
+export async function beginTarget(state: ApplyState): Promise<void> {
+  await state.pipeline.push(state.conn.execute('BEGIN'));
+  if (state.asyncCommit) await state.pipeline.push(state.conn.execute('SET LOCAL synchronous_commit = off'));
+}
+
 /** The transaction to apply into, opening the target transaction on first use; null when skipped. */
 async function changeTarget(state: ApplyState, what: string, relationId: number): Promise<RemoteTransaction | null> {
   const xact = requireTransaction(state, what);
@@ -69,7 +81,7 @@ async function changeTarget(state: ApplyState, what: string, relationId: number)
   if (!xact.open) {
     xact.open = true;
     // Inside a group the target transaction is open already.
-    if (!state.group) await state.pipeline.push(state.conn.execute('BEGIN'));
+    if (!state.group) await beginTarget(state);
   }
   xact.changes++;
   return xact;
@@ -187,7 +199,7 @@ export async function commitGroup(state: ApplyState): Promise<void> {
 async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending, own = 1): Promise<void> {
   // Inside a group a run of inserts continues across source commits (W4-like streams of
   // one-row transactions); it is sent before anything that ends the target transaction.
-  await flushInserts(state);
+  await flushRowBatch(state);
   const prepare = ending.kind === 'prepare';
   const group = state.group;
   if (group && (prepare || xact.behind)) throw new ApplyError(`a group of ${group.transactions} transactions is open at the end of remote xid ${xact.xid}`, { remoteXid: xact.xid });
@@ -213,6 +225,9 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   const expected = prepare ? 'PREPARE TRANSACTION' : 'COMMIT';
   const commit = state.conn.execute(prepare ? `PREPARE TRANSACTION ${quoteLiteral(ending.gid)}` : 'COMMIT');
   await state.pipeline.push(commit);
+  // Where the target's WAL stood right after the asynchronous commit: flushed past this, it is safe.
+  const walAfter = state.asyncCommit && !prepare ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
+  if (walAfter) await state.pipeline.push(walAfter);
   // Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = state.conn.sync();
   await state.pipeline.push(synced);
@@ -234,7 +249,8 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
     return;
   }
   state.counters.transactionsApplied += transactions;
-  state.progress.noteDurable(endLsn);
+  if (walAfter) state.progress.noteCommittedAsync(endLsn, parseLsn(String((await walAfter).rows[0]?.[0])));
+  else state.progress.noteDurable(endLsn);
   state.onDurable();
 }
 
@@ -265,37 +281,8 @@ async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulInsert(state, xact, rel, m.newTuple);
   // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
-  if (state.insertBatchRows <= 1) return sendStatement(state, insertStatement(rel, m.newTuple));
-  let batch = state.insertBatch;
-  if (batch && (batch.relationId !== m.relationId || batch.rel !== rel)) {
-    await flushInserts(state);
-    batch = null;
-  }
-  batch ??= state.insertBatch = { relationId: m.relationId, rel, tuples: [], bytes: 0 };
-  batch.tuples.push(m.newTuple);
-  for (const v of m.newTuple) if (v.kind === 'text' || v.kind === 'binary') batch.bytes += v.value.length;
-  if (batch.tuples.length >= maxInsertRows(rel, state.insertBatchRows) || batch.bytes >= INSERT_BATCH_BYTES) await flushInserts(state);
-}
-
-/** A multi-row INSERT stops growing here, whatever the row count: wide rows. */
-const INSERT_BATCH_BYTES = 1024 * 1024;
-
-/**
- * Send the pending run of INSERTs: multi-row statements of power-of-two sizes, so a
- * relation needs only a handful of prepared texts. Called before anything else reaches
- * the target (dispatch, finishTransaction), so statement order is the stream's.
- */
-export async function flushInserts(state: ApplyState): Promise<void> {
-  const batch = state.insertBatch;
-  if (!batch) return;
-  state.insertBatch = null;
-  let rest = batch.tuples;
-  while (rest.length > 0) {
-    let size = 1;
-    while (size * 2 <= rest.length) size *= 2;
-    await sendStatement(state, insertManyStatement(batch.rel, rest.slice(0, size)));
-    rest = rest.slice(size);
-  }
+  if (state.batchRows <= 1) return sendStatement(state, insertStatement(rel, m.newTuple));
+  await batchInsert(state, xact, m.relationId, rel, m.newTuple);
 }
 
 async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
@@ -304,6 +291,7 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
   const d = detect(state);
+  if (state.batchRows > 1 && m.oldKind !== 'old' && (await batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d))) return;
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
@@ -369,6 +357,7 @@ export async function dispatch(state: ApplyState, message: PgOutputMessage, raw:
     await spoolMessage(state, message, raw);
     return;
   }
-  if (state.insertBatch && message.tag !== 'insert') await flushInserts(state);
+  // A batch of one kind lives across messages of that kind only (batch.ts).
+  if (state.rowBatch && message.tag !== state.rowBatch.kind) await flushRowBatch(state);
   await (handlers[message.tag] as Handler<typeof message.tag>)(state, message as never);
 }

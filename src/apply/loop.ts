@@ -21,7 +21,7 @@ import type { ConflictConfig } from '../conflict/types.js';
 import type { Logger } from '../log.js';
 import { decode } from '../protocol/decoder.js';
 import { parseReplicationFrame } from '../protocol/framing.js';
-import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import type { ReplicationStream } from '../protocol/replication.js';
 import { idleProgressStatement } from '../origin/store.js';
 import type { Progress } from '../origin/progress.js';
@@ -47,7 +47,7 @@ const QUEUE_BYTES = 32 * 1024 * 1024;
 /** A group also ends after this many changes: a failure re-applies at most this much. */
 const GROUP_MAX_CHANGES = 100_000;
 /** Messages of one remote transaction kept for a careful replay; beyond this, a session restart replays it. */
-const REPLAY_BYTES = 64 * 1024 * 1024;
+const REPLAY_BYTES = 16 * 1024 * 1024;
 
 /**
  * A failure while source transactions were grouped in one target transaction: which one
@@ -95,8 +95,13 @@ export interface ApplyLoopOptions {
   queueSize: number;
   /** Most source transactions per target transaction while behind (1: no grouping). */
   groupTransactions?: number;
+  /**
+   * synchronous_commit = off: apply transactions commit asynchronously, and this idle
+   * connection asks for the target's WAL flush position so feedback can follow it.
+   */
+  flushTracker?: WireConnection | null;
   /** Most rows per multi-row INSERT for runs of inserts into one table (1: one per row). */
-  insertBatchRows?: number;
+  batchRows?: number;
   /** No grouping of transactions finishing at or before this LSN (after a GroupRetryError). */
   noGroupUntil?: Lsn | null;
   /** streaming = parallel, in a session that starts at the origin (never re-streams applied commits). */
@@ -167,8 +172,9 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     onUnknownTable: opts.onUnknownTable,
     xact: null,
     group: null,
-    insertBatch: null,
-    insertBatchRows: opts.insertBatchRows ?? 1,
+    rowBatch: null,
+    batchRows: opts.batchRows ?? 1,
+    asyncCommit: Boolean(opts.flushTracker),
     canGroup(finalLsn) {
       // Only while more is already queued: a caught-up stream commits each transaction at once.
       const group = state.group;
@@ -249,7 +255,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   /** Roll back the target transaction after a failed statement (the wire waits for a Sync). */
   async function rollbackTarget(): Promise<void> {
     pipeline.reset();
-    state.insertBatch = null;
+    state.rowBatch = null;
     await opts.conn.sync().catch(() => {});
     const rollback = opts.conn.execute('ROLLBACK');
     const synced = opts.conn.sync();
@@ -297,7 +303,12 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
           }
           if (kept !== null && !keptTooLarge) {
             keptBytes += item.raw.length;
-            if (keptBytes > REPLAY_BYTES) keptTooLarge = true;
+            if (keptBytes > REPLAY_BYTES) {
+              // Past the limit the kept messages are useless: release them now, not at the
+              // end of what may be a huge transaction (they pin their frames' memory).
+              keptTooLarge = true;
+              kept = [];
+            }
             else kept.push(item.raw);
           }
         }
@@ -334,6 +345,24 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     }
   }
 
+  // lsn_mapping's other half: how far the target's WAL is flushed (its walwriter flushes
+  // asynchronous commits within wal_writer_delay).
+  let flushQueryRunning = false;
+  const flushTimer = opts.flushTracker
+    ? setInterval(() => {
+        const tracker = opts.flushTracker!;
+        if (flushQueryRunning || !progress.hasUnflushed || stopping) return;
+        flushQueryRunning = true;
+        runAlone(tracker, [{ text: 'SELECT pg_catalog.pg_current_wal_flush_lsn()::text', params: [], wantRows: true }])
+          .then(([result]) => {
+            if (progress.noteTargetFlush(parseLsn(String(result?.rows[0]?.[0])))) state.onDurable();
+          })
+          .catch((err: unknown) => fail(err))
+          .finally(() => (flushQueryRunning = false));
+      }, 50)
+    : null;
+  flushTimer?.unref();
+
   const timer = setInterval(() => {
     const now = Date.now();
     if (now - lastFeedbackAt >= opts.statusIntervalMs) sendFeedback();
@@ -359,6 +388,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     await applier;
     queue.close();
     clearInterval(timer);
+    if (flushTimer) clearInterval(flushTimer);
     if (state.xact?.open || state.group) {
       // Roll back the partial remote transaction; it is resent after restart.
       pipeline.reset();
@@ -367,7 +397,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     }
     state.xact = null;
     state.group = null;
-    state.insertBatch = null;
+    state.rowBatch = null;
     await parallelHolder.value?.close();
     if (failure === null) sendFeedback();
     stream.destroy();

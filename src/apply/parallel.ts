@@ -28,7 +28,8 @@ import { ProtocolError } from '../errors.js';
 import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import type { PgOutputMessage, StreamCommitMessage, StreamPrepareMessage } from '../protocol/messages.js';
 import { faultPoint } from '../service/faults.js';
-import { dispatch, finishTransaction, flushInserts, type Ending } from './handlers.js';
+import { beginTarget, dispatch, finishTransaction, type Ending } from './handlers.js';
+import { flushRowBatch } from './batch.js';
 import { RelationMap } from './relmap.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { Pipeline, runAlone, type WireConnection } from './target.js';
@@ -139,7 +140,7 @@ export class ParallelApply {
     eager.savepoints.length = at;
     try {
       // Inserts batched before the abort belong before the rollback.
-      await flushInserts(worker.state);
+      await flushRowBatch(worker.state);
       await worker.state.pipeline.push(worker.conn.execute(`ROLLBACK TO SAVEPOINT ${savepointName(subXid)}`));
     } catch (err) {
       await this.#fallBack(eager, 'error in the parallel transaction', err);
@@ -227,7 +228,7 @@ export class ParallelApply {
     this.#stopWatching();
     if (!worker) return;
     worker.state.xact = null;
-    worker.state.insertBatch = null;
+    worker.state.rowBatch = null;
     if (!eager.xact.open) return;
     try {
       worker.state.pipeline.reset();
@@ -281,13 +282,13 @@ export class ParallelApply {
   async #enterSubtransaction(worker: Worker, eager: Eager, subXid: number): Promise<void> {
     if (!eager.xact.open) {
       eager.xact.open = true;
-      await worker.state.pipeline.push(worker.conn.execute('BEGIN'));
+      await beginTarget(worker.state);
       this.#startWatching();
     }
     if (subXid === eager.xid || eager.savepoints.includes(subXid)) return;
     eager.savepoints.push(subXid);
     // Inserts batched so far belong before the savepoint.
-    await flushInserts(worker.state);
+    await flushRowBatch(worker.state);
     await worker.state.pipeline.push(worker.conn.execute(`SAVEPOINT ${savepointName(subXid)}`));
   }
 
@@ -312,8 +313,9 @@ export class ParallelApply {
       xact: null,
       group: null,
       canGroup: () => false,
-      insertBatch: null,
-      insertBatchRows: leader.insertBatchRows,
+      rowBatch: null,
+      batchRows: leader.batchRows,
+      asyncCommit: leader.asyncCommit,
       conflicts: leader.conflicts,
       originId: leader.originId,
       // A conflict makes the eager transaction fall back: the leader replays it carefully.

@@ -7,8 +7,8 @@
 import type { Logger } from '../log.js';
 import type { Lsn } from '../protocol/lsn.js';
 import type { Progress } from '../origin/progress.js';
-import type { MappedRelation, RelationMap } from './relmap.js';
-import type { Tuple } from '../protocol/messages.js';
+import type { RelationMap } from './relmap.js';
+import type { RowBatch } from './batch.js';
 import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../tablesync/state.js';
 import type { Pipeline, WireConnection } from './target.js';
@@ -41,14 +41,6 @@ export interface TargetGroup {
   changes: number;
   endLsn: Lsn;
   commitTime: bigint;
-}
-
-/** A run of INSERTs into one relation not sent yet (handlers.ts flushInserts). */
-export interface InsertBatch {
-  relationId: number;
-  rel: MappedRelation;
-  tuples: Tuple[];
-  bytes: number;
 }
 
 export interface ApplyCounters {
@@ -91,9 +83,11 @@ export interface ApplyState {
   streamXid: number | null;
   xact: RemoteTransaction | null;
   /** INSERTs waiting to go out as one multi-row statement; null when none. */
-  insertBatch: InsertBatch | null;
+  rowBatch: RowBatch | null;
+  /** synchronous_commit = off for apply transactions, with flush tracking (handlers.ts beginTarget). */
+  readonly asyncCommit: boolean;
   /** Most rows per multi-row INSERT (1: one statement per row). */
-  readonly insertBatchRows: number;
+  readonly batchRows: number;
   /** An open target transaction holding committed source transactions (see TargetGroup). */
   group: TargetGroup | null;
   /** May the transaction finishing at `finalLsn` stay open for the next one? (more is queued, limits) */

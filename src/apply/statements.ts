@@ -158,9 +158,9 @@ export function insertStatement(rel: MappedRelation, tuple: Tuple): Statement {
 /** Most bind parameters one statement may carry (the protocol's Int16 count). */
 const MAX_PARAMS = 65535;
 
-/** How many rows of `rel` one multi-row INSERT may carry. */
-export function maxInsertRows(rel: MappedRelation, wanted: number): number {
-  return Math.max(1, Math.min(wanted, Math.floor(MAX_PARAMS / Math.max(1, rel.targetColumns.length))));
+/** How many rows of `width` parameters each one multi-row statement may carry. */
+export function maxBatchRows(width: number, wanted: number): number {
+  return Math.max(1, Math.min(wanted, Math.floor(MAX_PARAMS / Math.max(1, width))));
 }
 
 /**
@@ -295,6 +295,33 @@ export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | un
   const params = new Params(rel);
   for (const i of setIndexes) params.add(newTuple, i);
   addLocatorParams(params, loc);
+  return params.statement(text);
+}
+
+/**
+ * One UPDATE for several rows located by key (batch.ts): the sent columns and the key of
+ * each row as a VALUES list joined on the key. The rows have distinct keys (an UPDATE …
+ * FROM with two matches for one row would apply only one). With detection, a count short
+ * of the row count raises update_missing, and the careful path finds which row it was.
+ */
+export function updateManyStatement(rel: MappedRelation, tuples: Tuple[], setIndexes: number[], detect: Detect | null): Statement {
+  if (tuples.length === 1) return updateStatement(rel, undefined, undefined, tuples[0]!, detect);
+  const columns = [...setIndexes, ...rel.keyIndexes];
+  const width = columns.length;
+  const text = cached(rel, `UM${tuples.length}|${setIndexes.join(',')}${detect ? '|d' : ''}`, () => {
+    const rows = tuples.map((_, r) => `(${columns.map((i, n) => param(rel, i, r * width + n + 1)).join(', ')})`).join(', ');
+    const names = columns.map((_, n) => `"p${n}"`).join(', ');
+    const sets = setIndexes.map((i, n) => `${column(rel, i)} = "pgsub_values"."p${n}"`).join(', ');
+    const where = rel.keyIndexes.map((i, n) => `"pgsub_row".${column(rel, i)} = "pgsub_values"."p${setIndexes.length + n}"`).join(' AND ');
+    const plain = `UPDATE ${target(rel)} AS "pgsub_row" SET ${sets} FROM (VALUES ${rows}) AS "pgsub_values" (${names}) WHERE ${where}`;
+    if (!detect) return plain;
+    return `WITH pgsub_changed AS (${plain} RETURNING 1) SELECT CASE WHEN (SELECT pg_catalog.count(*) FROM pgsub_changed) <> ${tuples.length} THEN "pgsub"."conflict"('update_missing') END`;
+  });
+  const params = new Params(rel);
+  for (const tuple of tuples) {
+    checkWidth(rel, tuple);
+    for (const i of columns) params.add(tuple, i);
+  }
   return params.statement(text);
 }
 

@@ -95,7 +95,7 @@ const fileSchema = z
     max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(1000),
     queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
     group_transactions: z.coerce.number().int().min(1).max(100_000).default(64),
-    insert_batch_rows: z.coerce.number().int().min(1).max(4096).default(128),
+    batch_rows: z.coerce.number().int().min(1).max(4096).default(128),
     state_dir: z.string().min(1).optional(),
     log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
@@ -136,7 +136,7 @@ export interface Config {
   /** Most source transactions applied in one target transaction while behind (1: one each). */
   groupTransactions: number;
   /** Most rows per multi-row INSERT for a run of inserts into one table (1: one statement per row). */
-  insertBatchRows: number;
+  batchRows: number;
   logLevel: FileConfig['log_level'];
   /** Where streamed transactions are spooled: <state_dir>/spool. */
   spoolDir: string;
@@ -232,7 +232,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     maxInFlight: c.max_in_flight,
     queueSize: c.queue_size,
     groupTransactions: c.group_transactions,
-    insertBatchRows: c.insert_batch_rows,
+    batchRows: c.batch_rows,
     logLevel: c.log_level,
     // systemd's StateDirectory= sets STATE_DIRECTORY; otherwise a folder beside the working directory.
     spoolDir: path.join(c.state_dir ?? env.STATE_DIRECTORY ?? '.pgsub-state', 'spool'),
@@ -265,7 +265,6 @@ function rejectUnimplemented(c: FileConfig, streaming: string): void {
   };
   if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
-  if (c.synchronous_commit === 'off') refuse('synchronous_commit', 'off', 'flush tracking for asynchronous commits is not built yet; use on, local, remote_write or remote_apply');
   if (!c.password_required) refuse('password_required', false, 'pgsub connects as a client; authentication is the server\'s choice');
   if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');
   if (c.failover) refuse('failover', true, 'failover slots are not built yet');

@@ -59,7 +59,10 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
   let conn: WireConnection | null = null;
   let replication: ReplicationConnection | null = null;
   try {
-    conn = await openApplyConnection(config.target, { applicationName: appName, synchronousCommit: config.synchronousCommit });
+    // synchronous_commit = off applies to the apply transactions only (SET LOCAL, with flush
+    // tracking); the session itself commits idle records and two-phase steps synchronously.
+    const sessionCommit = config.synchronousCommit === 'off' ? 'on' : config.synchronousCommit;
+    conn = await openApplyConnection(config.target, { applicationName: appName, synchronousCommit: sessionCommit });
     const applyConn = conn;
     await setupSessionOrigin((text, params) => runAlone(applyConn, [{ text, params }]), replicationOriginName(config.subscription));
     if (config.twoPhase) await checkPreparedTransactions(applyConn);
@@ -119,7 +122,9 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       'streaming started',
     );
     events.onStreaming?.({ startLsn, protoVersion, publisherVersion: replication.serverVersionNum });
+    const flushTracker = config.synchronousCommit === 'off' ? await openApplyConnection(config.target, { applicationName: `${appName}_flush`, synchronousCommit: 'on' }) : null;
     const loop: ApplyLoop = startApplyLoop({
+      flushTracker,
       subscription: config.subscription,
       stream,
       conn,
@@ -138,7 +143,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       maxInFlight: config.maxInFlight,
       queueSize: config.queueSize,
       groupTransactions: config.groupTransactions,
-      insertBatchRows: config.insertBatchRows,
+      batchRows: config.batchRows,
       noGroupUntil: deps.noGroupUntil ?? null,
       // A session re-streaming from below the origin (a table catching up) would receive
       // applied streamed transactions again; those are only ever replayed from the spool.
@@ -146,7 +151,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
         config.streaming === 'parallel' && startLsn >= originLsn
           ? {
               openConnection: async (purpose) => {
-                const extra = await openApplyConnection(config.target, { applicationName: `${appName}_${purpose}`, synchronousCommit: config.synchronousCommit });
+                const extra = await openApplyConnection(config.target, { applicationName: `${appName}_${purpose}`, synchronousCommit: sessionCommit });
                 return extra;
               },
               originName: replicationOriginName(config.subscription),
@@ -166,6 +171,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       spool.close();
       await openReplicationConn.close();
       await applyConn.close().catch(() => {});
+      await flushTracker?.close().catch(() => {});
     });
     return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction() };
   } catch (err) {

@@ -5,6 +5,8 @@
  * has no unique constraint, so a transaction applied twice would show as extra rows.
  * Throughout, the slot's confirmed_flush_lsn is sampled and must never exceed the origin
  * LSN committed in the target (read after it, so the comparison is conservative).
+ * Run twice: with the defaults, and with the fastest configuration (binary, asynchronous
+ * commit with flush tracking, grouping and multi-row inserts), each into its own database.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -18,13 +20,19 @@ const MIN_KILLS = 5;
 let publisher: Cluster;
 let target: Cluster;
 const children: PgsubProcess[] = [];
+const RUNS = [
+  { name: 'defaults', sub: 'crash', db: 'crash', env: {} as Record<string, string> },
+  { name: 'fastest configuration', sub: 'crashfast', db: 'crashfast', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off' } as Record<string, string> },
+];
 
 before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'crash-pub' }), startCluster({ major: 18, name: 'crash-tgt' })]);
-  await publisher.createDatabase('src');
-  await target.createDatabase('dst');
-  await publisher.query(`${LEDGER_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`, [], 'src');
-  await target.query(LEDGER_SCHEMA, [], 'dst');
+  for (const run of RUNS) {
+    await publisher.createDatabase(run.db);
+    await target.createDatabase(run.db);
+    await publisher.query(`${LEDGER_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`, [], run.db);
+    await target.query(LEDGER_SCHEMA, [], run.db);
+  }
 });
 
 after(async () => {
@@ -33,22 +41,24 @@ after(async () => {
   await target?.stop();
 });
 
-async function originLsn(): Promise<bigint | null> {
-  const rows = await target.query<{ lsn: string }>(`SELECT remote_lsn::text AS lsn FROM pgsub.origin WHERE subscription = 'crash'`, [], 'dst').catch(() => []);
+async function originLsn(sub: string, db: string): Promise<bigint | null> {
+  const rows = await target.query<{ lsn: string }>(`SELECT remote_lsn::text AS lsn FROM pgsub.origin WHERE subscription = $1`, [sub], db).catch(() => []);
   return rows[0] ? lsnToBigint(rows[0].lsn) : null;
 }
 
-test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} transactions: nothing lost, nothing duplicated (seed ${SEED})`, { timeout: 600_000 }, async () => {
+for (const run of RUNS) {
+test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} transactions, ${run.name}: nothing lost, nothing duplicated (seed ${SEED})`, { timeout: 600_000 }, async () => {
   const rand = prng(SEED);
   const env = {
-    PGSUB_SOURCE: publisher.url('src'),
-    PGSUB_TARGET: target.url('dst'),
+    PGSUB_SOURCE: publisher.url(run.db),
+    PGSUB_TARGET: target.url(run.db),
     PGSUB_PUBLICATION: 'pub',
-    PGSUB_SUBSCRIPTION: 'crash',
+    PGSUB_SUBSCRIPTION: run.sub,
     PGSUB_COPY_DATA: 'false',
     PGSUB_STATUS_INTERVAL: '1',
     PGSUB_RETRY_MIN_DELAY: '0.2',
     PGSUB_LOG_LEVEL: 'info',
+    ...run.env,
   };
 
   // Sample the invariant for the whole run: confirmed_flush (read first) <= origin (read after).
@@ -57,8 +67,8 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
   let sampling = true;
   const sampler = (async () => {
     while (sampling) {
-      const confirmed = await slotConfirmedLsn(publisher, 'crash').catch(() => null);
-      const origin = await originLsn();
+      const confirmed = await slotConfirmedLsn(publisher, run.sub).catch(() => null);
+      const origin = await originLsn(run.sub, run.db);
       if (confirmed !== null && origin !== null) {
         samples++;
         if (confirmed > origin) violations.push(`confirmed ${confirmed} > origin ${origin}`);
@@ -71,7 +81,7 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
   children.push(first);
   await first.waitForLog('streaming started');
   let workloadDone = false;
-  const workload = runLedgerWorkload(publisher, 'src', { clients: CLIENTS, transactionsPerClient: TRANSACTIONS_PER_CLIENT, seed: SEED }).then(() => {
+  const workload = runLedgerWorkload(publisher, run.db, { clients: CLIENTS, transactionsPerClient: TRANSACTIONS_PER_CLIENT, seed: SEED }).then(() => {
     workloadDone = true;
   });
 
@@ -92,8 +102,8 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
   // Last run: let it catch up, then stop it cleanly (once it runs: a process still loading
   // has no signal handler yet, and the killed one may have confirmed everything already).
   await current.waitForLog('streaming started');
-  const end = await currentWalLsn(publisher, 'src');
-  await waitFor(async () => ((await slotConfirmedLsn(publisher, 'crash')) ?? 0n) >= end, { timeoutMs: 180_000, intervalMs: 200, what: 'catch-up after the last restart' });
+  const end = await currentWalLsn(publisher, run.db);
+  await waitFor(async () => ((await slotConfirmedLsn(publisher, run.sub)) ?? 0n) >= end, { timeoutMs: 180_000, intervalMs: 200, what: 'catch-up after the last restart' });
   current.kill('SIGTERM');
   assert.equal(await current.exited, 0, current.output().slice(-3000));
   sampling = false;
@@ -103,12 +113,13 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
   assert.deepEqual(violations, [], 'the slot confirmed a position the target had not committed');
   assert.ok(samples > 50, `only ${samples} samples of the flush invariant`);
 
-  const ledger = await checkLedger(publisher, 'src', target, 'dst');
+  const ledger = await checkLedger(publisher, run.db, target, run.db);
   assert.equal(ledger.sourceRows, CLIENTS * TRANSACTIONS_PER_CLIENT);
   assert.deepEqual(ledger.duplicates, [], 'duplicated transactions in the target');
   assert.equal(ledger.targetRows, ledger.sourceRows, 'lost transactions in the target');
   assert.ok(ledger.equal, 'target differs from source');
-  const [applied] = await target.query(`SELECT transactions_applied::int AS n FROM pgsub.origin WHERE subscription = 'crash'`, [], 'dst');
+  const [applied] = await target.query(`SELECT transactions_applied::int AS n FROM pgsub.origin WHERE subscription = $1`, [run.sub], run.db);
   assert.equal(applied.n, CLIENTS * TRANSACTIONS_PER_CLIENT, 'each source transaction counted exactly once in the origin row');
-  process.stdout.write(`# crash test: seed ${SEED}, ${kills} kills, ${samples} invariant samples, ${ledger.targetRows} ledger rows\n`);
+  process.stdout.write(`# crash test (${run.name}): seed ${SEED}, ${kills} kills, ${samples} invariant samples, ${ledger.targetRows} ledger rows\n`);
 });
+}

@@ -280,7 +280,6 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
   });
 
   const refused: [string, string, string][] = [
-    ['synchronous_commit', 'PGSUB_SYNCHRONOUS_COMMIT', 'off'],
     ['failover', 'PGSUB_FAILOVER', 'true'],
     ['enabled', 'PGSUB_ENABLED', 'false'],
     ['connect', 'PGSUB_CONNECT', 'false'],
@@ -321,7 +320,7 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
     assert.equal(load({ file: on }).streaming, 'on');
     assert.equal(load({ file: on }).binary, true);
     const file2 = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\nsynchronous_commit: false\n');
-    assertNotImplemented(() => load({ file: file2 }), 'synchronous_commit');
+    assert.equal(load({ file: file2 }).synchronousCommit, 'off');
     const file3 = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\ntwo_phase: true\n');
     assert.equal(load({ file: file3 }).twoPhase, true);
   });

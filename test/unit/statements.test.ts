@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import type { MappedRelation, TargetColumn } from '../../src/apply/relmap.js';
-import { deleteStatement, insertManyStatement, insertStatement, maxInsertRows, truncateStatement, updateStatement } from '../../src/apply/statements.js';
+import { deleteStatement, insertManyStatement, insertStatement, maxBatchRows, truncateStatement, updateManyStatement, updateStatement } from '../../src/apply/statements.js';
 import { ApplyError } from '../../src/errors.js';
 import type { RelationMessage, ReplicaIdentity, Tuple } from '../../src/protocol/messages.js';
 
@@ -82,9 +82,28 @@ describe('statements', () => {
     assert.deepEqual(s.params, ['1', '2', 'a', '3', '4', null]);
     assert.equal(insertManyStatement(orders, [[t('5'), t('6'), t('b')], [t('7'), t('8'), t('c')]]).text, s.text);
     assert.equal(insertManyStatement(orders, [[t('5'), t('6'), t('b')]]).text, insertStatement(orders, [t('5'), t('6'), t('b')]).text);
-    assert.equal(maxInsertRows(orders, 128), 128);
-    assert.equal(maxInsertRows(orders, 100_000), 21845);
+    assert.equal(maxBatchRows(3, 128), 128);
+    assert.equal(maxBatchRows(3, 100_000), 21845);
     assert.throws(() => insertManyStatement(orders, [[t('1'), t('2'), t('a')], [t('3')]]), ApplyError);
+  });
+
+  test('multi-row UPDATE: sent columns and keys as VALUES joined on the key; detection counts the rows', () => {
+    const rows: Tuple[] = [
+      [t('1'), t('2'), t('a')],
+      [t('1'), t('3'), { kind: 'null' }],
+    ];
+    const s = updateManyStatement(orders, rows, [0, 1, 2], null);
+    assert.equal(
+      s.text,
+      `UPDATE ONLY "app"."orders" AS "pgsub_row" SET "region" = "pgsub_values"."p0", "id" = "pgsub_values"."p1", "note" = "pgsub_values"."p2" ` +
+        `FROM (VALUES ($1::${INT4}, $2::${INT8}, $3::${TEXT}, $4::${INT4}, $5::${INT8}), ($6::${INT4}, $7::${INT8}, $8::${TEXT}, $9::${INT4}, $10::${INT8})) ` +
+        `AS "pgsub_values" ("p0", "p1", "p2", "p3", "p4") WHERE "pgsub_row"."region" = "pgsub_values"."p3" AND "pgsub_row"."id" = "pgsub_values"."p4"`,
+    );
+    assert.deepEqual(s.params, ['1', '2', 'a', '1', '2', '1', '3', null, '1', '3']);
+    const detected = updateManyStatement(orders, rows, [0, 1, 2], { originId: null, returningOld: true });
+    assert.match(detected.text, /^WITH pgsub_changed AS \(UPDATE .* RETURNING 1\) SELECT CASE WHEN \(SELECT pg_catalog\.count\(\*\) FROM pgsub_changed\) <> 2 THEN "pgsub"\."conflict"\('update_missing'\) END$/);
+    // One row: the single-row statement.
+    assert.equal(updateManyStatement(orders, [rows[0]!], [0, 1, 2], null).text, updateStatement(orders, undefined, undefined, rows[0]!).text);
   });
 
   test('UPDATE by composite key from the new tuple, or from the old key tuple when the key changed', () => {
