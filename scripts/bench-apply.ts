@@ -241,6 +241,8 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     PGSUB_SUBSCRIPTION: name,
     PGSUB_COPY_DATA: 'false',
     PGSUB_BINARY: 'true',
+    // Like native's default: asynchronous apply commits, feedback after the target's WAL flush.
+    PGSUB_SYNCHRONOUS_COMMIT: 'off',
     PGSUB_STREAMING: mode,
     PGSUB_STATE_DIR: stateDir,
     PGSUB_LOG_LEVEL: 'info',
