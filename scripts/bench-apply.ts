@@ -61,7 +61,7 @@
  * RSS, walsender / pgsub / target CPU seconds), the issue's goals as met / not met, and
  * bench-results/apply-<timestamp>.json. Nothing is asserted about speed.
  */
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
@@ -70,7 +70,6 @@ import { installedMajors, startCluster, stopAllClusters, tableChecksum, type Clu
 import { WORKLOAD_IDS, runBacklog, workloads, type Mode, type Workload, type WorkloadId } from './bench-apply-workloads.js';
 import {
   benchClient,
-  coreCount,
   CpuSampler,
   foreignCores,
   formatTable,
@@ -82,7 +81,6 @@ import {
   parsePgsubEnv,
   pollUntil,
   postmasterPid,
-  REPO_ROOT,
   round,
   sleep,
   slotState,
@@ -92,6 +90,7 @@ import {
   type CpuReport,
   type PgsubBuild,
   type WatchedPgsub,
+  writeBenchResult,
 } from './bench-lib.js';
 
 const SOURCE_DB = 'bench';
@@ -656,29 +655,15 @@ async function main(): Promise<void> {
     const summaries = summarize(runs);
     const goalLines = goals(summaries);
     printReport(summaries, backlogs, goalLines);
-    mkdirSync(path.join(REPO_ROOT, 'bench-results'), { recursive: true });
-    const file = path.join(REPO_ROOT, 'bench-results', `apply-${new Date(started).toISOString().replace(/[:.]/g, '-')}.json`);
-    writeFileSync(
-      file,
-      JSON.stringify(
-        {
-          benchmark: 'apply',
-          startedAt: new Date(started).toISOString(),
-          totalSeconds: round((Date.now() - started) / 1000, 0),
-          machine: { cores: coreCount(), cpu: os.cpus()[0]?.model, memoryGiB: round(os.totalmem() / 2 ** 30, 1), node: process.version, servers: versions },
-          pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, runAs: build.mode, buildErrors: build.buildErrors, settings: { copy_data: false, binary: true, streaming: 'per workload', ...PGSUB_EXTRA_ENV } },
-          native: { settings: 'enabled false until measured, copy_data false, binary true, streaming per workload, synchronous_commit off (default)' },
-          settings: { scale: SCALE, repeat: REPEAT, crossRepeat: CROSS_REPEAT, pairs: PAIRS, contestants: KINDS, server: SERVER_SETTINGS, workloads: WORKLOADS.map((w) => ({ id: w.id, title: w.title, modes: w.modes, rowChanges: w.rowChanges, tables: w.tables })) },
-          goals: goalLines,
-          summaries,
-          backlogs,
-          runs,
-        },
-        null,
-        2,
-      ),
-    );
-    out(`\nresults: ${path.relative(process.cwd(), file)} (${round((Date.now() - started) / 60_000, 1)} min)`);
+    writeBenchResult('apply', started, { servers: versions }, {
+      pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, runAs: build.mode, buildErrors: build.buildErrors, settings: { copy_data: false, binary: true, synchronous_commit: 'off', streaming: 'per workload', ...PGSUB_EXTRA_ENV } },
+      native: { settings: 'enabled false until measured, copy_data false, binary true, streaming per workload, synchronous_commit off (default)' },
+      settings: { scale: SCALE, repeat: REPEAT, crossRepeat: CROSS_REPEAT, pairs: PAIRS, contestants: KINDS, server: SERVER_SETTINGS, workloads: WORKLOADS.map((w) => ({ id: w.id, title: w.title, modes: w.modes, rowChanges: w.rowChanges, tables: w.tables })) },
+      goals: goalLines,
+      summaries,
+      backlogs,
+      runs,
+    }, out);
   } finally {
     await stopAllClusters();
     build.remove();

@@ -20,7 +20,7 @@
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Transform } from 'node:stream';
@@ -614,4 +614,19 @@ export async function pollUntil(done: () => Promise<boolean>, timeoutMs: number,
     if (Date.now() > deadline) throw new Error(`not finished within ${Math.round(timeoutMs / 1000)} s`);
     await sleep(intervalMs);
   }
+}
+
+/**
+ * Write a benchmark's JSON result to bench-results/<kind>-<start time>.json, with what every
+ * result carries (start, duration, the machine), and print where it went.
+ */
+export function writeBenchResult(kind: string, started: number, machineExtra: Record<string, unknown>, body: Record<string, unknown>, out: (line: string) => void): string {
+  const dir = path.join(REPO_ROOT, 'bench-results');
+  mkdirSync(dir, { recursive: true });
+  const file = path.join(dir, `${kind}-${new Date(started).toISOString().replace(/[:.]/g, '-')}.json`);
+  const machine = { cores: coreCount(), cpu: os.cpus()[0]?.model, memoryGiB: round(os.totalmem() / 2 ** 30, 1), node: process.version, ...machineExtra };
+  const result = { benchmark: kind, startedAt: new Date(started).toISOString(), totalSeconds: round((Date.now() - started) / 1000, 0), machine, ...body };
+  writeFileSync(file, JSON.stringify(result, null, 2));
+  out(`\nresults: ${path.relative(process.cwd(), file)} (${round((Date.now() - started) / 60_000, 1)} min)`);
+  return file;
 }

@@ -53,7 +53,7 @@
  * bench-results/stream-<timestamp>.json. Nothing is asserted about speed; the memory goal (peak RSS under 300 MB) is printed as
  * met / not met.
  */
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -61,12 +61,10 @@ import { parseArgs } from 'node:util';
 import pg from 'pg';
 import { startCluster, stopAllClusters, type Cluster } from '../test/harness/index.js';
 import {
-  coreCount,
   CpuSampler,
   foreignCores,
   formatTable,
   postmasterPid,
-  REPO_ROOT,
   round,
   sleep,
   snapshotPgsub,
@@ -75,6 +73,7 @@ import {
   type CpuReport,
   type PgsubBuild,
   type WatchedPgsub,
+  writeBenchResult,
 } from './bench-lib.js';
 
 const SOURCE_DB = 'bench';
@@ -143,7 +142,6 @@ const EXPECTED_SUM = ((BigInt(ROWS) * BigInt(ROWS + 1)) / 2n).toString();
 // Samplers
 
 const MB = (bytes: number) => bytes / 1e6;
-const MIB_TO_MB = 1.048576;
 
 /** VmRSS, RssAnon and VmHWM of a process, in decimal MB; null once it has gone. */
 function procMemory(pid: number): { rss: number; anon: number; hwm: number } | null {
@@ -666,26 +664,12 @@ async function main(): Promise<void> {
       }
     }
     const goals = report(results);
-    mkdirSync(path.join(REPO_ROOT, 'bench-results'), { recursive: true });
-    const file = path.join(REPO_ROOT, 'bench-results', `stream-${new Date(started).toISOString().replace(/[:.]/g, '-')}.json`);
-    writeFileSync(
-      file,
-      JSON.stringify(
-        {
-          benchmark: 'stream',
-          startedAt: new Date(started).toISOString(),
-          totalSeconds: round((Date.now() - started) / 1000, 0),
-          machine: { cores: coreCount(), cpu: os.cpus()[0]?.model, memoryGiB: round(os.totalmem() / 2 ** 30, 1), node: process.version, server: version },
-          pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, runAs: build.mode, buildErrors: build.buildErrors, traceMemory: TRACE_MEMORY, extraEnv: PGSUB_EXTRA_ENV },
-          settings: { server: SERVER_SETTINGS, rows: ROWS, valueBytes: VALUE_BYTES, modes: SELECTED_MODES, contestants: SELECTED_CONTESTANTS, sampleMs: SAMPLE_MS, pgsubDefaults: 'queue_size 10000, max_in_flight 1000, binary false, synchronous_commit on', native: 'binary false, synchronous_commit off (native default)' },
-          goals,
-          runs: results,
-        },
-        null,
-        2,
-      ),
-    );
-    out(`\nresults: ${path.relative(process.cwd(), file)} (${round((Date.now() - started) / 60_000, 1)} min)`);
+    writeBenchResult('stream', started, { server: version }, {
+      pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, runAs: build.mode, buildErrors: build.buildErrors, traceMemory: TRACE_MEMORY, extraEnv: PGSUB_EXTRA_ENV },
+      settings: { server: SERVER_SETTINGS, rows: ROWS, valueBytes: VALUE_BYTES, modes: SELECTED_MODES, contestants: SELECTED_CONTESTANTS, sampleMs: SAMPLE_MS, pgsubDefaults: 'queue_size 10000, max_in_flight 1000, binary false, synchronous_commit on', native: 'binary false, synchronous_commit off (native default)' },
+      goals,
+      runs: results,
+    }, out);
   } finally {
     await servers?.pubWork.end().catch(() => {});
     await servers?.pubMonitor.end().catch(() => {});

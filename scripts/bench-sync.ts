@@ -43,7 +43,7 @@
  * Results: a table on stdout and bench-results/sync-<timestamp>.json. Nothing is asserted
  * about speed; the goals are printed as met / not met.
  */
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -53,7 +53,6 @@ import { startCluster, stopAllClusters, type Cluster } from '../test/harness/ind
 import {
   ActivitySampler,
   copyPipe,
-  coreCount,
   CpuSampler,
   foreignCores,
   formatTable,
@@ -63,7 +62,6 @@ import {
   pollUntil,
   postmasterPid,
   reniceCluster,
-  REPO_ROOT,
   round,
   sleep,
   snapshotPgsub,
@@ -71,6 +69,7 @@ import {
   type CpuReport,
   waitForQuiet,
   type PgsubBuild,
+  writeBenchResult,
 } from './bench-lib.js';
 
 const SOURCE_DB = 'bench';
@@ -614,28 +613,14 @@ async function main(): Promise<void> {
 
     const summaries = summarize(results, infos);
     const goals = printReport(summaries, infos);
-    mkdirSync(path.join(REPO_ROOT, 'bench-results'), { recursive: true });
-    const file = path.join(REPO_ROOT, 'bench-results', `sync-${new Date(started).toISOString().replace(/[:.]/g, '-')}.json`);
-    writeFileSync(
-      file,
-      JSON.stringify(
-        {
-          benchmark: 'sync',
-          startedAt: new Date(started).toISOString(),
-          totalSeconds: round((Date.now() - started) / 1000, 0),
-          machine: { cores: coreCount(), cpu: os.cpus()[0]?.model, memoryGiB: round(os.totalmem() / 2 ** 30, 1), node: process.version, server: version },
-          pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, mode: build.mode, buildTypeErrors: build.buildErrors },
-          settings: { server: SERVER_SETTINGS, rows: ROWS, reps: REPS, nativeDefaults: 'max_sync_workers_per_subscription = 2 (default)' },
-          datasets: Object.fromEntries(all.map((d) => [d.name, { ...infos[d.name], tables: d.tables }])),
-          summaries,
-          goals,
-          runs: results,
-        },
-        null,
-        2,
-      ),
-    );
-    out(`\nresults: ${path.relative(process.cwd(), file)} (${round((Date.now() - started) / 60_000, 1)} min)`);
+    writeBenchResult('sync', started, { server: version }, {
+      pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, mode: build.mode, buildTypeErrors: build.buildErrors },
+      settings: { server: SERVER_SETTINGS, rows: ROWS, reps: REPS, nativeDefaults: 'max_sync_workers_per_subscription = 2 (default)' },
+      datasets: Object.fromEntries(all.map((d) => [d.name, { ...infos[d.name], tables: d.tables }])),
+      summaries,
+      goals,
+      runs: results,
+    }, out);
   } finally {
     await servers?.pubMonitor.end().catch(() => {});
     await servers?.tgtMonitor.end().catch(() => {});

@@ -1,3 +1,6 @@
+import type { Cluster } from './cluster.js';
+import { currentWalLsn, slotConfirmedLsn } from './compare.js';
+
 export { pgBinDir, installedMajors, hydrateSymlinks, SHARED_BIN_ROOT } from './binaries.js';
 export { startCluster, stopAllClusters, DEFAULT_SETTINGS } from './cluster.js';
 export type { Cluster, ClusterOptions } from './cluster.js';
@@ -49,6 +52,15 @@ export async function waitFor(
     }
     await new Promise((r) => setTimeout(r, Math.min(intervalMs, Math.max(0, deadline - Date.now()))));
   }
+}
+
+/**
+ * Wait until `slot` has confirmed the publisher's WAL position as of now in `database`:
+ * the subscriber applied (and its target committed) everything written before the call.
+ */
+export async function waitForCatchUp(publisher: Cluster, database: string, slot: string, timeoutMs = 60_000): Promise<void> {
+  const end = await currentWalLsn(publisher, database);
+  await waitFor(async () => ((await slotConfirmedLsn(publisher, slot)) ?? 0n) >= end, { timeoutMs, intervalMs: 100, what: `slot ${slot} to catch up` });
 }
 
 export { tableChecksum, compareTables, currentWalLsn, slotConfirmedLsn, lsnToBigint, connect } from './compare.js';

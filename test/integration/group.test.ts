@@ -8,7 +8,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { compareTables, currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { compareTables, spawnPgsub, startCluster, waitFor, waitForCatchUp, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 const SCHEMA = `CREATE TABLE public.acct (id int PRIMARY KEY, balance bigint NOT NULL);`;
 let publisher: Cluster;
@@ -51,10 +51,7 @@ async function stop(): Promise<void> {
   child = null;
 }
 
-async function caughtUp(sub: string): Promise<void> {
-  const end = await currentWalLsn(publisher, 'src');
-  await waitFor(async () => ((await slotConfirmedLsn(publisher, sub)) ?? 0n) >= end, { timeoutMs: 120_000, intervalMs: 100, what: 'catch-up' });
-}
+const caughtUp = (sub: string) => waitForCatchUp(publisher, 'src', sub, 120_000);
 
 /** A backlog of `n` one-row transactions, written while pgsub is stopped. */
 async function backlog(firstId: number, n: number): Promise<void> {

@@ -15,7 +15,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
 import type pg from 'pg';
-import { compareTables, connect, currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { compareTables, connect, spawnPgsub, startCluster, waitFor, waitForCatchUp, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 const SCHEMA = `CREATE SCHEMA app;
   CREATE TABLE app.items (id int PRIMARY KEY, v text, n int);
@@ -67,10 +67,7 @@ function start(extra: Record<string, string> = {}): PgsubProcess {
   return child;
 }
 
-async function caughtUp(): Promise<void> {
-  const end = await currentWalLsn(publisher, 'src');
-  await waitFor(async () => ((await slotConfirmedLsn(publisher, SUB)) ?? 0n) >= end, { timeoutMs: 60_000, intervalMs: 100, what: 'catch-up' });
-}
+const caughtUp = () => waitForCatchUp(publisher, 'src', SUB);
 
 async function assertEqual(): Promise<void> {
   const cmp = await compareTables(publisher, 'src', target, 'dst', TABLES);

@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, test } from 'node:test';
-import { compareTables, currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { compareTables, spawnPgsub, startCluster, waitFor, waitForCatchUp, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 let publisher: Cluster;
 let target: Cluster;
@@ -59,10 +59,7 @@ async function stop(p: PgsubProcess): Promise<void> {
   assert.equal(await p.exited, 0, p.output().slice(-2000));
 }
 
-async function caughtUp(): Promise<void> {
-  const end = await currentWalLsn(publisher, 'src');
-  await waitFor(async () => ((await slotConfirmedLsn(publisher, SUB)) ?? 0n) >= end, { timeoutMs: 60_000, intervalMs: 100, what: 'catch-up' });
-}
+const caughtUp = () => waitForCatchUp(publisher, 'src', SUB);
 
 const preparedOnTarget = async () => (await target.query<{ gid: string }>(`SELECT gid FROM pg_prepared_xacts WHERE database = 'dst'`, [], 'dst')).map((r) => r.gid);
 const count = async () => (await target.query(`SELECT count(*)::int AS n FROM public.t`, [], 'dst'))[0].n as number;
