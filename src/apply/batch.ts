@@ -37,6 +37,29 @@ function valueKey(v: TupleValue | undefined): string {
   return v.kind === 'text' ? `t${v.value}` : `b${v.value.toString('latin1')}`;
 }
 
+/** The replica identity key of a row as one string; null when the row has no usable key. */
+export function rowKey(rel: MappedRelation, tuple: Tuple | undefined): string | null {
+  if (!tuple || rel.keyIndexes.length === 0) return null;
+  return rel.keyIndexes.map((i) => valueKey(tuple[i])).join('\u0000');
+}
+
+/** Writes of one row within a group beyond which the group ends at the next source commit. */
+const HOT_ROW_WRITES = 8;
+
+/**
+ * Count a write of an existing row in the open target transaction. Every update of a row
+ * inside one transaction adds a version that no one can prune until it commits, and the
+ * next update walks them all: a hot row (a counter, a branch balance) makes long groups
+ * quadratic. So a group ends once a row has been written HOT_ROW_WRITES times.
+ */
+export function noteRowWrite(state: ApplyState, relationId: number, key: string | null): void {
+  if (key === null || state.canGroupHotRows === false) return;
+  const id = `${relationId}\u0001${key}`;
+  const writes = (state.rowWrites.get(id) ?? 0) + 1;
+  state.rowWrites.set(id, writes);
+  if (writes >= HOT_ROW_WRITES) state.canGroupHotRows = false;
+}
+
 async function add(state: ApplyState, next: Omit<RowBatch, 'tuples' | 'keys' | 'bytes'>, tuple: Tuple, key: string | null): Promise<void> {
   let batch = state.rowBatch;
   if (batch && (batch.kind !== next.kind || batch.relationId !== next.relationId || batch.rel !== next.rel || batch.shape !== next.shape || (key !== null && batch.keys.has(key)))) {
@@ -63,7 +86,7 @@ export async function batchUpdate(state: ApplyState, xact: RemoteTransaction, re
   if (oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
   if (rel.keyIndexes.some((i) => { const v = newTuple[i]; return !v || v.kind === 'null' || v.kind === 'unchanged'; })) return false;
   const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
-  const key = rel.keyIndexes.map((i) => valueKey(newTuple[i])).join('\u0000');
+  const key = rowKey(rel, newTuple)!;
   await add(state, { kind: 'update', relationId, rel, shape: `${setIndexes.join(',')}${detect ? '|d' : ''}`, setIndexes, detect, xid: xact.xid }, newTuple, key);
   return true;
 }

@@ -38,7 +38,7 @@ import type { ApplyState, RemoteTransaction } from './state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
-import { batchInsert, batchUpdate, flushRowBatch } from './batch.js';
+import { batchInsert, batchUpdate, flushRowBatch, noteRowWrite, rowKey } from './batch.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
@@ -173,7 +173,7 @@ export async function finishTransaction(state: ApplyState, xact: RemoteTransacti
     state.progress.noteProcessed(endLsn);
     return;
   }
-  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && state.canGroup(xact.finalLsn)) {
+  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && state.canGroupHotRows && state.canGroup(xact.finalLsn)) {
     // Behind the stream: leave the target transaction open for the next source one. The
     // target commits only at source commit boundaries, with the origin at the last one.
     const group = (state.group ??= { transactions: 0, changes: 0, endLsn, commitTime });
@@ -240,6 +240,8 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   }
   state.xact = null;
   state.group = null;
+  state.rowWrites.clear();
+  state.canGroupHotRows = true;
   for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: endLsn });
   for (const t of promoted) state.sync.set({ ...t, state: 'r', syncLsn: null });
   if (promoted.length > 0) state.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(endLsn) }, 'tables ready');
@@ -290,6 +292,7 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
+  if (state.groupTransactions > 1 && m.oldKind !== 'old') noteRowWrite(state, m.relationId, rowKey(rel, m.oldTuple ?? m.newTuple));
   const d = detect(state);
   if (state.batchRows > 1 && m.oldKind !== 'old' && (await batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d))) return;
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));

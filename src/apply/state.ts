@@ -90,6 +90,12 @@ export interface ApplyState {
   readonly batchRows: number;
   /** An open target transaction holding committed source transactions (see TargetGroup). */
   group: TargetGroup | null;
+  /** Most source transactions per target transaction (1: no grouping). */
+  readonly groupTransactions: number;
+  /** Writes per row (relation and key) in the open target transaction; see batch.ts noteRowWrite. */
+  readonly rowWrites: Map<string, number>;
+  /** False once a row was written often enough in the open target transaction to end the group. */
+  canGroupHotRows: boolean;
   /** May the transaction finishing at `finalLsn` stay open for the next one? (more is queued, limits) */
   canGroup(finalLsn: Lsn): boolean;
   /** A change for a table the sync states do not know: the publication gained a table. */

@@ -94,7 +94,7 @@ const fileSchema = z
     retry_max_delay: seconds.default(60),
     max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(1000),
     queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
-    group_transactions: z.coerce.number().int().min(1).max(100_000).default(64),
+    group_transactions: z.coerce.number().int().min(1).max(100_000).default(256),
     batch_rows: z.coerce.number().int().min(1).max(4096).default(128),
     state_dir: z.string().min(1).optional(),
     log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),

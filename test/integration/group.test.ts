@@ -126,4 +126,26 @@ test('a failure inside a group rolls the group back; after the fix the backlog i
   await caughtUp('grp3').catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
   await equal();
   assert.equal((await applied('grp3')) - appliedBefore, 1000);
+  await stop();
+});
+
+test('a hot row ends a group after 8 updates of it; the row ends right', async () => {
+  await publisher.query(`INSERT INTO public.acct VALUES (900000, 0)`, [], 'src');
+  start('hot');
+  await child!.waitForLog('streaming started');
+  await caughtUp('hot');
+  await stop();
+  const statements = [];
+  for (let i = 0; i < 400; i++) statements.push(`BEGIN; UPDATE public.acct SET balance = balance + 1 WHERE id = 900000; COMMIT;`);
+  await publisher.query(statements.join('\n'), [], 'src');
+  const commitsBefore = await targetCommits();
+  start('hot');
+  await caughtUp('hot');
+  await stop();
+  await new Promise((r) => setTimeout(r, 500));
+  const commits = (await targetCommits()) - commitsBefore;
+  // 400 updates of one row: groups of at most 8, so at least 50 commits, far fewer than 400.
+  assert.ok(commits >= 50 && commits < 300, `target commits: ${commits}`);
+  const [row] = await target.query(`SELECT balance::int AS b FROM public.acct WHERE id = 900000`, [], 'dst');
+  assert.equal(row.b, 400);
 });
