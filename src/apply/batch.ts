@@ -14,6 +14,9 @@ import type { MappedRelation } from './relmap.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect } from './statements.js';
 
+/** Every column index of a relation, for updates that send all columns. */
+const ALL_COLUMNS = new WeakMap<MappedRelation, number[]>();
+
 /** A batch stops growing here, whatever the row count: wide rows. */
 const BATCH_BYTES = 1024 * 1024;
 
@@ -66,7 +69,7 @@ async function add(state: ApplyState, next: Omit<RowBatch, 'tuples' | 'keys' | '
     await flushRowBatch(state);
     batch = null;
   }
-  batch ??= state.rowBatch = { ...next, tuples: [], keys: new Set(), bytes: 0 };
+  batch ??= state.rowBatch = { kind: next.kind, relationId: next.relationId, rel: next.rel, shape: next.shape, setIndexes: next.setIndexes, detect: next.detect, xid: next.xid, tuples: [], keys: new Set(), bytes: 0 };
   batch.tuples.push(tuple);
   if (key !== null) batch.keys.add(key);
   for (const v of tuple) if (v.kind === 'text' || v.kind === 'binary') batch.bytes += v.value.length;
@@ -82,12 +85,22 @@ export function batchInsert(state: ApplyState, xact: RemoteTransaction, relation
  * An UPDATE that can join a batch: located by the replica identity key of the new tuple
  * (the key did not change), not FULL, and detection without origin checks. Else false.
  */
-export async function batchUpdate(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null): Promise<boolean> {
+export async function batchUpdate(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null, key: string): Promise<boolean> {
   if (oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
   if (rel.keyIndexes.some((i) => { const v = newTuple[i]; return !v || v.kind === 'null' || v.kind === 'unchanged'; })) return false;
-  const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
-  const key = rowKey(rel, newTuple)!;
-  await add(state, { kind: 'update', relationId, rel, shape: `${setIndexes.join(',')}${detect ? '|d' : ''}`, setIndexes, detect, xid: xact.xid }, newTuple, key);
+  // Usually every column is sent: one shared column list per relation, no per-row strings.
+  let setIndexes: number[];
+  let shape: string;
+  if (newTuple.some((v) => v.kind === 'unchanged')) {
+    setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
+    shape = `${setIndexes.join(',')}${detect ? '|d' : ''}`;
+  } else {
+    let all = ALL_COLUMNS.get(rel);
+    if (!all) ALL_COLUMNS.set(rel, (all = newTuple.map((_, i) => i)));
+    setIndexes = all;
+    shape = detect ? '*|d' : '*';
+  }
+  await add(state, { kind: 'update', relationId, rel, shape, setIndexes, detect, xid: xact.xid }, newTuple, key);
   return true;
 }
 
@@ -103,7 +116,7 @@ export async function flushRowBatch(state: ApplyState): Promise<void> {
     const rows = rest.slice(0, size);
     rest = rest.slice(size);
     if (batch.kind === 'insert') {
-      await sendStatement(state, insertManyStatement(batch.rel, rows));
+      await sendStatement(state, insertManyStatement(batch.rel, rows), undefined, rows.length);
       continue;
     }
     // With detection the statement itself raises update_missing; without, count like native.
@@ -112,6 +125,6 @@ export async function flushRowBatch(state: ApplyState): Promise<void> {
         state.counters.updateMissing += rows.length - count;
         state.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows.length - count }, 'rows to update not found; changes skipped');
       }
-    });
+    }, rows.length);
   }
 }

@@ -87,11 +87,12 @@ async function changeTarget(state: ApplyState, what: string, relationId: number)
   return xact;
 }
 
-export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void): Promise<void> {
+/** Pipeline a statement; `rows`: how many changes it carries (a batch), for the in-flight bound. */
+export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void, rows = 1): Promise<void> {
   const result = state.conn.execute(statement.text, statement.params, statement.paramTypes ? { paramTypes: statement.paramTypes } : undefined);
   let bytes = 0;
   for (const v of statement.params) if (v !== null) bytes += v.length;
-  return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes);
+  return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes, rows);
 }
 
 async function onBegin(state: ApplyState, m: BeginMessage): Promise<void> {
@@ -292,9 +293,10 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
-  if (state.groupTransactions > 1 && m.oldKind !== 'old') noteRowWrite(state, m.relationId, rowKey(rel, m.oldTuple ?? m.newTuple));
+  const key = m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null;
+  if (state.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
   const d = detect(state);
-  if (state.batchRows > 1 && m.oldKind !== 'old' && (await batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d))) return;
+  if (state.batchRows > 1 && key !== null && (await batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d, key))) return;
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
@@ -351,6 +353,9 @@ export const handlers: { [T in MessageTag]: Handler<T> } = {
   streamPrepare: onStreamPrepare,
 };
 
+/** Messages that send nothing to the target themselves (COMMIT's end of the target transaction flushes). */
+const KEEPS_BATCH: ReadonlySet<MessageTag> = new Set(['begin', 'commit', 'origin', 'message', 'type']);
+
 /** Messages that belong to a streamed transaction while its block is open: spooled, not applied. */
 const SPOOLED: ReadonlySet<MessageTag> = new Set(['relation', 'type', 'origin', 'message', 'insert', 'update', 'delete', 'truncate']);
 
@@ -360,7 +365,8 @@ export async function dispatch(state: ApplyState, message: PgOutputMessage, raw:
     await spoolMessage(state, message, raw);
     return;
   }
-  // A batch of one kind lives across messages of that kind only (batch.ts).
-  if (state.rowBatch && message.tag !== state.rowBatch.kind) await flushRowBatch(state);
+  // A batch lives across changes of its kind and across the source commits of a group
+  // (commitTarget sends it before the target commit); anything else that writes goes after it.
+  if (state.rowBatch && message.tag !== state.rowBatch.kind && !KEEPS_BATCH.has(message.tag)) await flushRowBatch(state);
   await (handlers[message.tag] as Handler<typeof message.tag>)(state, message as never);
 }

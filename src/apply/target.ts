@@ -97,21 +97,24 @@ export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
  * a count alone would let a thousand 1 MB values pile up in the socket buffer.
  */
 export class Pipeline {
-  private readonly inFlight: { promise: Promise<unknown>; bytes: number }[] = [];
+  private readonly inFlight: { promise: Promise<unknown>; bytes: number; weight: number }[] = [];
   private head = 0;
   private bytes = 0;
+  /** Statements in flight, a multi-row one counting once per row: the limit bounds rows. */
+  private weight = 0;
 
   constructor(
     private readonly limit: number,
     private readonly byteLimit = 16 * 1024 * 1024,
   ) {}
 
-  async push<T>(promise: Promise<T>, bytes = 0): Promise<void> {
+  async push<T>(promise: Promise<T>, bytes = 0, weight = 1): Promise<void> {
     // Rejections are observed when drained; this keeps Node from flagging them early.
     promise.catch(() => {});
-    this.inFlight.push({ promise, bytes });
+    this.inFlight.push({ promise, bytes, weight });
     this.bytes += bytes;
-    while (this.size > 1 && (this.size > this.limit || this.bytes > this.byteLimit)) await this.takeOldest();
+    this.weight += weight;
+    while (this.size > 1 && (this.weight > this.limit || this.bytes > this.byteLimit)) await this.takeOldest();
     if (this.head > 4096) {
       this.inFlight.splice(0, this.head);
       this.head = 0;
@@ -121,6 +124,7 @@ export class Pipeline {
   private async takeOldest(): Promise<void> {
     const oldest = this.inFlight[this.head++]!;
     this.bytes -= oldest.bytes;
+    this.weight -= oldest.weight;
     await oldest.promise;
   }
 
@@ -142,5 +146,6 @@ export class Pipeline {
     this.inFlight.length = 0;
     this.head = 0;
     this.bytes = 0;
+    this.weight = 0;
   }
 }
