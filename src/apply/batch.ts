@@ -46,6 +46,9 @@ export function rowKey(rel: MappedRelation, tuple: Tuple | undefined): string | 
   return rel.keyIndexes.map((i) => valueKey(tuple[i])).join('\u0000');
 }
 
+/** Rows tracked per target transaction; past this the group ends at the next source commit. */
+const MAX_TRACKED_ROWS = 10_000;
+
 /** Writes of one row within a group beyond which the group ends at the next source commit. */
 const HOT_ROW_WRITES = 8;
 
@@ -57,6 +60,12 @@ const HOT_ROW_WRITES = 8;
  */
 export function noteRowWrite(state: ApplyState, relationId: number, key: string | null): void {
   if (key === null || state.canGroupHotRows === false) return;
+  if (state.rowWrites.size >= MAX_TRACKED_ROWS) {
+    // A target transaction this large gains nothing from growing further; memory stays bounded.
+    state.canGroupHotRows = false;
+    state.rowWrites.clear();
+    return;
+  }
   const id = `${relationId}\u0001${key}`;
   const writes = (state.rowWrites.get(id) ?? 0) + 1;
   state.rowWrites.set(id, writes);
