@@ -67,8 +67,8 @@ function readCmdline(pid: number): string {
   }
 }
 
-/** VmRSS and VmHWM (peak RSS) of a process, in MiB; null once it has gone. */
-export function readMemory(pid: number): { rssMiB: number; hwmMiB: number } | null {
+/** VmRSS, RssAnon and VmHWM (peak RSS) of a process, in MiB; null once it has gone. */
+export function readMemory(pid: number): { rssMiB: number; anonMiB: number; hwmMiB: number } | null {
   let text: string;
   try {
     text = readFileSync(`/proc/${pid}/status`, 'utf8');
@@ -76,7 +76,7 @@ export function readMemory(pid: number): { rssMiB: number; hwmMiB: number } | nu
     return null;
   }
   const kb = (name: string) => Number(new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? NaN);
-  return { rssMiB: kb('VmRSS') / 1024, hwmMiB: kb('VmHWM') / 1024 };
+  return { rssMiB: kb('VmRSS') / 1024, anonMiB: kb('RssAnon') / 1024, hwmMiB: kb('VmHWM') / 1024 };
 }
 
 /** Busy and total CPU seconds of the whole machine since boot (all cores). */

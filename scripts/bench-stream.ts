@@ -73,6 +73,7 @@ import {
   type CpuReport,
   type PgsubBuild,
   type WatchedPgsub,
+  readMemory,
   writeBenchResult,
 } from './bench-lib.js';
 
@@ -145,14 +146,9 @@ const MB = (bytes: number) => bytes / 1e6;
 
 /** VmRSS, RssAnon and VmHWM of a process, in decimal MB; null once it has gone. */
 function procMemory(pid: number): { rss: number; anon: number; hwm: number } | null {
-  let text: string;
-  try {
-    text = readFileSync(`/proc/${pid}/status`, 'utf8');
-  } catch {
-    return null;
-  }
-  const kb = (name: string) => Number(new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? NaN);
-  return { rss: (kb('VmRSS') * 1024) / 1e6, anon: (kb('RssAnon') * 1024) / 1e6, hwm: (kb('VmHWM') * 1024) / 1e6 };
+  const m = readMemory(pid);
+  const mb = (mib: number) => (mib * 1024 * 1024) / 1e6;
+  return m && { rss: mb(m.rssMiB), anon: mb(m.anonMiB), hwm: mb(m.hwmMiB) };
 }
 
 /** Bytes of the files directly in a directory (0 when it does not exist yet). */
