@@ -225,6 +225,37 @@ function textArray(values: readonly string[]): string {
   return `{${values.map((v) => `"${v.replace(/[\\"]/g, (c) => `\\${c}`)}"`).join(',')}}`;
 }
 
+/** get_element_type's "true" array type (PostgreSQL 14 gave types a subscript handler). */
+function isArrayCondition(targetVersionNum: number): string {
+  return targetVersionNum >= 140000 ? `t.typelem <> 0 AND t.typsubscript = 'pg_catalog.array_subscript_handler'::pg_catalog.regproc` : `t.typelem <> 0 AND t.typlen = -1`;
+}
+
+/**
+ * `WITH RECURSIVE reach(oid)`: the types `seed` selects and every type they nest — domain
+ * base, array element, composite fields and, with `ranges`, range subtype and multirange
+ * range. Shared by the binary-format and the equality lookups.
+ */
+function reachableTypes(seed: string, targetVersionNum: number, opts: { ranges: boolean }): string {
+  const ranges = opts.ranges
+    ? `UNION ALL SELECT g.rngsubtype FROM pg_catalog.pg_range g WHERE t.typtype = 'r' AND g.rngtypid = t.oid
+                ${targetVersionNum >= 140000 ? `UNION ALL SELECT g.rngtypid FROM pg_catalog.pg_range g WHERE t.typtype = 'm' AND g.rngmultitypid = t.oid` : ''}`
+    : '';
+  return `WITH RECURSIVE reach(oid) AS (
+         ${seed}
+       UNION
+         SELECT x.oid
+           FROM reach r
+           JOIN pg_catalog.pg_type t ON t.oid = r.oid
+          CROSS JOIN LATERAL (
+                SELECT t.typbasetype WHERE t.typtype = 'd'
+                UNION ALL SELECT t.typelem WHERE ${isArrayCondition(targetVersionNum)}
+                UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
+                           WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
+                ${ranges}
+               ) x(oid)
+     )`;
+}
+
 /**
  * The target types named (namespace, name) or given by OID, and every type their binary
  * formats nest (domain base, array element, composite fields, range subtype, multirange
@@ -236,33 +267,20 @@ async function targetTypes(
   names: readonly { namespace: string; name: string }[],
   oids: readonly number[],
 ): Promise<Map<number, TargetTypeInfo>> {
-  const isArray =
-    targetVersionNum >= 140000 ? `t.typelem <> 0 AND t.typsubscript = 'pg_catalog.array_subscript_handler'::pg_catalog.regproc` : `t.typelem <> 0 AND t.typlen = -1`;
-  const multirange =
-    targetVersionNum >= 140000 ? `UNION ALL SELECT g.rngtypid FROM pg_catalog.pg_range g WHERE t.typtype = 'm' AND g.rngmultitypid = t.oid` : '';
+  const isArray = isArrayCondition(targetVersionNum);
   const rows = await queryRows<{ oid: string; typtype: string; nspname: string; typname: string; base: string; elem: string; fields: string | null; inner: string | null }>(
     conn,
     ['oid', 'typtype', 'nspname', 'typname', 'base', 'elem', 'fields', 'inner'],
-    `WITH RECURSIVE reach(oid) AS (
-         SELECT t.oid
+    `${reachableTypes(
+      `SELECT t.oid
            FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS q(nsp, name)
            JOIN pg_catalog.pg_namespace n ON n.nspname = q.nsp
            JOIN pg_catalog.pg_type t ON t.typnamespace = n.oid AND t.typname = q.name
        UNION
-         SELECT pg_catalog.unnest($3::pg_catalog.oid[])
-       UNION
-         SELECT x.oid
-           FROM reach r
-           JOIN pg_catalog.pg_type t ON t.oid = r.oid
-          CROSS JOIN LATERAL (
-                SELECT t.typbasetype WHERE t.typtype = 'd'
-                UNION ALL SELECT t.typelem WHERE ${isArray}
-                UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
-                           WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
-                UNION ALL SELECT g.rngsubtype FROM pg_catalog.pg_range g WHERE t.typtype = 'r' AND g.rngtypid = t.oid
-                ${multirange}
-               ) x(oid)
-     )
+         SELECT pg_catalog.unnest($3::pg_catalog.oid[])`,
+      targetVersionNum,
+      { ranges: true },
+    )}
      SELECT t.oid::int::text AS oid, t.typtype::text AS typtype, n.nspname::text AS nspname, t.typname::text AS typname,
             t.typbasetype::int::text AS base,
             (CASE WHEN ${isArray} THEN t.typelem ELSE 0 END)::int::text AS elem,
@@ -312,25 +330,11 @@ type TypeRow = {
  * equality operator for type json"; statements.ts compares their text forms instead.
  */
 async function typeEquality(conn: WireConnection, targetVersionNum: number, typeOids: number[]): Promise<Map<number, boolean>> {
-  // get_element_type: a "true" array type (PostgreSQL 14 gave types a subscript handler).
-  const isArray =
-    targetVersionNum >= 140000 ? `t.typelem <> 0 AND t.typsubscript = 'pg_catalog.array_subscript_handler'::pg_catalog.regproc` : `t.typelem <> 0 AND t.typlen = -1`;
+  const isArray = isArrayCondition(targetVersionNum);
   const rows = await queryRows<TypeRow>(
     conn,
     ['oid', 'typtype', 'base', 'elem', 'fields', 'has_opclass'],
-    `WITH RECURSIVE reach(oid) AS (
-         SELECT DISTINCT pg_catalog.unnest($1::pg_catalog.oid[])
-       UNION
-         SELECT x.oid
-           FROM reach r
-           JOIN pg_catalog.pg_type t ON t.oid = r.oid
-          CROSS JOIN LATERAL (
-                SELECT t.typbasetype WHERE t.typtype = 'd'
-                UNION ALL SELECT t.typelem WHERE ${isArray}
-                UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
-                           WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
-               ) x(oid)
-     )
+    `${reachableTypes('SELECT DISTINCT pg_catalog.unnest($1::pg_catalog.oid[])', targetVersionNum, { ranges: false })}
      SELECT t.oid::int::text AS oid, t.typtype::text AS typtype, t.typbasetype::int::text AS base,
             (CASE WHEN ${isArray} THEN t.typelem ELSE 0 END)::int::text AS elem,
             (SELECT pg_catalog.string_agg(a.atttypid::int::text, ',') FROM pg_catalog.pg_attribute a
