@@ -569,12 +569,15 @@ export function formatTable(header: string[], rows: (string | number)[][]): stri
   return [line(cells[0]!, false), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map((r) => line(r, true))].join('\n');
 }
 
-/** `--pgsub-env PGSUB_NAME=value` options (repeatable) as an environment for pgsub. */
+/**
+ * `--pgsub-env PGSUB_NAME=value` options (repeatable) as an environment for pgsub; also
+ * NODE_OPTIONS, so that a profile can be taken (`NODE_OPTIONS=--cpu-prof --cpu-prof-dir=…`).
+ */
 export function parsePgsubEnv(list: string[]): Record<string, string> {
   return Object.fromEntries(
     list.map((kv) => {
       const eq = kv.indexOf('=');
-      if (eq < 1 || !kv.startsWith('PGSUB_')) throw new Error(`--pgsub-env wants PGSUB_NAME=value, not ${kv}`);
+      if (eq < 1 || !(kv.startsWith('PGSUB_') || kv.startsWith('NODE_OPTIONS='))) throw new Error(`--pgsub-env wants PGSUB_NAME=value or NODE_OPTIONS=…, not ${kv}`);
       return [kv.slice(0, eq), kv.slice(eq + 1)];
     }),
   );
