@@ -1,12 +1,26 @@
 /**
- * Runs of row changes sent as one statement: consecutive INSERTs into one relation become
- * a multi-row INSERT, consecutive key-located UPDATEs of one relation and one shape (same
- * columns sent, distinct keys) an UPDATE … FROM (VALUES …). One Bind and one executor run
- * on the target per batch instead of one per row — the per-statement cost is what a
- * subscriber outside the server pays most for. A batch is flushed before any other
- * statement reaches the target (dispatch, commit, savepoint, rollback), so the target sees
- * the stream's order. Batches go out in power-of-two sizes, so a relation needs only a
- * handful of prepared texts. The careful (conflict-resolving) path never batches.
+ * Row changes sent as few statements: INSERTs into one relation become a multi-row
+ * INSERT, key-located UPDATEs of one relation and one shape (same columns sent) an
+ * UPDATE … FROM (VALUES …). One Bind and one executor run on the target per batch instead
+ * of one per row — the per-statement cost is what a subscriber outside the server pays
+ * most for. Batches go out in power-of-two sizes, so a relation needs only a handful of
+ * prepared texts. The careful (conflict-resolving) path never batches.
+ *
+ * Each relation has its own pending batch, so interleaved changes to several tables (a
+ * pgbench transaction touches four) still batch: within one target transaction the order
+ * of changes to DIFFERENT tables is not observable — the apply session runs with
+ * session_replication_role = replica, so FK and ordinary triggers do not fire, and every
+ * constraint is per table or checked at commit. A relation's own changes keep their
+ * order: anything that is not a batchable change of the same kind and shape flushes its
+ * batch first. A target table with triggers or rules that fire in replica mode
+ * (`rel.ordered`) could observe the order, so it never batches and flushes every pending
+ * batch before its change. Everything that is not a row change (commit, savepoint,
+ * truncate, a Relation message) flushes all batches first.
+ *
+ * A second UPDATE of a row already in the pending batch replaces the first (same shape:
+ * the later full row wins; the earlier one would be overwritten before anyone could see
+ * it, commits being at source commit boundaries). Hot rows (a pgbench branch) then cost
+ * one row version per flush instead of one per change.
  */
 import type { Tuple, TupleValue } from '../protocol/messages.js';
 import { sendStatement } from './handlers.js';
@@ -29,8 +43,8 @@ export interface RowBatch {
   setIndexes: number[];
   detect: Detect | null;
   tuples: Tuple[];
-  /** update: the keys in the batch — a second change of the same row ends the batch. */
-  keys: Set<string>;
+  /** update: position of each key in `tuples` — a second update of the row replaces it. */
+  keys: Map<string, number>;
   bytes: number;
   xid: number;
 }
@@ -72,22 +86,55 @@ export function noteRowWrite(state: ApplyState, relationId: number, key: string 
   if (writes >= HOT_ROW_WRITES) state.canGroupHotRows = false;
 }
 
-async function add(state: ApplyState, next: Omit<RowBatch, 'tuples' | 'keys' | 'bytes'>, tuple: Tuple, key: string | null): Promise<void> {
-  let batch = state.rowBatch;
-  if (batch && (batch.kind !== next.kind || batch.relationId !== next.relationId || batch.rel !== next.rel || batch.shape !== next.shape || (key !== null && batch.keys.has(key)))) {
-    await flushRowBatch(state);
-    batch = null;
-  }
-  batch ??= state.rowBatch = { kind: next.kind, relationId: next.relationId, rel: next.rel, shape: next.shape, setIndexes: next.setIndexes, detect: next.detect, xid: next.xid, tuples: [], keys: new Set(), bytes: 0 };
-  batch.tuples.push(tuple);
-  if (key !== null) batch.keys.add(key);
-  for (const v of tuple) if (v.kind === 'text' || v.kind === 'binary') batch.bytes += v.value.length;
-  const width = next.kind === 'insert' ? next.rel.targetColumns.length : next.setIndexes.length + next.rel.keyIndexes.length;
-  if (batch.tuples.length >= maxBatchRows(width, state.batchRows) || batch.bytes >= BATCH_BYTES) await flushRowBatch(state);
+function tupleBytes(tuple: Tuple): number {
+  let bytes = 0;
+  for (const v of tuple) if (v.kind === 'text' || v.kind === 'binary') bytes += v.value.length;
+  return bytes;
 }
 
-export function batchInsert(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, tuple: Tuple): Promise<void> {
-  return add(state, { kind: 'insert', relationId, rel, shape: '', setIndexes: [], detect: null, xid: xact.xid }, tuple, null);
+/** Send every pending batch whose change must come before one to `rel` (see the header). */
+async function flushBefore(state: ApplyState, relationId: number, rel: MappedRelation): Promise<void> {
+  for (const batch of state.rowBatches.values()) {
+    if (rel.ordered || batch.relationId === relationId || batch.rel.ordered) await flushBatch(state, batch);
+  }
+}
+
+/** Before a change of `rel` that is not batched: its own pending rows (all, if ordered) go first. */
+export async function flushForChange(state: ApplyState, relationId: number, rel: MappedRelation): Promise<void> {
+  if (state.rowBatches.size > 0) await flushBefore(state, relationId, rel);
+}
+
+async function add(state: ApplyState, next: Omit<RowBatch, 'tuples' | 'keys' | 'bytes'>, tuple: Tuple, key: string | null): Promise<void> {
+  let batch = state.rowBatches.get(next.relationId);
+  if (batch && (batch.kind !== next.kind || batch.rel !== next.rel || batch.shape !== next.shape)) {
+    await flushBatch(state, batch);
+    batch = undefined;
+  }
+  if (batch && key !== null) {
+    const at = batch.keys.get(key);
+    if (at !== undefined) {
+      batch.bytes += tupleBytes(tuple) - tupleBytes(batch.tuples[at]!);
+      batch.tuples[at] = tuple;
+      return;
+    }
+  }
+  if (!batch) {
+    batch = { kind: next.kind, relationId: next.relationId, rel: next.rel, shape: next.shape, setIndexes: next.setIndexes, detect: next.detect, xid: next.xid, tuples: [], keys: new Map(), bytes: 0 };
+    state.rowBatches.set(next.relationId, batch);
+  }
+  if (key !== null) batch.keys.set(key, batch.tuples.length);
+  batch.tuples.push(tuple);
+  batch.bytes += tupleBytes(tuple);
+  const width = next.kind === 'insert' ? next.rel.targetColumns.length : next.setIndexes.length + next.rel.keyIndexes.length;
+  if (batch.tuples.length >= maxBatchRows(width, state.batchRows) || batch.bytes >= BATCH_BYTES) await flushBatch(state, batch);
+}
+
+/** Batch an INSERT; false when the relation does not batch (ordered). */
+export async function batchInsert(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, tuple: Tuple): Promise<boolean> {
+  if (rel.ordered) return false;
+  await flushBefore(state, relationId, rel);
+  await add(state, { kind: 'insert', relationId, rel, shape: '', setIndexes: [], detect: null, xid: xact.xid }, tuple, null);
+  return true;
 }
 
 /**
@@ -95,7 +142,7 @@ export function batchInsert(state: ApplyState, xact: RemoteTransaction, relation
  * (the key did not change), not FULL, and detection without origin checks. Else false.
  */
 export async function batchUpdate(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null, key: string): Promise<boolean> {
-  if (oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
+  if (rel.ordered || oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
   if (rel.keyIndexes.some((i) => { const v = newTuple[i]; return !v || v.kind === 'null' || v.kind === 'unchanged'; })) return false;
   // Usually every column is sent: one shared column list per relation, no per-row strings.
   let setIndexes: number[];
@@ -113,11 +160,14 @@ export async function batchUpdate(state: ApplyState, xact: RemoteTransaction, re
   return true;
 }
 
-/** Send the pending batch, if any. */
+/** Send every pending batch, in the order they were opened. */
 export async function flushRowBatch(state: ApplyState): Promise<void> {
-  const batch = state.rowBatch;
-  if (!batch) return;
-  state.rowBatch = null;
+  for (const batch of state.rowBatches.values()) await flushBatch(state, batch);
+}
+
+async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
+  state.rowBatches.delete(batch.relationId);
+  if (batch.kind === 'update' && state.groupTransactions > 1) for (const key of batch.keys.keys()) noteRowWrite(state, batch.relationId, key);
   let rest = batch.tuples;
   while (rest.length > 0) {
     let size = 1;

@@ -38,7 +38,7 @@ import type { ApplyState, RemoteTransaction } from './state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
-import { batchInsert, batchUpdate, flushRowBatch, noteRowWrite, rowKey } from './batch.js';
+import { batchInsert, batchUpdate, flushForChange, flushRowBatch, noteRowWrite, rowKey } from './batch.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
@@ -284,8 +284,9 @@ async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulInsert(state, xact, rel, m.newTuple);
   // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
-  if (state.batchRows <= 1) return sendStatement(state, insertStatement(rel, m.newTuple));
-  await batchInsert(state, xact, m.relationId, rel, m.newTuple);
+  if (state.batchRows > 1 && (await batchInsert(state, xact, m.relationId, rel, m.newTuple))) return;
+  await flushForChange(state, m.relationId, rel);
+  await sendStatement(state, insertStatement(rel, m.newTuple));
 }
 
 async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
@@ -294,9 +295,11 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
   const key = m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null;
-  if (state.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
   const d = detect(state);
+  // A batched update counts as a row write when its batch goes out (batch.ts).
   if (state.batchRows > 1 && key !== null && (await batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d, key))) return;
+  if (state.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
+  await flushForChange(state, m.relationId, rel);
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
@@ -312,6 +315,7 @@ async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulDelete(state, xact, rel, m.oldKind, m.oldTuple);
+  await flushForChange(state, m.relationId, rel);
   const d = detect(state);
   if (d) return sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple, d));
   await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
@@ -353,8 +357,11 @@ export const handlers: { [T in MessageTag]: Handler<T> } = {
   streamPrepare: onStreamPrepare,
 };
 
-/** Messages that send nothing to the target themselves (COMMIT's end of the target transaction flushes). */
-const KEEPS_BATCH: ReadonlySet<MessageTag> = new Set(['begin', 'commit', 'origin', 'message', 'type']);
+/**
+ * Messages that keep pending batches: row changes flush what must precede them themselves
+ * (batch.ts), the others send nothing (COMMIT's end of the target transaction flushes).
+ */
+const KEEPS_BATCH: ReadonlySet<MessageTag> = new Set(['begin', 'commit', 'origin', 'message', 'type', 'insert', 'update', 'delete']);
 
 /** Messages that belong to a streamed transaction while its block is open: spooled, not applied. */
 const SPOOLED: ReadonlySet<MessageTag> = new Set(['relation', 'type', 'origin', 'message', 'insert', 'update', 'delete', 'truncate']);
@@ -367,6 +374,6 @@ export async function dispatch(state: ApplyState, message: PgOutputMessage, raw:
   }
   // A batch lives across changes of its kind and across the source commits of a group
   // (commitTarget sends it before the target commit); anything else that writes goes after it.
-  if (state.rowBatch && message.tag !== state.rowBatch.kind && !KEEPS_BATCH.has(message.tag)) await flushRowBatch(state);
+  if (state.rowBatches.size > 0 && !KEEPS_BATCH.has(message.tag)) await flushRowBatch(state);
   await (handlers[message.tag] as Handler<typeof message.tag>)(state, message as never);
 }

@@ -175,7 +175,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     groupTransactions,
     rowWrites: new Map(),
     canGroupHotRows: true,
-    rowBatch: null,
+    rowBatches: new Map(),
     batchRows: opts.batchRows ?? 1,
     asyncCommit: Boolean(opts.flushTracker),
     canGroup(finalLsn) {
@@ -258,7 +258,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   /** Roll back the target transaction after a failed statement (the wire waits for a Sync). */
   async function rollbackTarget(): Promise<void> {
     pipeline.reset();
-    state.rowBatch = null;
+    state.rowBatches.clear();
     await opts.conn.sync().catch(() => {});
     const rollback = opts.conn.execute('ROLLBACK');
     const synced = opts.conn.sync();
@@ -400,7 +400,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     }
     state.xact = null;
     state.group = null;
-    state.rowBatch = null;
+    state.rowBatches.clear();
     await parallelHolder.value?.close();
     if (failure === null) sendFeedback();
     stream.destroy();

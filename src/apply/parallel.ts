@@ -228,7 +228,7 @@ export class ParallelApply {
     this.#stopWatching();
     if (!worker) return;
     worker.state.xact = null;
-    worker.state.rowBatch = null;
+    worker.state.rowBatches.clear();
     if (!eager.xact.open) return;
     try {
       worker.state.pipeline.reset();
@@ -316,7 +316,7 @@ export class ParallelApply {
       groupTransactions: 1,
       rowWrites: new Map(),
       canGroupHotRows: true,
-      rowBatch: null,
+      rowBatches: new Map(),
       batchRows: leader.batchRows,
       asyncCommit: leader.asyncCommit,
       conflicts: leader.conflicts,

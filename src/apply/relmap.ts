@@ -54,6 +54,12 @@ export interface MappedRelation {
   targetColumns: TargetColumn[];
   /** Remote column indexes of the replica identity key. */
   keyIndexes: number[];
+  /**
+   * The target table (or a partition of it) has triggers or rules that fire in replica
+   * mode (ENABLE ALWAYS / ENABLE REPLICA): they may observe the order of changes, so its
+   * changes are never batched or reordered (batch.ts). Read when the relation is mapped.
+   */
+  ordered: boolean;
   /** Built SQL texts by shape (see statements.ts), cached for the relation's lifetime. */
   statements: Map<string, string>;
   /** How binary values are bound, per remote column index; absent: as they are, types inferred from the casts. */
@@ -145,7 +151,7 @@ export class RelationMap {
           name: r.attname,
           typeOid: Number(r.atttypid),
           typeName: quoteQualified(r.typnsp ?? 'pg_catalog', r.typname ?? 'text'),
-          generated: r.generated === 't',
+          generated: r.generated === 'true',
           hasEquality: true,
         });
       }
@@ -172,6 +178,7 @@ export class RelationMap {
     }
     const mapped: MappedRelation = {
       remote,
+      ordered: await firesInReplicaMode(conn, schema, remote.name),
       qualifiedName: quoteQualified(schema, remote.name),
       displayName,
       relkind: rows[0]!.relkind === 'p' ? 'p' : 'r',
@@ -218,6 +225,26 @@ export class RelationMap {
     if (!anyParseType && !plans) return undefined;
     return { parseTypes: anyParseType ? parseTypes : null, plans };
   }
+}
+
+/** Whether the table or any partition below it has a trigger or rule enabled in replica mode. */
+async function firesInReplicaMode(conn: WireConnection, schema: string, table: string): Promise<boolean> {
+  const [row] = await queryRows<{ fires: string }>(
+    conn,
+    ['fires'],
+    `WITH RECURSIVE tree(oid) AS (
+         SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          WHERE n.nspname = $1 AND c.relname = $2
+       UNION
+         SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid
+     )
+     SELECT (EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g JOIN tree ON g.tgrelid = tree.oid
+                      WHERE NOT g.tgisinternal AND g.tgenabled IN ('A', 'R'))
+          OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite w JOIN tree ON w.ev_class = tree.oid
+                      WHERE w.rulename <> '_RETURN' AND w.ev_enabled IN ('A', 'R')))::text AS fires`,
+    [schema, table],
+  );
+  return row?.fires === 'true';
 }
 
 /** A text[] literal for a bind parameter. */

@@ -82,8 +82,8 @@ export interface ApplyState {
   /** Inside STREAM START … STREAM STOP: the streamed transaction's xid. */
   streamXid: number | null;
   xact: RemoteTransaction | null;
-  /** INSERTs waiting to go out as one multi-row statement; null when none. */
-  rowBatch: RowBatch | null;
+  /** Row changes waiting to go out as multi-row statements, per relation id (batch.ts). */
+  readonly rowBatches: Map<number, RowBatch>;
   /** synchronous_commit = off for apply transactions, with flush tracking (handlers.ts beginTarget). */
   readonly asyncCommit: boolean;
   /** Most rows per multi-row INSERT (1: one statement per row). */

@@ -25,12 +25,14 @@ const COMMON = `
 const PUBLISHER = `${COMMON}
   CREATE TABLE sc.gen_tgt (id int PRIMARY KEY, price int, qty int);
   CREATE TABLE sc.gen_pub (id int PRIMARY KEY, a int, doubled int GENERATED ALWAYS AS (a * 2) STORED);
-  CREATE PUBLICATION pub FOR TABLE sc.t, sc.other, sc.gen_tgt;
+  CREATE TABLE sc.gen_both (id int PRIMARY KEY, a int, b int);
+  CREATE PUBLICATION pub FOR TABLE sc.t, sc.other, sc.gen_tgt, sc.gen_both;
   CREATE PUBLICATION pub_gen FOR TABLE sc.gen_pub WITH (publish_generated_columns = stored);
 `;
 const TARGET = `${COMMON}
   CREATE TABLE sc.gen_tgt (id int PRIMARY KEY, price int, qty int, total int GENERATED ALWAYS AS (price * qty) STORED);
   CREATE TABLE sc.gen_pub (id int PRIMARY KEY, a int, doubled int);
+  CREATE TABLE sc.gen_both (id int PRIMARY KEY, a int, b int GENERATED ALWAYS AS (a + 1) STORED);
 `;
 
 interface LogLine {
@@ -195,4 +197,18 @@ test('generated columns: a target-only one is computed there; publish_generated_
   await assertSame('sc.gen_pub', 'id, a, doubled');
   const [doubled] = await target.query(`SELECT count(*)::int AS n, count(*) FILTER (WHERE doubled = a * 2)::int AS ok FROM sc.gen_pub`, [], 'dst');
   assert.deepEqual(doubled, { n: 9, ok: 9 });
+});
+
+test('a published column that is generated on the target: a schema mismatch naming it, until the target makes it plain', async () => {
+  const errorsBefore = errors().length;
+  await publisher.query(`INSERT INTO sc.gen_both VALUES (1, 10, 500)`, [], 'src');
+  await waitFor(() => errors().length > errorsBefore, { timeoutMs: 20_000, what: 'apply to fail' });
+  const [e] = errors().slice(errorsBefore);
+  assert.equal(e!.err?.code, 'PGSUB_SCHEMA_MISMATCH', JSON.stringify(e));
+  assert.match(e!.err?.message ?? '', /"sc\.gen_both" has incompatible generated column: "b"/);
+  assert.equal(e!.err?.context?.column, 'b');
+  assert.deepEqual(await target.query(`SELECT id FROM sc.gen_both`, [], 'dst'), []);
+  await target.query(`ALTER TABLE sc.gen_both ALTER COLUMN b DROP EXPRESSION`, [], 'dst');
+  await caughtUp();
+  await assertSame('sc.gen_both', 'id, a, b');
 });

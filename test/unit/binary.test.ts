@@ -283,6 +283,7 @@ describe('statements in binary mode', () => {
     ];
     const names = ['id', 'moods', 'q', 'note'];
     return {
+      ordered: false,
       remote: {
         tag: 'relation',
         relationId: 16400,
