@@ -35,6 +35,8 @@ import { carefulDelete, carefulInsert, carefulUpdate } from '../conflict/resolve
 import { quoteLiteral } from '../quote.js';
 import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
+import type { TxStatus, WireResult } from './wire.js';
+import type { TableSync } from '../tablesync/state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
@@ -154,15 +156,19 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
   if (m.commitLsn !== xact.finalLsn) {
     throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `incorrect commit LSN ${formatLsn(m.commitLsn)} in commit message (expected ${formatLsn(xact.finalLsn)})`);
   }
-  await finishTransaction(state, xact, m.endLsn, m.commitTime);
+  await finishTransaction(state, xact, m.endLsn, m.commitTime, { kind: 'commit', mayPipeline: true });
 }
 
 /**
  * The end of a remote transaction (COMMIT, or STREAM COMMIT after its replay): the origin
  * row, the positions of tables catching up, and the target COMMIT, in one transaction.
  */
-/** How a remote transaction ends on the target: COMMIT, or PREPARE TRANSACTION (two_phase). */
-export type Ending = { kind: 'commit' } | { kind: 'prepare'; gid: string };
+/**
+ * How a remote transaction ends on the target: COMMIT, or PREPARE TRANSACTION (two_phase).
+ * `mayPipeline`: a plain COMMIT message, whose target commit need not be waited for in a
+ * backlog (commitTarget); the ends of streamed and prepared transactions always wait.
+ */
+export type Ending = { kind: 'commit'; mayPipeline?: boolean } | { kind: 'prepare'; gid: string };
 
 export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = { kind: 'commit' }): Promise<void> {
   if (xact.skip) return finishSkipped(state, xact, endLsn, commitTime);
@@ -232,26 +238,63 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   // Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = state.conn.sync();
   await state.pipeline.push(synced);
-  await state.pipeline.drain();
-  // COMMIT of a failed transaction answers ROLLBACK without an error; never count that.
-  const { command } = await commit;
-  const status = await synced;
-  if (command !== expected || status !== 'I') {
-    throw new ApplyError(`target answered ${command} (status ${status}) to ${expected} of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  // In the middle of a backlog the next transaction is applied while this commit is under
+  // way: waiting for it would leave the target idle for a round trip per commit. Its
+  // outcome is checked in order when it arrives; the position moves only then.
+  const pipelined = ending.kind === 'commit' && ending.mayPipeline === true && !xact.behind && xact.syncTouched.size === 0 && promoted.length === 0 && !state.careful && state.canPipelineCommit(endLsn);
+  const settled = settleCommit(state, xact, commit, synced, walAfter, { endLsn, expected, transactions, groupChanges: group?.changes ?? 0, promoted });
+  settled.catch(() => {});
+  if (pipelined) {
+    endTarget(state);
+    const confirmed = settled.then(() => {
+      if (state.unconfirmedUntil === endLsn) {
+        state.unconfirmedUntil = null;
+        state.unconfirmed = null;
+      }
+    });
+    state.unconfirmedUntil = endLsn;
+    state.unconfirmed = confirmed;
+    await state.pipeline.push(confirmed);
+    return;
   }
+  await state.pipeline.drain();
+  await settled;
+  // Only now: a failure above leaves state.xact for the loop's careful replay.
+  endTarget(state);
+}
+
+function endTarget(state: ApplyState): void {
   state.xact = null;
   state.group = null;
   state.rowWrites.clear();
   state.canGroupHotRows = true;
+}
+
+/** What a target commit's answer must be, and the bookkeeping once it is known. */
+async function settleCommit(
+  state: ApplyState,
+  xact: RemoteTransaction,
+  commit: Promise<WireResult>,
+  synced: Promise<TxStatus>,
+  walAfter: Promise<WireResult> | null,
+  c: { endLsn: Lsn; expected: string; transactions: number; groupChanges: number; promoted: TableSync[] },
+): Promise<void> {
+  // COMMIT of a failed transaction answers ROLLBACK without an error; never count that.
+  const { command } = await commit;
+  const status = await synced;
+  if (command !== c.expected || status !== 'I') {
+    throw new ApplyError(`target answered ${command} (status ${status}) to ${c.expected} of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  }
+  const { endLsn, promoted } = c;
   for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: endLsn });
   for (const t of promoted) state.sync.set({ ...t, state: 'r', syncLsn: null });
   if (promoted.length > 0) state.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(endLsn) }, 'tables ready');
-  state.counters.changesApplied += xact.changes + (group?.changes ?? 0);
-  if (xact.behind || prepare) {
+  state.counters.changesApplied += xact.changes + c.groupChanges;
+  if (xact.behind || c.expected !== 'COMMIT') {
     state.onDurable();
     return;
   }
-  state.counters.transactionsApplied += transactions;
+  state.counters.transactionsApplied += c.transactions;
   if (walAfter) state.progress.noteCommittedAsync(endLsn, parseLsn(String((await walAfter).rows[0]?.[0])));
   else state.progress.noteDurable(endLsn);
   state.onDurable();

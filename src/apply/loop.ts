@@ -176,6 +176,11 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     rowWrites: new Map(),
     canGroupHotRows: true,
     rowBatches: new Map(),
+    unconfirmedUntil: null,
+    unconfirmed: null,
+    canPipelineCommit(finalLsn) {
+      return queue.length > 0 && !(opts.noGroupUntil != null && finalLsn <= opts.noGroupUntil);
+    },
     batchRows: opts.batchRows ?? 1,
     asyncCommit: Boolean(opts.flushTracker),
     canGroup(finalLsn) {
@@ -246,13 +251,17 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     state.onDurable();
   }
 
-  /** A failure with a group open: retry without grouping, unless the connection itself was lost. */
+  /**
+   * A failure with a group open, or with a commit still unanswered (it may be the one that
+   * failed): retry without grouping up to here, unless the connection itself was lost.
+   */
   function groupFailure(err: unknown): unknown {
     const group = state.group;
-    if (!group || err instanceof ConnectionLostError) return err;
+    if ((!group && state.unconfirmedUntil === null) || err instanceof ConnectionLostError) return err;
     const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
-    const current = state.xact?.finalLsn ?? group.endLsn;
-    return new GroupRetryError(current > group.endLsn ? current : group.endLsn, root);
+    let until = state.unconfirmedUntil ?? group!.endLsn;
+    for (const lsn of [group?.endLsn, state.xact?.finalLsn]) if (lsn !== undefined && lsn > until) until = lsn;
+    return new GroupRetryError(until, root);
   }
 
   /** Roll back the target transaction after a failed statement (the wire waits for a Sync). */
@@ -318,7 +327,13 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         try {
           await dispatch(state, message, item.raw);
         } catch (err) {
-          if (state.group) throw groupFailure(err);
+          // An earlier commit still unanswered: if it went through, the failure is this
+          // transaction's own and a careful replay applies; if not, retry one by one.
+          if (!state.group && state.unconfirmed !== null && (await state.unconfirmed.then(() => true, () => false))) {
+            state.unconfirmed = null;
+            state.unconfirmedUntil = null;
+          }
+          if (state.group || state.unconfirmedUntil !== null) throw groupFailure(err);
           if (!(await replayCarefully(err))) throw err;
         }
         if (state.xact === null && state.streamXid === null) {
@@ -343,7 +358,13 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         now - lastRecordAt >= idleRecordIntervalMs &&
         (queue.length === 0 || now - lastFeedbackAt >= opts.statusIntervalMs)
       ) {
-        await recordIdlePosition();
+        try {
+          // A commit still unanswered must be known to have succeeded before a later position is recorded.
+          if (state.unconfirmedUntil !== null) await pipeline.drain();
+          await recordIdlePosition();
+        } catch (err) {
+          throw groupFailure(err);
+        }
       }
     }
   }
