@@ -131,8 +131,8 @@ async function add(state: ApplyState, next: Omit<RowBatch, 'tuples' | 'keys' | '
 
 /** Batch an INSERT; false when the relation does not batch (ordered). */
 export async function batchInsert(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, tuple: Tuple): Promise<boolean> {
+  // Ordered relations never batch, so no pending batch needs to precede this one.
   if (rel.ordered) return false;
-  await flushBefore(state, relationId, rel);
   await add(state, { kind: 'insert', relationId, rel, shape: '', setIndexes: [], detect: null, xid: xact.xid }, tuple, null);
   return true;
 }
