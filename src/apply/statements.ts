@@ -55,7 +55,7 @@ export interface Statement {
  * A binary value as the target's receive function must see it (embedded OIDs rewritten),
  * or its text form where the receive function cannot read it (binary.ts).
  */
-function binaryValue(rel: MappedRelation, value: Buffer, index: number): Buffer | string {
+export function binaryValue(rel: MappedRelation, value: Buffer, index: number): Buffer | string {
   const text = textForUnreceivable(rel.remote.columns[index]?.typeOid ?? 0, value);
   if (text !== null) return text;
   const plan = rel.binary?.plans?.[index];

@@ -9,8 +9,13 @@
  *
  * Invariants:
  *  - Every message that earns a response has an op in `#ops`, in wire order; responses are
- *    matched FIFO (exec: [ParseComplete] BindComplete DataRow* CommandComplete; close:
- *    CloseComplete; sync and simple query: … ReadyForQuery).
+ *    matched FIFO (exec: [ParseComplete] BindComplete DataRow* CommandComplete; copyIn:
+ *    [ParseComplete] BindComplete CopyInResponse CommandComplete; close: CloseComplete;
+ *    sync and simple query: … ReadyForQuery).
+ *  - copyIn writes CopyData… CopyDone right behind its Execute in the same synchronous
+ *    write, without waiting for CopyInResponse. The server reads them as the copy's input;
+ *    after a failure it skips to the Sync and drops them (postgres.c ignores copy messages
+ *    outside a copy), so the abort rules below hold unchanged.
  *  - Writes are corked and released once per tick, followed by a Flush so results of an
  *    unsynced batch come back. Sync is sent only when the caller asks (sync()).
  *  - A statement counts as prepared only after its ParseComplete. A Parse whose outcome is
@@ -28,7 +33,7 @@
 import type { Duplex } from 'node:stream';
 import type { EventEmitter } from 'node:events';
 import pg from 'pg';
-import { Fifo, parseServerVersion, tagCommand, tagRowCount } from './wire-tags.js';
+import { copyFrames, Fifo, parseServerVersion, tagCommand, tagRowCount } from './wire-tags.js';
 import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { ConnectionLostError, PgsubError } from '../errors.js';
 
@@ -84,6 +89,8 @@ abstract class Deferred<T> {
 }
 class ExecOp extends Deferred<WireResult> {
   readonly kind = 'exec';
+  /** copyIn: 'sent' until the server's CopyInResponse confirms it read the data as the copy's. */
+  copy: 'sent' | 'started' | null = null;
   constructor(readonly parsed: Stmt | null, readonly rows: unknown[][] | null) { super(); }
 }
 class SyncOp extends Deferred<TxStatus> {
@@ -195,9 +202,8 @@ export class WireConnection {
   parameter(name: string): string | undefined { return this.#params.get(name); }
 
   execute(text: string, values: readonly WireValue[] = NO_VALUES, opts?: { paramTypes?: readonly number[]; wantRows?: boolean }): Promise<WireResult> {
-    const gone = this.#lost ?? this.#closing;
-    if (gone) return consequential(gone);
-    if (this.#abortCause !== null) return consequential(new PipelineAbortedError(this.#abortCause));
+    const refused = this.#refusal();
+    if (refused) return refused;
     for (let i = 0; i < values.length; i++) {
       const v = values[i];
       // A bad value would throw inside pg's Bind serializer after Parse went out.
@@ -205,7 +211,27 @@ export class WireConnection {
         return Promise.reject(new WireUsageError(`parameter $${i + 1} is a ${typeof v}; pass a string (text), a Buffer (binary) or null`));
       }
     }
-    const types = opts?.paramTypes;
+    return this.#exec(text, values, opts?.paramTypes, opts?.wantRows ?? false, null);
+  }
+
+  /** `text`: a COPY … FROM STDIN; `data`: its whole input, sent right behind it (not copied:
+   *  leave the buffers alone). Resolves { command: 'COPY', rowCount }; pipelines like execute(). */
+  copyIn(text: string, data: readonly Buffer[]): Promise<WireResult> {
+    const refused = this.#refusal();
+    if (refused) return refused;
+    if (!data.every((d) => Buffer.isBuffer(d))) return Promise.reject(new WireUsageError('copyIn data must be Buffers'));
+    return this.#exec(text, NO_VALUES, undefined, false, data);
+  }
+
+  /** Why nothing may be sent now (connection gone, segment aborted), or null. */
+  #refusal(): Promise<never> | null {
+    const gone = this.#lost ?? this.#closing;
+    if (gone) return consequential(gone);
+    if (this.#abortCause !== null) return consequential(new PipelineAbortedError(this.#abortCause));
+    return null;
+  }
+
+  #exec(text: string, values: readonly WireValue[], types: readonly number[] | undefined, wantRows: boolean, copyData: readonly Buffer[] | null): Promise<WireResult> {
     const key = types && types.length > 0 ? `${text}\0${types.join(',')}` : text;
     let stmt = this.#cache.get(key);
     let parsed: Stmt | null = null;
@@ -226,9 +252,14 @@ export class WireConnection {
     }
     this.#con.bind({ statement: stmt.name, values });
     this.#con.execute();
+    const op = new ExecOp(parsed, wantRows ? [] : null);
+    if (copyData !== null) {
+      const stream = this.#con.stream;
+      if (stream.writable) for (const frame of copyFrames(copyData)) stream.write(frame);
+      op.copy = 'sent';
+    }
     this.#needFlush = true;
     this.#unsynced = true;
-    const op = new ExecOp(parsed, opts?.wantRows ? [] : null);
     this.#ops.push(op);
     this.#pending++;
     // A long synchronous burst: let the server start on it instead of waiting for the tick.
@@ -356,6 +387,8 @@ export class WireConnection {
         const tag = msg.text ?? '';
         if (head?.kind === 'exec') {
           this.#ops.shift();
+          // The server ran it, but it was no COPY FROM STDIN and dropped the data.
+          if (head.copy === 'sent') return this.#rejectOp(head, new WireUsageError(`copyIn of a statement that reads no COPY data (${tag})`), false);
           this.#settle(head, { command: tagCommand(tag), rowCount: tagRowCount(tag), rows: head.rows ?? NO_ROWS });
           return;
         }
@@ -380,8 +413,11 @@ export class WireConnection {
         this.#params.set(msg.parameterName!, msg.parameterValue!);
         return;
       case 'copyInResponse':
-        // COPY FROM STDIN has no data source here; make the server fail the statement.
-        this.#con.sendCopyFail('COPY FROM STDIN is not supported on the apply connection');
+        if (head?.kind !== 'exec') return this.#desync(msg.name);
+        // copyIn: its data is already on the wire.
+        if (head.copy === 'sent') { head.copy = 'started'; return; }
+        // execute() of COPY FROM STDIN has no data source; make the server fail the statement.
+        this.#con.sendCopyFail('COPY FROM STDIN is not supported by execute(); use copyIn()');
         return;
       case 'portalSuspended':
         return this.#desync(msg.name);
