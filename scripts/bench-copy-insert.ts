@@ -72,7 +72,7 @@ const rel: MappedRelation = {
     { name: 'ts', typeOid: 1184, typeName: '"pg_catalog"."timestamptz"', generated: false, hasEquality: true },
   ],
   keyIndexes: [0],
-  statements: new Map(),
+  statements: new Map(), ordered: false, rowSecurity: false,
 };
 
 const payload = (i: number) => `${i.toString(16).padStart(8, '0')}${'abcdef0123456789'.repeat(6)}`.slice(0, 100);

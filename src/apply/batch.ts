@@ -27,6 +27,15 @@ import { sendStatement } from './handlers.js';
 import type { MappedRelation } from './relmap.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect } from './statements.js';
+import { copyInsertStatement, type CopyStatement } from './copy-rows.js';
+
+/**
+ * A batch of at least this many inserts goes out as COPY when the settings and values
+ * allow (copy-rows.ts): below it the COPY round of messages gains nothing over an INSERT.
+ * Row security: COPY FROM refuses a table with RLS for a role that does not bypass it,
+ * where INSERT applies the policies — such tables keep the INSERT path.
+ */
+const COPY_MIN_ROWS = 8;
 
 /** Every column index of a relation, for updates that send all columns. */
 const ALL_COLUMNS = new WeakMap<MappedRelation, number[]>();
@@ -165,9 +174,20 @@ export async function flushRowBatch(state: ApplyState): Promise<void> {
   for (const batch of state.rowBatches.values()) await flushBatch(state, batch);
 }
 
+function sendCopy(state: ApplyState, copy: CopyStatement, rows: number): Promise<void> {
+  let bytes = 0;
+  for (const b of copy.data) bytes += b.length;
+  state.counters.rowsCopied += rows;
+  return state.pipeline.push(state.conn.copyIn(copy.text, copy.data), bytes, rows);
+}
+
 async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   state.rowBatches.delete(batch.relationId);
   if (batch.kind === 'update' && state.groupTransactions > 1) for (const key of batch.keys.keys()) noteRowWrite(state, batch.relationId, key);
+  if (batch.kind === 'insert' && state.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity) {
+    const copy = copyInsertStatement(batch.rel, batch.tuples);
+    if (copy) return sendCopy(state, copy, batch.tuples.length);
+  }
   let rest = batch.tuples;
   while (rest.length > 0) {
     let size = 1;

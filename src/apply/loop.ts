@@ -102,6 +102,8 @@ export interface ApplyLoopOptions {
   flushTracker?: WireConnection | null;
   /** Most rows per multi-row INSERT for runs of inserts into one table (1: one per row). */
   batchRows?: number;
+  /** Batched INSERTs as COPY where possible. */
+  copyInserts?: boolean;
   /** No grouping of transactions finishing at or before this LSN (after a GroupRetryError). */
   noGroupUntil?: Lsn | null;
   /** streaming = parallel, in a session that starts at the origin (never re-streams applied commits). */
@@ -182,6 +184,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       return queue.length > 0 && !(opts.noGroupUntil != null && finalLsn <= opts.noGroupUntil);
     },
     batchRows: opts.batchRows ?? 1,
+    copyInserts: opts.copyInserts ?? false,
     asyncCommit: Boolean(opts.flushTracker),
     canGroup(finalLsn) {
       // Only while more is already queued: a caught-up stream commits each transaction at once.

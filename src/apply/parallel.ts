@@ -321,6 +321,7 @@ export class ParallelApply {
       unconfirmed: null,
       canPipelineCommit: () => false,
       batchRows: leader.batchRows,
+      copyInserts: leader.copyInserts,
       asyncCommit: leader.asyncCommit,
       conflicts: leader.conflicts,
       originId: leader.originId,

@@ -60,6 +60,8 @@ export interface MappedRelation {
    * changes are never batched or reordered (batch.ts). Read when the relation is mapped.
    */
   ordered: boolean;
+  /** Row-level security is enabled on the target table (COPY FROM refuses it; INSERT applies the policies). */
+  rowSecurity: boolean;
   /** Built SQL texts by shape (see statements.ts), cached for the relation's lifetime. */
   statements: Map<string, string>;
   /** How binary values are bound, per remote column index; absent: as they are, types inferred from the casts. */
@@ -128,11 +130,11 @@ export class RelationMap {
     const displayName = `${schema}.${remote.name}`;
     const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
     // Catalog rows come back as text: booleans arrive as 't'/'f'.
-    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string }>(
+    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string; rls: string }>(
       conn,
-      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind'],
+      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls'],
       `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
-              (${generatedExpr})::text AS generated, c.relkind::text AS relkind
+              (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls
          FROM pg_catalog.pg_class c
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -179,6 +181,7 @@ export class RelationMap {
     const mapped: MappedRelation = {
       remote,
       ordered: await firesInReplicaMode(conn, schema, remote.name),
+      rowSecurity: rows[0]!.rls === 'true',
       qualifiedName: quoteQualified(schema, remote.name),
       displayName,
       relkind: rows[0]!.relkind === 'p' ? 'p' : 'r',

@@ -53,6 +53,8 @@ export interface ApplyCounters {
   conflicts: Record<ConflictType, number>;
   /** Remote transactions re-applied one change at a time after the fast path met a conflict. */
   carefulReplays: number;
+  /** Rows inserted through COPY batches (batch.ts). */
+  rowsCopied: number;
 }
 
 export interface ApplyState {
@@ -88,6 +90,8 @@ export interface ApplyState {
   readonly asyncCommit: boolean;
   /** Most rows per multi-row INSERT (1: one statement per row). */
   readonly batchRows: number;
+  /** Batched INSERTs as COPY … FROM STDIN where the values allow it (copy-rows.ts). */
+  readonly copyInserts: boolean;
   /** An open target transaction holding committed source transactions (see TargetGroup). */
   group: TargetGroup | null;
   /** Most source transactions per target transaction (1: no grouping). */
@@ -123,5 +127,6 @@ export function newCounters(): ApplyCounters {
     deleteMissing: 0,
     conflicts: Object.fromEntries(CONFLICT_TYPES.map((t) => [t, 0])) as Record<ConflictType, number>,
     carefulReplays: 0,
+    rowsCopied: 0,
   };
 }

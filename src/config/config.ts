@@ -96,6 +96,7 @@ const fileSchema = z
     queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
     group_transactions: z.coerce.number().int().min(1).max(100_000).default(256),
     batch_rows: z.coerce.number().int().min(1).max(4096).default(128),
+    copy_inserts: boolish.default(true),
     state_dir: z.string().min(1).optional(),
     log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
@@ -137,6 +138,8 @@ export interface Config {
   groupTransactions: number;
   /** Most rows per multi-row INSERT for a run of inserts into one table (1: one statement per row). */
   batchRows: number;
+  /** Batched INSERTs go out as COPY … FROM STDIN where the values allow it (apply/copy-rows.ts). */
+  copyInserts: boolean;
   logLevel: FileConfig['log_level'];
   /** Where streamed transactions are spooled: <state_dir>/spool. */
   spoolDir: string;
@@ -233,6 +236,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     queueSize: c.queue_size,
     groupTransactions: c.group_transactions,
     batchRows: c.batch_rows,
+    copyInserts: c.copy_inserts,
     logLevel: c.log_level,
     // systemd's StateDirectory= sets STATE_DIRECTORY; otherwise a folder beside the working directory.
     spoolDir: path.join(c.state_dir ?? env.STATE_DIRECTORY ?? '.pgsub-state', 'spool'),

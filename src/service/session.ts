@@ -144,6 +144,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       queueSize: config.queueSize,
       groupTransactions: config.groupTransactions,
       batchRows: config.batchRows,
+      copyInserts: config.copyInserts,
       noGroupUntil: deps.noGroupUntil ?? null,
       // A session re-streaming from below the origin (a table catching up) would receive
       // applied streamed transactions again; those are only ever replayed from the spool.

@@ -55,7 +55,7 @@ function mapped(schema: string, table: string, columns: readonly { name: string;
     relkind: 'r',
     targetColumns: columns.map((c) => ({ name: c.target, typeOid: c.oid, typeName: c.type, generated: false, hasEquality: true })),
     keyIndexes: [0],
-    statements: new Map(),
+    statements: new Map(), ordered: false, rowSecurity: false,
   };
 }
 

@@ -423,6 +423,19 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
     }
   });
 
+  test('a run of INSERTs in one transaction (COPY in text mode; binary mode keeps INSERT where a column changes type)', async (t) => {
+    const copiedBefore = subs.map((s) => s.runner.counters.rowsCopied);
+    await onPublishers((columns) =>
+      TABLES.map((table) => `BEGIN; ${Array.from({ length: 24 }, (_, i) => insertRow(table, columns, 1000 + i, i % 4 === 3 ? null : i % 4)).join(' ')} COMMIT;`).join(' '),
+    );
+    for (const [i, s] of subs.entries()) {
+      await t.test(label(s.route), async () => {
+        await compare(s);
+        if (s.route.mode === 'text') assert.ok(s.runner.counters.rowsCopied >= copiedBefore[i]! + 48, `rows copied: ${s.runner.counters.rowsCopied - copiedBefore[i]!}`);
+      });
+    }
+  });
+
   test("publisher databases with DateStyle 'SQL, DMY' and IntervalStyle sql_standard: dates and intervals arrive unchanged", async () => {
     for (const { cluster, db } of sources.values()) {
       const [style] = await cluster.query<{ datestyle: string; intervalstyle: string }>(`SELECT current_setting('datestyle') AS datestyle, current_setting('intervalstyle') AS intervalstyle`, [], db);

@@ -284,6 +284,7 @@ describe('statements in binary mode', () => {
     const names = ['id', 'moods', 'q', 'note'];
     return {
       ordered: false,
+      rowSecurity: false,
       remote: {
         tag: 'relation',
         relationId: 16400,

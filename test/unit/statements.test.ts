@@ -39,6 +39,7 @@ function relation(spec: { schema?: string; name: string; identity: ReplicaIdenti
   return {
     remote,
     ordered: false,
+      rowSecurity: false,
     qualifiedName: `"${schema.replace(/"/g, '""')}"."${spec.name.replace(/"/g, '""')}"`,
     displayName: `${schema}.${spec.name}`,
     relkind: spec.relkind ?? 'r',
