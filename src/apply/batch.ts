@@ -113,13 +113,19 @@ export async function flushForChange(state: ApplyState, relationId: number, rel:
   if (state.rowBatches.size > 0) await flushBefore(state, relationId, rel);
 }
 
-async function add(state: ApplyState, next: Omit<RowBatch, 'tuples' | 'keys' | 'bytes'>, tuple: Tuple, key: string | null): Promise<void> {
-  let batch = state.rowBatches.get(next.relationId);
-  if (batch && (batch.kind !== next.kind || batch.rel !== next.rel || batch.shape !== next.shape)) {
-    await flushBatch(state, batch);
-    batch = undefined;
+const NO_INDEXES: number[] = [];
+
+/**
+ * Add a row to its relation's batch. Returns a promise only when a batch had to be sent
+ * (a different kind or shape was pending, or the batch is full): the common case costs no
+ * promise — this runs once per row.
+ */
+function add(state: ApplyState, kind: RowBatch['kind'], relationId: number, rel: MappedRelation, shape: string, setIndexes: number[], detect: Detect | null, xid: number, tuple: Tuple, key: string | null): Promise<void> | void {
+  let batch = state.rowBatches.get(relationId);
+  if (batch !== undefined && (batch.kind !== kind || batch.rel !== rel || batch.shape !== shape)) {
+    return flushBatch(state, batch).then(() => add(state, kind, relationId, rel, shape, setIndexes, detect, xid, tuple, key));
   }
-  if (batch && key !== null) {
+  if (batch !== undefined && key !== null) {
     const at = batch.keys.get(key);
     if (at !== undefined) {
       batch.bytes += tupleBytes(tuple) - tupleBytes(batch.tuples[at]!);
@@ -127,32 +133,34 @@ async function add(state: ApplyState, next: Omit<RowBatch, 'tuples' | 'keys' | '
       return;
     }
   }
-  if (!batch) {
-    batch = { kind: next.kind, relationId: next.relationId, rel: next.rel, shape: next.shape, setIndexes: next.setIndexes, detect: next.detect, xid: next.xid, tuples: [], keys: new Map(), bytes: 0 };
-    state.rowBatches.set(next.relationId, batch);
+  if (batch === undefined) {
+    batch = { kind, relationId, rel, shape, setIndexes, detect, xid, tuples: [], keys: new Map(), bytes: 0 };
+    state.rowBatches.set(relationId, batch);
   }
   if (key !== null) batch.keys.set(key, batch.tuples.length);
   batch.tuples.push(tuple);
   batch.bytes += tupleBytes(tuple);
-  const width = next.kind === 'insert' ? next.rel.targetColumns.length : next.setIndexes.length + next.rel.keyIndexes.length;
-  if (batch.tuples.length >= maxBatchRows(width, state.batchRows) || batch.bytes >= BATCH_BYTES) await flushBatch(state, batch);
+  const width = kind === 'insert' ? rel.targetColumns.length : setIndexes.length + rel.keyIndexes.length;
+  if (batch.tuples.length >= maxBatchRows(width, state.batchRows) || batch.bytes >= BATCH_BYTES) return flushBatch(state, batch);
 }
 
-/** Batch an INSERT; false when the relation does not batch (ordered). */
-export async function batchInsert(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, tuple: Tuple): Promise<boolean> {
+/** Batch an INSERT of a relation that batches (not `ordered`: the caller checks). */
+export function batchInsert(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, tuple: Tuple): Promise<void> | void {
   // Ordered relations never batch, so no pending batch needs to precede this one.
-  if (rel.ordered) return false;
-  await add(state, { kind: 'insert', relationId, rel, shape: '', setIndexes: [], detect: null, xid: xact.xid }, tuple, null);
-  return true;
+  return add(state, 'insert', relationId, rel, '', NO_INDEXES, null, xact.xid, tuple, null);
 }
 
 /**
  * An UPDATE that can join a batch: located by the replica identity key of the new tuple
- * (the key did not change), not FULL, and detection without origin checks. Else false.
+ * (the key did not change), not FULL, and detection without origin checks. Else false
+ * (nothing done); otherwise as batchInsert.
  */
-export async function batchUpdate(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null, key: string): Promise<boolean> {
+export function batchUpdate(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null, key: string): Promise<void> | void | false {
   if (rel.ordered || oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
-  if (rel.keyIndexes.some((i) => { const v = newTuple[i]; return !v || v.kind === 'null' || v.kind === 'unchanged'; })) return false;
+  for (const i of rel.keyIndexes) {
+    const v = newTuple[i];
+    if (!v || v.kind === 'null' || v.kind === 'unchanged') return false;
+  }
   // Usually every column is sent: one shared column list per relation, no per-row strings.
   let setIndexes: number[];
   let shape: string;
@@ -165,8 +173,7 @@ export async function batchUpdate(state: ApplyState, xact: RemoteTransaction, re
     setIndexes = all;
     shape = detect ? '*|d' : '*';
   }
-  await add(state, { kind: 'update', relationId, rel, shape, setIndexes, detect, xid: xact.xid }, newTuple, key);
-  return true;
+  return add(state, 'update', relationId, rel, shape, setIndexes, detect, xact.xid, newTuple, key);
 }
 
 /** Send every pending batch, in the order they were opened. */

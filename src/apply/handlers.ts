@@ -35,6 +35,7 @@ import { carefulDelete, carefulInsert, carefulUpdate } from '../conflict/resolve
 import { quoteLiteral } from '../quote.js';
 import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
+import type { MappedRelation } from './relmap.js';
 import type { TxStatus, WireResult } from './wire.js';
 import type { TableSync } from '../tablesync/state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
@@ -97,7 +98,7 @@ export function sendStatement(state: ApplyState, statement: Statement, onCount?:
   return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes, rows);
 }
 
-async function onBegin(state: ApplyState, m: BeginMessage): Promise<void> {
+function onBegin(state: ApplyState, m: BeginMessage): Promise<void> | void {
   if (state.xact) {
     throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN of xid ${m.xid} while xid ${state.xact.xid} is still open`);
   }
@@ -105,8 +106,14 @@ async function onBegin(state: ApplyState, m: BeginMessage): Promise<void> {
   // up take its changes; for everything else it was applied before.
   const behind = m.finalLsn < state.progress.durable;
   // Such a transaction does not move the origin: it never joins a group.
-  if (behind) await commitGroup(state);
-  if (behind) state.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
+  if (behind) {
+    state.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
+    return commitGroup(state).then(() => startRemote(state, m, true));
+  }
+  startRemote(state, m, false);
+}
+
+function startRemote(state: ApplyState, m: BeginMessage, behind: boolean): void {
   state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
   beginTransaction(state, state.xact);
 }
@@ -151,12 +158,14 @@ async function finishSkipped(state: ApplyState, xact: RemoteTransaction, endLsn:
   state.onDurable();
 }
 
-async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
+const PLAIN_COMMIT: Ending = { kind: 'commit', mayPipeline: true };
+
+function onCommit(state: ApplyState, m: CommitMessage): Promise<void> | void {
   const xact = requireTransaction(state, 'COMMIT');
   if (m.commitLsn !== xact.finalLsn) {
     throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `incorrect commit LSN ${formatLsn(m.commitLsn)} in commit message (expected ${formatLsn(xact.finalLsn)})`);
   }
-  await finishTransaction(state, xact, m.endLsn, m.commitTime, { kind: 'commit', mayPipeline: true });
+  return finishTransaction(state, xact, m.endLsn, m.commitTime, PLAIN_COMMIT);
 }
 
 /**
@@ -170,7 +179,10 @@ async function onCommit(state: ApplyState, m: CommitMessage): Promise<void> {
  */
 export type Ending = { kind: 'commit'; mayPipeline?: boolean } | { kind: 'prepare'; gid: string };
 
-export async function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = { kind: 'commit' }): Promise<void> {
+const COMMIT: Ending = { kind: 'commit' };
+
+/** Returns a promise only when the target is written (a group continues without one). */
+export function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = COMMIT): Promise<void> | void {
   if (xact.skip) return finishSkipped(state, xact, endLsn, commitTime);
   const prepare = ending.kind === 'prepare';
   if (!xact.open) {
@@ -191,7 +203,7 @@ export async function finishTransaction(state: ApplyState, xact: RemoteTransacti
     state.xact = null;
     return;
   }
-  await commitTarget(state, xact, endLsn, commitTime, ending);
+  return commitTarget(state, xact, endLsn, commitTime, ending);
 }
 
 /** Commit the open group of source transactions (the queue ran dry, or a boundary needs it). */
@@ -321,18 +333,56 @@ function detect(state: ApplyState): Detect | null {
   return state.conflicts.detect ? { originId: state.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null;
 }
 
-async function onInsert(state: ApplyState, m: InsertMessage): Promise<void> {
+/**
+ * The transaction a batchable change joins without any waiting: the target transaction is
+ * open, the relation mapped and batching, the change applies. Null: take the full path.
+ * Runs once per row, so it allocates nothing.
+ */
+function fastTarget(state: ApplyState, relationId: number): { xact: RemoteTransaction; rel: MappedRelation } | null {
+  const xact = state.xact;
+  if (xact === null || !xact.open || xact.skip || xact.alreadyPrepared || state.careful || state.batchRows <= 1) return null;
+  const rel = state.relations.cached(relationId);
+  if (rel === undefined || rel.ordered || !applies(state, xact, relationId)) return null;
+  FAST.xact = xact;
+  FAST.rel = rel;
+  return FAST;
+}
+const FAST = {} as { xact: RemoteTransaction; rel: MappedRelation };
+
+function onInsert(state: ApplyState, m: InsertMessage): Promise<void> | void {
+  const fast = fastTarget(state, m.relationId);
+  if (fast === null) return insertChange(state, m);
+  fast.xact.changes++;
+  return batchInsert(state, fast.xact, m.relationId, fast.rel, m.newTuple);
+}
+
+async function insertChange(state: ApplyState, m: InsertMessage): Promise<void> {
   const xact = await changeTarget(state, 'INSERT', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
   if (state.careful) return carefulInsert(state, xact, rel, m.newTuple);
   // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
-  if (state.batchRows > 1 && (await batchInsert(state, xact, m.relationId, rel, m.newTuple))) return;
+  if (state.batchRows > 1 && !rel.ordered) return batchInsert(state, xact, m.relationId, rel, m.newTuple);
   await flushForChange(state, m.relationId, rel);
   await sendStatement(state, insertStatement(rel, m.newTuple));
 }
 
-async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
+function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> | void {
+  const fast = fastTarget(state, m.relationId);
+  if (fast !== null && m.oldKind === undefined) {
+    const key = rowKey(fast.rel, m.newTuple);
+    if (key !== null) {
+      const batched = batchUpdate(state, fast.xact, m.relationId, fast.rel, undefined, m.newTuple, detect(state), key);
+      if (batched !== false) {
+        fast.xact.changes++;
+        return batched;
+      }
+    }
+  }
+  return updateChange(state, m);
+}
+
+async function updateChange(state: ApplyState, m: UpdateMessage): Promise<void> {
   const xact = await changeTarget(state, 'UPDATE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
@@ -340,7 +390,10 @@ async function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> {
   const key = m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null;
   const d = detect(state);
   // A batched update counts as a row write when its batch goes out (batch.ts).
-  if (state.batchRows > 1 && key !== null && (await batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d, key))) return;
+  if (state.batchRows > 1 && key !== null) {
+    const batched = batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d, key);
+    if (batched !== false) return batched;
+  }
   if (state.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
   await flushForChange(state, m.relationId, rel);
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
@@ -410,13 +463,12 @@ const KEEPS_BATCH: ReadonlySet<MessageTag> = new Set(['begin', 'commit', 'origin
 const SPOOLED: ReadonlySet<MessageTag> = new Set(['relation', 'type', 'origin', 'message', 'insert', 'update', 'delete', 'truncate']);
 
 /** worker.c's apply_dispatch, with handle_streamed_transaction's diversion first. */
-export async function dispatch(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> {
-  if (state.streamXid !== null && SPOOLED.has(message.tag)) {
-    await spoolMessage(state, message, raw);
-    return;
-  }
+export function dispatch(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> | void {
+  if (state.streamXid !== null && SPOOLED.has(message.tag)) return spoolMessage(state, message, raw);
+  const handler = handlers[message.tag] as Handler<typeof message.tag>;
   // A batch lives across changes of its kind and across the source commits of a group
   // (commitTarget sends it before the target commit); anything else that writes goes after it.
-  if (state.rowBatches.size > 0 && !KEEPS_BATCH.has(message.tag)) await flushRowBatch(state);
-  await (handlers[message.tag] as Handler<typeof message.tag>)(state, message as never);
+  if (state.rowBatches.size > 0 && !KEEPS_BATCH.has(message.tag)) return flushRowBatch(state).then(() => handler(state, message as never));
+  // Most messages complete without waiting (a row joins a batch): no promise then.
+  return handler(state, message as never);
 }

@@ -218,24 +218,32 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
 
   async function receive(): Promise<void> {
     let inTransaction = false;
-    for await (const frame of stream.frames()) {
-      lastFrameAt = Date.now();
-      pingSent = false;
-      const parsed = parseReplicationFrame(frame as Buffer);
-      if (parsed.kind === 'keepalive') {
-        progress.noteReceived(parsed.walEnd);
-        if (!inTransaction) await queue.put({ kind: 'position', lsn: parsed.walEnd });
-        if (parsed.replyRequested) sendFeedback();
-        continue;
-      }
-      progress.noteReceived(parsed.walEnd);
-      // The tag byte is all the receiver needs: keepalives between transactions are positions.
-      const tag = parsed.data[0];
-      if (tag === TAG_BEGIN || tag === TAG_BEGIN_PREPARE) inTransaction = true;
-      else if (tag === TAG_COMMIT || tag === TAG_PREPARE) inTransaction = false;
-      if (!(await queue.put({ kind: 'message', raw: parsed.data }, parsed.data.length))) return;
+    // Frames come many at a time; a promise is made only when the queue is full.
+    const enqueue = async (item: WorkItem, size: number): Promise<boolean> => {
+      if (queue.tryPut(item, size)) return true;
+      const queued = await queue.put(item, size);
       // Time spent waiting for queue space is not publisher silence.
       lastFrameAt = Date.now();
+      return queued;
+    };
+    for await (const frames of stream.frameBatches()) {
+      lastFrameAt = Date.now();
+      pingSent = false;
+      for (const frame of frames) {
+        const parsed = parseReplicationFrame(frame);
+        if (parsed.kind === 'keepalive') {
+          progress.noteReceived(parsed.walEnd);
+          if (!inTransaction && !(await enqueue({ kind: 'position', lsn: parsed.walEnd }, 0))) return;
+          if (parsed.replyRequested) sendFeedback();
+          continue;
+        }
+        progress.noteReceived(parsed.walEnd);
+        // The tag byte is all the receiver needs: keepalives between transactions are positions.
+        const tag = parsed.data[0];
+        if (tag === TAG_BEGIN || tag === TAG_BEGIN_PREPARE) inTransaction = true;
+        else if (tag === TAG_COMMIT || tag === TAG_PREPARE) inTransaction = false;
+        if (!(await enqueue({ kind: 'message', raw: parsed.data }, parsed.data.length))) return;
+      }
     }
     if (!stopping) throw new ConnectionLostError('replication stream ended');
   }
@@ -302,7 +310,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   async function apply(): Promise<void> {
     const decodeContext = { inStream: false, streamAbortInfo: opts.streamAbortInfo };
     while (!stopping) {
-      const item = await queue.take();
+      const item = queue.takeNow() ?? (await queue.take());
       if (item === undefined || stopping) break;
       if (item.kind === 'message') {
         const message = decode(item.raw, decodeContext);
@@ -328,7 +336,9 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
           }
         }
         try {
-          await dispatch(state, message, item.raw);
+          // Most changes complete without waiting (batched): no promise then.
+          const pending = dispatch(state, message, item.raw);
+          if (pending) await pending;
         } catch (err) {
           // An earlier commit still unanswered: if it went through, the failure is this
           // transaction's own and a careful replay applies; if not, retry one by one.

@@ -26,6 +26,22 @@ export class BoundedQueue<T> {
     return this.length >= this.capacity || (this.length > 0 && this.bytes >= this.byteCapacity);
   }
 
+  /** Queue at once if there is room (no promise); false when full or closed. */
+  tryPut(item: T, size = 0): boolean {
+    if (this.full || this.closed) return false;
+    this.items.push(item);
+    this.sizes.push(size);
+    this.bytes += size;
+    this.wake('take');
+    return true;
+  }
+
+  /** The next item if one is queued (no promise), else undefined. */
+  takeNow(): T | undefined {
+    if (this.length === 0) return undefined;
+    return this.#shift();
+  }
+
   /** Resolves once the item is queued; false if the queue was closed. */
   async put(item: T, size = 0): Promise<boolean> {
     while (this.full && !this.closed) await new Promise<void>((resolve) => (this.waitingPut = resolve));
@@ -41,6 +57,10 @@ export class BoundedQueue<T> {
   async take(): Promise<T | undefined> {
     while (this.length === 0 && !this.closed) await new Promise<void>((resolve) => (this.waitingTake = resolve));
     if (this.length === 0) return undefined;
+    return this.#shift();
+  }
+
+  #shift(): T {
     const item = this.items[this.head]!;
     this.bytes -= this.sizes[this.head]!;
     this.items[this.head++] = undefined as T;

@@ -121,6 +121,11 @@ export class RelationMap {
     return rel;
   }
 
+  /** The mapping of a relation already resolved, without a lookup; undefined otherwise. */
+  cached(relationId: number): MappedRelation | undefined {
+    return this.mapped.get(relationId);
+  }
+
   async resolve(conn: WireConnection, relationId: number): Promise<MappedRelation> {
     const cached = this.mapped.get(relationId);
     if (cached) return cached;

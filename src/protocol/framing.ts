@@ -12,8 +12,8 @@
  * Times are microseconds since 2000-01-01 (see messages.ts for conversions).
  *
  * `data` of an XLogData frame is a *view* (subarray) into the frame buffer, not a copy: it holds
- * one pgoutput message, which the caller normally hands straight to decode() (decoder.ts copies
- * whatever it keeps). Copy it yourself if you keep it after the frame buffer is reused.
+ * one pgoutput message, which the caller normally hands straight to decode() (whose binary
+ * tuple values are views into it too). Copy it yourself if you keep it after the frame buffer is reused.
  *
  * Unknown frame tags and short frames are ProtocolErrors; the socket loop that reads CopyData
  * and decides when to send feedback lives in src/apply/ and knows nothing about byte offsets.
