@@ -340,9 +340,11 @@ function detect(state: ApplyState): Detect | null {
  */
 function fastTarget(state: ApplyState, relationId: number): { xact: RemoteTransaction; rel: MappedRelation } | null {
   const xact = state.xact;
-  if (xact === null || !xact.open || xact.skip || xact.alreadyPrepared || state.careful || state.batchRows <= 1) return null;
+  // Not open: a new remote transaction inside a group joins the open target one, no BEGIN.
+  if (xact === null || (!xact.open && state.group === null) || xact.skip || xact.alreadyPrepared || state.careful || state.batchRows <= 1) return null;
   const rel = state.relations.cached(relationId);
   if (rel === undefined || rel.ordered || !applies(state, xact, relationId)) return null;
+  xact.open = true;
   FAST.xact = xact;
   FAST.rel = rel;
   return FAST;

@@ -43,7 +43,7 @@ type WorkItem =
   /** Wakes the applier so an idle position gets recorded. */
   | { kind: 'tick' };
 
-const QUEUE_BYTES = 32 * 1024 * 1024;
+const QUEUE_BYTES = 16 * 1024 * 1024;
 /** A group also ends after this many changes: a failure re-applies at most this much. */
 const GROUP_MAX_CHANGES = 100_000;
 /** Messages of one remote transaction kept for a careful replay; beyond this, a session restart replays it. */

@@ -92,7 +92,7 @@ const fileSchema = z
     receive_timeout: seconds.default(60),
     retry_min_delay: seconds.default(1),
     retry_max_delay: seconds.default(60),
-    max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(1000),
+    max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(4000),
     queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
     group_transactions: z.coerce.number().int().min(1).max(100_000).default(256),
     batch_rows: z.coerce.number().int().min(1).max(4096).default(128),

@@ -211,7 +211,8 @@ export class ReplicationStream {
         yield batch;
         continue;
       }
-      if (duplex.errored) throw this.failure ?? duplex.errored;
+      // The error itself, as async iteration of the stream would throw it.
+      if (duplex.errored) throw duplex.errored;
       if (duplex.readableEnded || duplex.destroyed) return;
       await new Promise<void>((resolve) => {
         const wake = () => {

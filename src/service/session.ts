@@ -50,24 +50,47 @@ export interface SessionDeps {
 
 export async function startSession(config: Config, counters: ApplyCounters, log: Logger, deps: SessionDeps, events: SessionEvents = {}): Promise<SessionHandle> {
   const appName = `pgsub_${config.subscription}`;
-  await migrateTarget(config.target, appName);
-  // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
-  const control = await withMaintenanceConn(config, appName, (sql) => loadControl(sql, config.subscription));
-  if (!control.enabled) {
-    throw new SubscriptionDisabledError(`subscription ${config.subscription} is disabled (${control.disabledReason ?? 'by the operator'}); run pgsub enable to resume`);
+  // synchronous_commit = off applies to the apply transactions only (SET LOCAL, with flush
+  // tracking); the session itself commits idle records and two-phase steps synchronously.
+  const sessionCommit = config.synchronousCommit === 'off' ? 'on' : config.synchronousCommit;
+  // The connections are opened while the migrations run: a restart costs one round of
+  // connection setup, not one per connection (startup is part of every catch-up).
+  const applyOpening = openApplyConnection(config.target, { applicationName: appName, synchronousCommit: sessionCommit });
+  const replicationOpening = ReplicationConnection.open(config.source, appName);
+  const trackerOpening = config.synchronousCommit === 'off' ? openApplyConnection(config.target, { applicationName: `${appName}_flush`, synchronousCommit: 'on' }) : Promise.resolve(null);
+  const opened = Promise.allSettled([applyOpening, replicationOpening, trackerOpening]);
+  const closeOpened = async () => {
+    const [a, r, t] = await opened;
+    if (a.status === 'fulfilled') await a.value.close().catch(() => {});
+    if (r.status === 'fulfilled') await r.value.close();
+    if (t.status === 'fulfilled') await t.value?.close().catch(() => {});
+  };
+  let control: Awaited<ReturnType<typeof loadControl>>;
+  try {
+    await migrateTarget(config.target, appName);
+    // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
+    control = await withMaintenanceConn(config, appName, (sql) => loadControl(sql, config.subscription));
+    if (!control.enabled) {
+      throw new SubscriptionDisabledError(`subscription ${config.subscription} is disabled (${control.disabledReason ?? 'by the operator'}); run pgsub enable to resume`);
+    }
+  } catch (err) {
+    await closeOpened();
+    throw err;
   }
   let conn: WireConnection | null = null;
   let replication: ReplicationConnection | null = null;
+  let flushTracker: WireConnection | null = null;
   try {
-    // synchronous_commit = off applies to the apply transactions only (SET LOCAL, with flush
-    // tracking); the session itself commits idle records and two-phase steps synchronously.
-    const sessionCommit = config.synchronousCommit === 'off' ? 'on' : config.synchronousCommit;
-    conn = await openApplyConnection(config.target, { applicationName: appName, synchronousCommit: sessionCommit });
-    const applyConn = conn;
+    const [a, r, t] = await opened;
+    conn = a.status === 'fulfilled' ? a.value : null;
+    replication = r.status === 'fulfilled' ? r.value : null;
+    flushTracker = t.status === 'fulfilled' ? t.value : null;
+    for (const result of [a, r, t]) if (result.status === 'rejected') throw result.reason;
+    const applyConn = conn!;
     await setupSessionOrigin((text, params) => runAlone(applyConn, [{ text, params }]), replicationOriginName(config.subscription));
     if (config.twoPhase) await checkPreparedTransactions(applyConn);
     const originId = config.conflicts.detect ? await trackedOriginId(applyConn, replicationOriginName(config.subscription)) : null;
-    replication = await ReplicationConnection.open(config.source, appName);
+    replication = replication!;
     const protoVersion = protoVersionFor(replication.serverVersionNum);
     checkOptionsAgainstPublisher(config, replication.serverVersionNum);
     const { walLevel, walSenderTimeoutMs } = await replication.settings();
@@ -105,7 +128,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     const orphans = spool.prepare();
     if (orphans > 0) log.info({ files: orphans, dir: config.spoolDir }, 'removed spool files of an earlier run');
     const progress = new Progress(originLsn);
-    const relations = new RelationMap(conn.serverVersionNum, { binary: config.binary });
+    const relations = new RelationMap(applyConn.serverVersionNum, { binary: config.binary });
     const stream = replication.startReplication({
       slotName: config.slotName,
       startLsn,
@@ -122,12 +145,12 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       'streaming started',
     );
     events.onStreaming?.({ startLsn, protoVersion, publisherVersion: replication.serverVersionNum });
-    const flushTracker = config.synchronousCommit === 'off' ? await openApplyConnection(config.target, { applicationName: `${appName}_flush`, synchronousCommit: 'on' }) : null;
+    const tracker = flushTracker;
     const loop: ApplyLoop = startApplyLoop({
-      flushTracker,
+      flushTracker: tracker,
       subscription: config.subscription,
       stream,
-      conn,
+      conn: applyConn,
       relations,
       progress,
       counters,
@@ -156,7 +179,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
                 return extra;
               },
               originName: replicationOriginName(config.subscription),
-              targetVersionNum: conn.serverVersionNum,
+              targetVersionNum: applyConn.serverVersionNum,
               binary: config.binary,
               maxInFlight: config.maxInFlight,
             }
@@ -172,12 +195,13 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       spool.close();
       await openReplicationConn.close();
       await applyConn.close().catch(() => {});
-      await flushTracker?.close().catch(() => {});
+      await tracker?.close().catch(() => {});
     });
     return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction() };
   } catch (err) {
     await replication?.close();
     await conn?.close().catch(() => {});
+    await flushTracker?.close().catch(() => {});
     throw err;
   }
 }
