@@ -33,7 +33,7 @@ import { clearSkipStatement } from '../conflict/control.js';
 import { conflictLogStatement } from '../conflict/report.js';
 import { carefulDelete, carefulInsert, carefulUpdate } from '../conflict/resolve.js';
 import { quoteLiteral } from '../quote.js';
-import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../tablesync/state.js';
+import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement, syncKey } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import type { MappedRelation } from './relmap.js';
 import type { TxStatus, WireResult } from './wire.js';
@@ -57,14 +57,17 @@ export function requireTransaction(state: ApplyState, what: string): RemoteTrans
  */
 function applies(state: ApplyState, xact: RemoteTransaction, relationId: number): boolean {
   const remote = state.relations.remoteRelation(relationId);
-  const schema = remote.namespace === '' ? 'pg_catalog' : remote.namespace;
-  // One lookup per change: this runs for every row.
-  const entry = state.sync.get(schema, remote.name);
-  if (!entry) state.onUnknownTable(schema, remote.name);
+  // One lookup per change: this runs for every row, so the key is built once per Relation message.
+  let key = SYNC_KEYS.get(remote);
+  if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name)));
+  const entry = state.sync.getByKey(key);
+  if (!entry) state.onUnknownTable(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name);
   if (!state.sync.entryApplies(entry, xact.finalLsn, state.progress.durable)) return false;
   if (entry && entry.state !== 'r') xact.syncTouched.add(entry);
   return true;
 }
+
+const SYNC_KEYS = new WeakMap<RelationMessage, string>();
 
 /**
  * BEGIN of a target transaction applying remote changes. With synchronous_commit = off

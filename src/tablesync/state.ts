@@ -40,6 +40,8 @@ export interface Statement {
 }
 
 const key = (schema: string, table: string) => `${schema}\u0000${table}`;
+/** The lookup key of a table (getByKey), for callers that look the same table up per row. */
+export const syncKey = key;
 
 export class SyncStates {
   private readonly tables = new Map<string, TableSync>();
@@ -76,6 +78,10 @@ export class SyncStates {
 
   get(schema: string, table: string): TableSync | undefined {
     return this.tables.get(key(schema, table));
+  }
+
+  getByKey(k: string): TableSync | undefined {
+    return this.tables.get(k);
   }
 
   set(entry: TableSync): void {
