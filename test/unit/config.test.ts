@@ -117,7 +117,8 @@ describe('config file', () => {
     assert.equal(c.receiveTimeoutMs, 60_000);
     assert.equal(c.retryMinDelayMs, 1000);
     assert.equal(c.retryMaxDelayMs, 60_000);
-    assert.equal(c.maxInFlight, 1000);
+    assert.equal(c.maxInFlight, 4000);
+    assert.equal(c.copyInserts, true);
     assert.equal(c.queueSize, 10_000);
     assert.equal(c.logLevel, 'info');
   });
