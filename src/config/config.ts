@@ -71,6 +71,7 @@ const fileSchema = z
     // CREATE SUBSCRIPTION options.
     copy_data: boolish.default(true),
     truncate_before_copy: boolish.default(false),
+    defer_indexes: boolish.default(true),
     max_sync_workers: z.coerce.number().int().min(1).max(64).default(4),
     refresh_interval: seconds.default(60),
     create_slot: boolish.default(true),
@@ -112,6 +113,8 @@ export interface Config {
   copyData: boolean;
   /** Empty a non-empty target table before its initial copy instead of refusing. */
   truncateBeforeCopy: boolean;
+  /** Drop an empty table's indexes for its copy and build them after it (tablesync/deferred-indexes.ts). */
+  deferIndexes: boolean;
   /** Parallel COPY streams for the table sync (tables and ranges of large tables). */
   maxSyncWorkers: number;
   refreshIntervalMs: number;
@@ -214,6 +217,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     slotName: c.slot_name ?? c.subscription,
     copyData: c.copy_data,
     truncateBeforeCopy: c.truncate_before_copy,
+    deferIndexes: c.defer_indexes,
     maxSyncWorkers: c.max_sync_workers,
     refreshIntervalMs: c.refresh_interval * 1000,
     createSlot: c.create_slot,
