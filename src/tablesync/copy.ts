@@ -3,17 +3,16 @@
  * table [WHERE row filter] [AND ctid range]) TO STDOUT` inside a source transaction that
  * imported the sync snapshot, piped into `COPY table (columns) FROM STDIN` inside a
  * target transaction that also records the rows copied. Binary format when the
- * subscription is binary, as native. Bytes stream through with back-pressure; nothing is
- * held in memory beyond the stream buffers.
+ * subscription is binary, as native. Bytes stream through with back-pressure (relay.ts);
+ * nothing is held in memory beyond the stream buffers.
  */
-import { Transform, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import pg from 'pg';
-import copyStreams from 'pg-copy-streams';
 import { pgClientConfig, redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { ConnectionLostError } from '../errors.js';
 import { quoteIdent, quoteLiteral, quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
+import { CopyOutRelay, rawCopyIn } from './relay.js';
 
 export interface CopyRange {
   /** First heap page (inclusive) and last (exclusive); null for the whole table. */
@@ -58,24 +57,18 @@ export function targetCopySql(t: PublishedTable, binary: boolean): string {
 
 /**
  * Stream one range; the caller owns both transactions. Returns rows and bytes copied.
- * `onData` sees bytes as they pass and, in text format, rows (one newline each; newlines
- * inside values are escaped), so progress is live; binary rows are known at the end.
+ * The publisher's CopyData messages go to the target as they are (relay.ts). `onData`
+ * sees bytes and messages as they pass: in text format one message is one row, in binary
+ * format the header and trailer ride in messages too, so live counts may be off by those;
+ * the returned rows are the target's own count.
  */
 export async function copyRange(source: pg.Client, target: pg.Client, t: PublishedTable, range: CopyRange, binary: boolean, onData: (bytes: number, rows: number) => void): Promise<{ rows: number; bytes: number }> {
-  let bytes = 0;
-  const counter = new Transform({
-    transform(chunk: Buffer, _enc: BufferEncoding, done: TransformCallback) {
-      bytes += chunk.length;
-      let rows = 0;
-      if (!binary) for (let i = chunk.indexOf(10); i !== -1; i = chunk.indexOf(10, i + 1)) rows++;
-      onData(chunk.length, rows);
-      done(null, chunk);
-    },
-  });
-  const reader = source.query(copyStreams.to(sourceCopySql(t, range, binary)));
-  const writer = target.query(copyStreams.from(targetCopySql(t, binary)));
-  await pipeline(reader, counter, writer);
-  return { rows: Number((writer as unknown as { rowCount: number }).rowCount ?? 0), bytes };
+  const reader = new CopyOutRelay(sourceCopySql(t, range, binary), (messages, bytes) => onData(bytes, messages));
+  const writer = rawCopyIn(targetCopySql(t, binary));
+  source.query(reader as unknown as pg.QueryConfig);
+  target.query(writer as unknown as pg.QueryConfig);
+  await pipeline(reader, writer);
+  return { rows: Number(writer.rowCount ?? 0), bytes: reader.bytes };
 }
 
 /** Page ranges of about equal size; one range (the whole table) when splitting is not possible. */
