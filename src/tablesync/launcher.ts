@@ -122,7 +122,10 @@ export class Launcher {
       }
     });
     await this.load();
-    for (const t of this.states.copying()) this.schedule(t);
+    // Largest first: the last table to start should be a short one, not the one that
+    // decides when the whole copy ends.
+    const size = (t: TableSync) => this.published.get(`${t.schema}.${t.table}`)?.estimatedBytes ?? 0;
+    for (const t of this.states.copying().sort((a, b) => size(b) - size(a))) this.schedule(t);
   }
 
   /** Copy one table again from a fresh snapshot, while everything else keeps streaming. */
