@@ -42,6 +42,8 @@ export interface SyncJobContext {
 }
 
 let slotCounter = 0;
+/** Heap page size of the publisher; PostgreSQL's default build (catalog.ts's page counts assume the same). */
+const PAGE_SIZE = 8192;
 
 export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous: TableSync): Promise<void> {
   const { config, log } = ctx;
@@ -61,7 +63,7 @@ export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous
     ctx.progress.syncLsn = syncLsn;
     log.info({ table: `${t.schema}.${t.table}`, lsn: formatLsn(syncLsn), estimatedBytes: t.estimatedBytes }, 'table copy started');
 
-    const ranges = splitRanges(t, ctx.rangesPerTable, replication.serverVersionNum >= 140000);
+    const ranges = splitRanges(t, ctx.rangesPerTable, replication.serverVersionNum >= 140000, Math.ceil((config.syncRangeMinMb * 1024 * 1024) / PAGE_SIZE));
     await Promise.all(ranges.map((range) => ctx.runRange(() => copyOneRange(ctx, t, range, snapshot.snapshotName))));
 
     // Finished only with its indexes back: rebuilt and marked in one transaction.

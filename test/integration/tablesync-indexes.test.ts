@@ -103,7 +103,7 @@ for (const targetMajor of [18, 16]) {
     const configFor = (extra: Record<string, unknown> = {}) =>
       loadConfig({
         env: {},
-        overrides: { subscription: sub, source: publisher.url('src'), target: target.url('dst'), publication: 'pub', status_interval: 1, max_sync_workers: 4, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
+        overrides: { subscription: sub, source: publisher.url('src'), target: target.url('dst'), publication: 'pub', status_interval: 1, max_sync_workers: 4, sync_range_min_mb: 0, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
       });
 
     async function stopRunner(): Promise<void> {
