@@ -149,7 +149,9 @@ export class CopyOutRelay extends Readable {
 
   /* The rest of pg's submittable interface. */
   handleError(err: Error): void {
-    this.emit('error', err);
+    // Once the pipeline is gone (aborted by the target side) nobody listens for 'error'
+    // any more: an error then (the source connection dropped while draining) is not thrown.
+    if (!this.destroyed) this.destroy(err);
   }
   handleCommandComplete(): void {}
   handleReadyForQuery(): void {}

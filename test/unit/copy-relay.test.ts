@@ -112,3 +112,16 @@ test('an ErrorResponse mid-copy goes back to pg', async () => {
     assert.deepEqual(Buffer.concat(out), Buffer.concat([data[0]!, data[1]!]));
   }
 });
+
+test("pg's error ends the pipeline with it; after an abort it is not thrown", async () => {
+  const { connection } = fakeConnection([Buffer.concat([copyOut, data[0]!])]);
+  const reader = new CopyOutRelay('COPY t TO STDOUT');
+  reader.submit(connection as never);
+  const sink = new Writable({ write: (_c, _e, done) => done() });
+  const piped = pipeline(reader, sink);
+  await new Promise((r) => setTimeout(r, 1));
+  reader.handleError(new Error('canceling statement due to user request'));
+  await assert.rejects(piped, /canceling statement/);
+  // Already destroyed: a second error (the connection lost while draining) is swallowed.
+  reader.handleError(new Error('Connection terminated'));
+});
