@@ -18,7 +18,8 @@
  *   pgsub-w2       `node bin/pgsub.js run` (PGSUB_* environment, binary, max_sync_workers
  *   pgsub-w4       2 or 4), from spawn until every table of the subscription is 'r' in
  *                  pgsub.subscription_rel; peak RSS from /proc/<pid>/status (VmHWM).
- *                  Only when named: pgsub-w1, pgsub-text-w2 (text COPY).
+ *                  Only when named: pgsub-w1, pgsub-text-w2 (text COPY),
+ *                  pgsub-w2-keep-indexes (defer_indexes off).
  *   native-binary  CREATE SUBSCRIPTION … WITH (copy_data = true, binary = true), from the
  *   native-text    statement until no pg_subscription_rel row is not 'r'; server defaults
  *                  (max_sync_workers_per_subscription = 2: one worker per table).
@@ -206,7 +207,7 @@ async function seed(pub: Cluster, all: Dataset[]): Promise<Record<string, Datase
 
 /** `extra`: only when named in --contestants (diagnostics). */
 type Contestant = { id: string; extra?: boolean } & (
-  | { kind: 'pgsub'; workers: number; binary: boolean }
+  | { kind: 'pgsub'; workers: number; binary: boolean; env?: Record<string, string> }
   | { kind: 'native'; binary: boolean }
   | { kind: 'pipe'; lanes: number }
 );
@@ -215,6 +216,7 @@ const CONTESTANTS: Contestant[] = [
   { id: 'pgsub-w1', kind: 'pgsub', workers: 1, binary: true, extra: true },
   { id: 'pgsub-text-w2', kind: 'pgsub', workers: 2, binary: false, extra: true },
   { id: 'pgsub-w2', kind: 'pgsub', workers: 2, binary: true },
+  { id: 'pgsub-w2-keep-indexes', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_DEFER_INDEXES: 'false' } },
   { id: 'pgsub-w4', kind: 'pgsub', workers: 4, binary: true },
   { id: 'native-binary', kind: 'native', binary: true },
   { id: 'native-text', kind: 'native', binary: false },
@@ -334,6 +336,7 @@ async function runPgsub(s: Servers, d: Dataset, c: Extract<Contestant, { kind: '
     PGSUB_MAX_SYNC_WORKERS: String(c.workers),
     PGSUB_BINARY: String(c.binary),
     PGSUB_LOG_LEVEL: 'info',
+    ...c.env,
   }, { nice: NICE });
   cpu.addProcess('pgsub', child.pid);
   const mem = new MemorySampler(child.pid);

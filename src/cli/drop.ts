@@ -15,9 +15,10 @@ import { openMaintenance } from '../apply/target.js';
 import { replicationOriginName } from '../origin/replorigin.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';
+import { restoreIndexes, runOnSql, tablesWithDeferredIndexes } from '../tablesync/deferred-indexes.js';
 
 /** pgsub's tables with a row (or rows) per subscription, children before parents. */
-const SUBSCRIPTION_TABLES = ['sync_progress', 'subscription_rel', 'prepared', 'conflict_log', 'subscription_stats', 'subscription', 'origin'];
+const SUBSCRIPTION_TABLES = ['deferred_index', 'sync_progress', 'subscription_rel', 'prepared', 'conflict_log', 'subscription_stats', 'subscription', 'origin'];
 
 export interface DropReport {
   slot: 'dropped' | 'absent' | 'kept';
@@ -60,6 +61,12 @@ export async function dropSubscription(config: Config, opts: { keepSlot: boolean
     );
     // Transactions prepared on the target for this subscription stay (their data is the user's); report them.
     preparedLeft = (await sql.unsafe<{ gid: string }[]>(`SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE gid LIKE $1`, [`pgsub\\_${config.subscription.replace(/[_%\\]/g, '\\$&')}\\_%`])).map((r) => r.gid);
+    if (existing.has('deferred_index')) {
+      // Indexes a copy cut short left dropped go back first (tablesync/deferred-indexes.ts).
+      for (const t of await tablesWithDeferredIndexes(runOnSql(sql), config.subscription)) {
+        await sql.begin((tx) => restoreIndexes(runOnSql(tx), config.subscription, t.schema, t.table));
+      }
+    }
     await sql.begin(async (tx) => {
       for (const table of SUBSCRIPTION_TABLES) {
         if (!existing.has(table)) continue;

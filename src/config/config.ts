@@ -71,7 +71,9 @@ const fileSchema = z
     // CREATE SUBSCRIPTION options.
     copy_data: boolish.default(true),
     truncate_before_copy: boolish.default(false),
+    defer_indexes: boolish.default(true),
     max_sync_workers: z.coerce.number().int().min(1).max(64).default(4),
+    sync_range_min_mb: z.coerce.number().min(0).max(1_000_000).default(32),
     refresh_interval: seconds.default(60),
     create_slot: boolish.default(true),
     enabled: boolish.default(true),
@@ -113,8 +115,12 @@ export interface Config {
   copyData: boolean;
   /** Empty a non-empty target table before its initial copy instead of refusing. */
   truncateBeforeCopy: boolean;
+  /** Drop an empty table's indexes for its copy and build them after it (tablesync/deferred-indexes.ts). */
+  deferIndexes: boolean;
   /** Parallel COPY streams for the table sync (tables and ranges of large tables). */
   maxSyncWorkers: number;
+  /** A table is split into page ranges only if each range gets at least this many MB of heap. */
+  syncRangeMinMb: number;
   refreshIntervalMs: number;
   createSlot: boolean;
   binary: boolean;
@@ -217,7 +223,9 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     slotName: c.slot_name ?? c.subscription,
     copyData: c.copy_data,
     truncateBeforeCopy: c.truncate_before_copy,
+    deferIndexes: c.defer_indexes,
     maxSyncWorkers: c.max_sync_workers,
+    syncRangeMinMb: c.sync_range_min_mb,
     refreshIntervalMs: c.refresh_interval * 1000,
     createSlot: c.create_slot,
     binary: c.binary,

@@ -88,7 +88,12 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       // Log events come from the runner-wide reporter; this one draws and summarises.
       const reporter = new ProgressReporter(launcher.progress, log, process.stderr.isTTY ? process.stderr : null, Infinity);
       reporter.start();
-      while (!stopped && sync.copying().length > 0) await new Promise((r) => setTimeout(r, 200));
+      // Woken by the last copy's end rather than a poll's next tick; still a poll while a
+      // failed copy waits for its retry, and to notice a stop.
+      while (!stopped && sync.copying().length > 0) {
+        const tick = new Promise<void>((r) => setTimeout(r, 200));
+        await (launcher.busy ? Promise.race([launcher.idle(), tick]) : tick);
+      }
       reporter.finish();
       if (!stopped) log.info({ tables: sync.all().length }, 'initial copy finished');
     }

@@ -3,17 +3,16 @@
  * table [WHERE row filter] [AND ctid range]) TO STDOUT` inside a source transaction that
  * imported the sync snapshot, piped into `COPY table (columns) FROM STDIN` inside a
  * target transaction that also records the rows copied. Binary format when the
- * subscription is binary, as native. Bytes stream through with back-pressure; nothing is
- * held in memory beyond the stream buffers.
+ * subscription is binary, as native. Bytes stream through with back-pressure (relay.ts);
+ * nothing is held in memory beyond the stream buffers.
  */
-import { Transform, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import pg from 'pg';
-import copyStreams from 'pg-copy-streams';
 import { pgClientConfig, redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { ConnectionLostError } from '../errors.js';
 import { quoteIdent, quoteLiteral, quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
+import { CopyOutRelay, rawCopyIn } from './relay.js';
 
 export interface CopyRange {
   /** First heap page (inclusive) and last (exclusive); null for the whole table. */
@@ -42,6 +41,11 @@ export async function openCopyClient(info: ConnInfo, applicationName: string, ro
 
 export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boolean): string {
   const cols = t.columns.map(quoteIdent).join(', ');
+  // A whole plain table without a row filter: COPY reads the heap directly, as native's
+  // tablesync does, without a query's executor overhead (COPY TO never includes children).
+  if (t.relkind === 'r' && !t.rowFilter && range.fromPage === null && range.toPage === null) {
+    return `COPY ${quoteQualified(t.schema, t.table)} (${cols}) TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+  }
   // COPY of a partitioned root must read its partitions; of a plain table only itself.
   const from = `${t.relkind === 'p' ? '' : 'ONLY '}${quoteQualified(t.schema, t.table)}`;
   const conds: string[] = [];
@@ -58,29 +62,30 @@ export function targetCopySql(t: PublishedTable, binary: boolean): string {
 
 /**
  * Stream one range; the caller owns both transactions. Returns rows and bytes copied.
- * `onData` sees bytes as they pass and, in text format, rows (one newline each; newlines
- * inside values are escaped), so progress is live; binary rows are known at the end.
+ * The publisher's CopyData messages go to the target as they are (relay.ts). `onData`
+ * sees bytes and messages as they pass: in text format one message is one row, in binary
+ * format the header and trailer ride in messages too, so live counts may be off by those;
+ * the returned rows are the target's own count.
  */
 export async function copyRange(source: pg.Client, target: pg.Client, t: PublishedTable, range: CopyRange, binary: boolean, onData: (bytes: number, rows: number) => void): Promise<{ rows: number; bytes: number }> {
-  let bytes = 0;
-  const counter = new Transform({
-    transform(chunk: Buffer, _enc: BufferEncoding, done: TransformCallback) {
-      bytes += chunk.length;
-      let rows = 0;
-      if (!binary) for (let i = chunk.indexOf(10); i !== -1; i = chunk.indexOf(10, i + 1)) rows++;
-      onData(chunk.length, rows);
-      done(null, chunk);
-    },
-  });
-  const reader = source.query(copyStreams.to(sourceCopySql(t, range, binary)));
-  const writer = target.query(copyStreams.from(targetCopySql(t, binary)));
-  await pipeline(reader, counter, writer);
-  return { rows: Number((writer as unknown as { rowCount: number }).rowCount ?? 0), bytes };
+  const reader = new CopyOutRelay(sourceCopySql(t, range, binary), (messages, bytes) => onData(bytes, messages));
+  const writer = rawCopyIn(targetCopySql(t, binary));
+  source.query(reader as unknown as pg.QueryConfig);
+  target.query(writer as unknown as pg.QueryConfig);
+  await pipeline(reader, writer);
+  return { rows: Number(writer.rowCount ?? 0), bytes: reader.bytes };
 }
 
-/** Page ranges of about equal size; one range (the whole table) when splitting is not possible. */
-export function splitRanges(t: PublishedTable, parts: number, canSplit: boolean): CopyRange[] {
-  if (!canSplit || parts <= 1 || t.relkind !== 'r' || t.pages < parts * 8) return [{ fromPage: null, toPage: null }];
+/**
+ * Page ranges of about equal size, each at least `minPages` (and 8) pages; one range (the
+ * whole table) when splitting is not possible or not worth it. A range costs two
+ * connections, a transaction and a query-based COPY on each side, and ranges of one table
+ * contend on its WAL and relation extension: on a 2-core machine the 20-table set copied
+ * faster with its tables whole (see README, "Benchmarks").
+ */
+export function splitRanges(t: PublishedTable, maxParts: number, canSplit: boolean, minPages = 8): CopyRange[] {
+  const parts = Math.min(maxParts, Math.floor(t.pages / Math.max(minPages, 8)));
+  if (!canSplit || parts <= 1 || t.relkind !== 'r') return [{ fromPage: null, toPage: null }];
   const step = Math.ceil(t.pages / parts);
   const ranges: CopyRange[] = [];
   for (let i = 0; i < parts; i++) {

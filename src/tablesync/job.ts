@@ -16,6 +16,7 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
 import { copyRange, openCopyClient, splitRanges, type CopyRange } from './copy.js';
+import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './state.js';
 
 export interface TableProgress {
@@ -41,6 +42,8 @@ export interface SyncJobContext {
 }
 
 let slotCounter = 0;
+/** Heap page size of the publisher; PostgreSQL's default build (catalog.ts's page counts assume the same). */
+const PAGE_SIZE = 8192;
 
 export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous: TableSync): Promise<void> {
   const { config, log } = ctx;
@@ -60,11 +63,18 @@ export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous
     ctx.progress.syncLsn = syncLsn;
     log.info({ table: `${t.schema}.${t.table}`, lsn: formatLsn(syncLsn), estimatedBytes: t.estimatedBytes }, 'table copy started');
 
-    const ranges = splitRanges(t, ctx.rangesPerTable, replication.serverVersionNum >= 140000);
+    const ranges = splitRanges(t, ctx.rangesPerTable, replication.serverVersionNum >= 140000, Math.ceil((config.syncRangeMinMb * 1024 * 1024) / PAGE_SIZE));
     await Promise.all(ranges.map((range) => ctx.runRange(() => copyOneRange(ctx, t, range, snapshot.snapshotName))));
 
-    const done = setStateStatement(config.subscription, t, 'f', syncLsn);
-    await control.query(done.text, done.params);
+    // Finished only with its indexes back: rebuilt and marked in one transaction.
+    const indexStart = Date.now();
+    const rebuilt = await inTransaction(control, async (run) => {
+      const built = await restoreIndexes(run, config.subscription, t.schema, t.table);
+      const done = setStateStatement(config.subscription, t, 'f', syncLsn);
+      await run(done.text, done.params);
+      return built;
+    });
+    if (rebuilt.length > 0) log.info({ table: `${t.schema}.${t.table}`, indexes: rebuilt, seconds: (Date.now() - indexStart) / 1000 }, 'indexes rebuilt after the copy');
     ctx.states.set({ schema: t.schema, table: t.table, state: 'f', syncLsn });
     ctx.progress.finishedAt = Date.now();
     const seconds = (ctx.progress.finishedAt - ctx.progress.startedAt) / 1000;
@@ -108,6 +118,8 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
       if (info.referenced) await control.query(`DELETE FROM ${info.relkind === 'p' ? '' : 'ONLY '}${name}`);
       else await control.query(`TRUNCATE ${info.relkind === 'p' ? '' : 'ONLY '}${name}`);
     }
+    // Empty now: its indexes can be built once, after the rows are in (deferred-indexes.ts).
+    if (config.deferIndexes && info.relkind === 'r') await deferIndexes(runOn(control), config.subscription, t.schema, t.table);
     const state = setStateStatement(config.subscription, t, 'd', syncLsn);
     await control.query(state.text, state.params);
     const clear = clearSyncProgressStatement(config.subscription, t);
@@ -116,6 +128,23 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
     await control.query('COMMIT');
   } catch (err) {
     await control.query('ROLLBACK').catch(() => {});
+    throw err;
+  }
+}
+
+const runOn =
+  (client: pg.Client): Run =>
+  async (text, params) =>
+    (await client.query(text, params)).rows as Record<string, unknown>[];
+
+async function inTransaction<T>(client: pg.Client, body: (run: Run) => Promise<T>): Promise<T> {
+  await client.query('BEGIN');
+  try {
+    const result = await body(runOn(client));
+    await client.query('COMMIT');
+    return result;
+  } catch (err) {
+    await client.query('ROLLBACK').catch(() => {});
     throw err;
   }
 }

@@ -16,6 +16,7 @@ import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
 import { listPublishedTables, type PublishedTable } from './catalog.js';
+import { restoreIndexes, runOnSql } from './deferred-indexes.js';
 import { syncTable, type TableProgress } from './job.js';
 import { rowToSync, type SyncStates, type TableSync } from './state.js';
 
@@ -114,10 +115,17 @@ export class Launcher {
         `DELETE FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND NOT (schema_name || '.' || table_name = ANY($2::text[])) RETURNING schema_name, table_name`,
         [this.config.subscription, `{${keep.map((k) => `"${k.replace(/\\/g, '\\\\').replace(/"/g, '\\"')}"`).join(',')}}`],
       );
-      for (const r of removed) this.log.info({ table: `${r.schema_name}.${r.table_name}` }, 'table no longer published; not applied any more');
+      for (const r of removed) {
+        // A copy cut short may have left its indexes dropped; the table is the user's again.
+        await restoreIndexes(runOnSql(tx), this.config.subscription, r.schema_name, r.table_name);
+        this.log.info({ table: `${r.schema_name}.${r.table_name}` }, 'table no longer published; not applied any more');
+      }
     });
     await this.load();
-    for (const t of this.states.copying()) this.schedule(t);
+    // Largest first: the last table to start should be a short one, not the one that
+    // decides when the whole copy ends.
+    const size = (t: TableSync) => this.published.get(`${t.schema}.${t.table}`)?.estimatedBytes ?? 0;
+    for (const t of this.states.copying().sort((a, b) => size(b) - size(a))) this.schedule(t);
   }
 
   /** Copy one table again from a fresh snapshot, while everything else keeps streaming. */

@@ -93,6 +93,8 @@ const env = () => ({
   PGSUB_PUBLICATION: 'pub',
   PGSUB_SUBSCRIPTION: SUB,
   PGSUB_MAX_SYNC_WORKERS: '4',
+  // Small ranges, so that the large table is split as the test needs.
+  PGSUB_SYNC_RANGE_MIN_MB: '0',
   PGSUB_REFRESH_INTERVAL: '1',
   PGSUB_STATUS_INTERVAL: '1',
   PGSUB_RETRY_MIN_DELAY: '0.2',

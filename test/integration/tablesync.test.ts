@@ -59,7 +59,7 @@ for (const [publisherMajor, targetMajor] of [
     function start(extra: Record<string, unknown> = {}): Runner {
       const config = loadConfig({
         env: {},
-        overrides: { subscription: sub, source: publisher.url('src'), target: target.url('dst'), publication: 'pub', status_interval: 1, max_sync_workers: 4, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
+        overrides: { subscription: sub, source: publisher.url('src'), target: target.url('dst'), publication: 'pub', status_interval: 1, max_sync_workers: 4, sync_range_min_mb: 0, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
       });
       return startRunner(config, createLogger('warn'));
     }
