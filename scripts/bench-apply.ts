@@ -67,6 +67,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import type pg from 'pg';
 import { installedMajors, startCluster, stopAllClusters, tableChecksum, type Cluster, type TableChecksum } from '../test/harness/index.js';
+import { replicationOriginName } from '../src/origin/replorigin.js';
 import { WORKLOAD_IDS, runBacklog, workloads, type Mode, type Workload, type WorkloadId } from './bench-apply-workloads.js';
 import {
   benchClient,
@@ -253,6 +254,10 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     await dropSlot(s, name);
     rmSync(stateDir, { recursive: true, force: true });
     await s.tgt.query(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`);
+    // Replication origins are cluster-wide and outlive the database (as `pgsub drop` does):
+    // each one keeps a replication state slot, and once they are all taken the native
+    // subscriber of a later round cannot start ("could not find free replication state slot").
+    await s.tgt.query(`SELECT pg_catalog.pg_replication_origin_drop(roname) FROM pg_catalog.pg_replication_origin WHERE roname = $1`, [replicationOriginName(name)]);
   };
   // First start: creates the slot (and pgsub's progress row) before the backlog exists.
   const first = spawnPgsub(build, env);
