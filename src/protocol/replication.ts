@@ -191,15 +191,10 @@ export class ReplicationStream {
     client.on('end', lost('closed by the publisher'));
   }
 
-  /** Async iteration pulls frames; not pulling applies back-pressure down to the socket. */
-  frames(): AsyncIterable<Buffer> {
-    return this.duplex as AsyncIterable<Buffer>;
-  }
-
   /**
    * The frames already received, many at a time: one wake-up per socket read instead of
    * a promise per frame (a W1-like stream has a frame per row). Ends when the stream
-   * ends; throws its error when it fails. Not pulling applies back-pressure, as frames().
+   * ends; throws its error when it fails. Not pulling applies back-pressure down to the socket.
    */
   async *frameBatches(): AsyncGenerator<Buffer[]> {
     const duplex = this.duplex;
