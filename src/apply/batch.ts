@@ -101,16 +101,14 @@ function tupleBytes(tuple: Tuple): number {
   return bytes;
 }
 
-/** Send every pending batch whose change must come before one to `rel` (see the header). */
-async function flushBefore(state: ApplyState, relationId: number, rel: MappedRelation): Promise<void> {
-  for (const batch of state.rowBatches.values()) {
-    if (rel.ordered || batch.relationId === relationId || batch.rel.ordered) await flushBatch(state, batch);
-  }
-}
-
-/** Before a change of `rel` that is not batched: its own pending rows (all, if ordered) go first. */
+/**
+ * Before a change of `rel` that is not batched: its own pending rows go first, and every
+ * pending batch before a change of an ordered relation (which never has a batch itself).
+ */
 export async function flushForChange(state: ApplyState, relationId: number, rel: MappedRelation): Promise<void> {
-  if (state.rowBatches.size > 0) await flushBefore(state, relationId, rel);
+  if (rel.ordered) return flushRowBatch(state);
+  const own = state.rowBatches.get(relationId);
+  if (own !== undefined) await flushBatch(state, own);
 }
 
 const NO_INDEXES: number[] = [];

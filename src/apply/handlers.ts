@@ -261,15 +261,11 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   settled.catch(() => {});
   if (pipelined) {
     endTarget(state);
-    const confirmed = settled.then(() => {
-      if (state.unconfirmedUntil === endLsn) {
-        state.unconfirmedUntil = null;
-        state.unconfirmed = null;
-      }
-    });
-    state.unconfirmedUntil = endLsn;
-    state.unconfirmed = confirmed;
-    await state.pipeline.push(confirmed);
+    const unconfirmed = { until: endLsn, answered: settled };
+    state.unconfirmed = unconfirmed;
+    await state.pipeline.push(settled.then(() => {
+      if (state.unconfirmed === unconfirmed) state.unconfirmed = null;
+    }));
     return;
   }
   await state.pipeline.drain();
@@ -331,9 +327,14 @@ function onMessage(state: ApplyState, m: LogicalMessage): void {
   state.log.debug({ prefix: m.prefix, lsn: formatLsn(m.lsn), transactional: m.transactional, bytes: m.content.length }, 'logical decoding message ignored');
 }
 
+const DETECT = new WeakMap<ApplyState, Detect | null>();
+
 /** Detection on the pipelined path: statements that abort the transaction on a conflict (conflict/detect.ts). */
 function detect(state: ApplyState): Detect | null {
-  return state.conflicts.detect ? { originId: state.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null;
+  // Constant for a session: one object, not one per change (this runs per row).
+  let d = DETECT.get(state);
+  if (d === undefined) DETECT.set(state, (d = state.conflicts.detect ? { originId: state.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null));
+  return d;
 }
 
 /**
@@ -341,24 +342,22 @@ function detect(state: ApplyState): Detect | null {
  * open, the relation mapped and batching, the change applies. Null: take the full path.
  * Runs once per row, so it allocates nothing.
  */
-function fastTarget(state: ApplyState, relationId: number): { xact: RemoteTransaction; rel: MappedRelation } | null {
+function fastTarget(state: ApplyState, relationId: number): MappedRelation | null {
   const xact = state.xact;
   // Not open: a new remote transaction inside a group joins the open target one, no BEGIN.
   if (xact === null || (!xact.open && state.group === null) || xact.skip || xact.alreadyPrepared || state.careful || state.batchRows <= 1) return null;
   const rel = state.relations.cached(relationId);
   if (rel === undefined || rel.ordered || !applies(state, xact, relationId)) return null;
   xact.open = true;
-  FAST.xact = xact;
-  FAST.rel = rel;
-  return FAST;
+  return rel;
 }
-const FAST = {} as { xact: RemoteTransaction; rel: MappedRelation };
 
 function onInsert(state: ApplyState, m: InsertMessage): Promise<void> | void {
-  const fast = fastTarget(state, m.relationId);
-  if (fast === null) return insertChange(state, m);
-  fast.xact.changes++;
-  return batchInsert(state, fast.xact, m.relationId, fast.rel, m.newTuple);
+  const rel = fastTarget(state, m.relationId);
+  if (rel === null) return insertChange(state, m);
+  const xact = state.xact!;
+  xact.changes++;
+  return batchInsert(state, xact, m.relationId, rel, m.newTuple);
 }
 
 async function insertChange(state: ApplyState, m: InsertMessage): Promise<void> {
@@ -373,13 +372,14 @@ async function insertChange(state: ApplyState, m: InsertMessage): Promise<void> 
 }
 
 function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> | void {
-  const fast = fastTarget(state, m.relationId);
-  if (fast !== null && m.oldKind === undefined) {
-    const key = rowKey(fast.rel, m.newTuple);
+  const rel = fastTarget(state, m.relationId);
+  if (rel !== null && m.oldKind === undefined) {
+    const key = rowKey(rel, m.newTuple);
     if (key !== null) {
-      const batched = batchUpdate(state, fast.xact, m.relationId, fast.rel, undefined, m.newTuple, detect(state), key);
+      const xact = state.xact!;
+      const batched = batchUpdate(state, xact, m.relationId, rel, undefined, m.newTuple, detect(state), key);
       if (batched !== false) {
-        fast.xact.changes++;
+        xact.changes++;
         return batched;
       }
     }

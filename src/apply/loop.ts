@@ -178,7 +178,6 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     rowWrites: new Map(),
     canGroupHotRows: true,
     rowBatches: new Map(),
-    unconfirmedUntil: null,
     unconfirmed: null,
     canPipelineCommit(finalLsn) {
       return queue.length > 0 && !(opts.noGroupUntil != null && finalLsn <= opts.noGroupUntil);
@@ -268,9 +267,9 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
    */
   function groupFailure(err: unknown): unknown {
     const group = state.group;
-    if ((!group && state.unconfirmedUntil === null) || err instanceof ConnectionLostError) return err;
+    if ((!group && state.unconfirmed === null) || err instanceof ConnectionLostError) return err;
     const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
-    let until = state.unconfirmedUntil ?? group!.endLsn;
+    let until = state.unconfirmed?.until ?? group!.endLsn;
     for (const lsn of [group?.endLsn, state.xact?.finalLsn]) if (lsn !== undefined && lsn > until) until = lsn;
     return new GroupRetryError(until, root);
   }
@@ -342,11 +341,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         } catch (err) {
           // An earlier commit still unanswered: if it went through, the failure is this
           // transaction's own and a careful replay applies; if not, retry one by one.
-          if (!state.group && state.unconfirmed !== null && (await state.unconfirmed.then(() => true, () => false))) {
-            state.unconfirmed = null;
-            state.unconfirmedUntil = null;
-          }
-          if (state.group || state.unconfirmedUntil !== null) throw groupFailure(err);
+          if (!state.group && state.unconfirmed !== null && (await state.unconfirmed.answered.then(() => true, () => false))) state.unconfirmed = null;
+          if (state.group || state.unconfirmed !== null) throw groupFailure(err);
           if (!(await replayCarefully(err))) throw err;
         }
         if (state.xact === null && state.streamXid === null) {
@@ -373,7 +369,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       ) {
         try {
           // A commit still unanswered must be known to have succeeded before a later position is recorded.
-          if (state.unconfirmedUntil !== null) await pipeline.drain();
+          if (state.unconfirmed !== null) await pipeline.drain();
           await recordIdlePosition();
         } catch (err) {
           throw groupFailure(err);

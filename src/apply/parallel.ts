@@ -317,7 +317,6 @@ export class ParallelApply {
       rowWrites: new Map(),
       canGroupHotRows: true,
       rowBatches: new Map(),
-      unconfirmedUntil: null,
       unconfirmed: null,
       canPipelineCommit: () => false,
       batchRows: leader.batchRows,

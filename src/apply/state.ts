@@ -101,13 +101,11 @@ export interface ApplyState {
   /** False once a row was written often enough in the open target transaction to end the group. */
   canGroupHotRows: boolean;
   /**
-   * End LSN of the last target commit sent without waiting for its answer (handlers.ts
-   * commitTarget); null once its answer arrived. A failure while one is outstanding may
-   * belong to it, so it cannot be replayed from memory (loop.ts).
+   * The last target commit sent without waiting for its answer (handlers.ts commitTarget):
+   * its end LSN and the answer's outcome; null once the answer arrived. A failure while one
+   * is outstanding may belong to it, so it cannot be replayed from memory (loop.ts).
    */
-  unconfirmedUntil: Lsn | null;
-  /** Settles with that commit's answer. */
-  unconfirmed: Promise<void> | null;
+  unconfirmed: { until: Lsn; answered: Promise<void> } | null;
   /** May the commit of the transaction finishing at `finalLsn` go unanswered for now? (more is queued, not retrying one by one) */
   canPipelineCommit(finalLsn: Lsn): boolean;
   /** May the transaction finishing at `finalLsn` stay open for the next one? (more is queued, limits) */
