@@ -20,7 +20,6 @@ import { isConflictSignal } from '../conflict/detect.js';
 import type { ConflictConfig } from '../conflict/types.js';
 import type { Logger } from '../log.js';
 import { decode } from '../protocol/decoder.js';
-import { parseReplicationFrame } from '../protocol/framing.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import type { ReplicationStream } from '../protocol/replication.js';
 import { idleProgressStatement } from '../origin/store.js';
@@ -36,8 +35,8 @@ import { Pipeline, runAlone, type WireConnection } from './target.js';
 import { PipelineAbortedError } from './wire.js';
 
 type WorkItem =
-  /** A pgoutput message, decoded by the applier: the queue holds bytes only once. */
-  | { kind: 'message'; raw: Buffer }
+  /** A pgoutput message, decoded by the applier: the queue holds bytes only once (no wrapper object per message). */
+  | Buffer
   /** A keepalive between transactions: everything before `lsn` has been sent to us. */
   | { kind: 'position'; lsn: Lsn }
   /** Wakes the applier so an idle position gets recorded. */
@@ -225,23 +224,22 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       lastFrameAt = Date.now();
       return queued;
     };
-    for await (const frames of stream.frameBatches()) {
+    for await (const batch of stream.batches()) {
       lastFrameAt = Date.now();
       pingSent = false;
-      for (const frame of frames) {
-        const parsed = parseReplicationFrame(frame);
-        if (parsed.kind === 'keepalive') {
-          progress.noteReceived(parsed.walEnd);
-          if (!inTransaction && !(await enqueue({ kind: 'position', lsn: parsed.walEnd }, 0))) return;
-          if (parsed.replyRequested) sendFeedback();
+      if (batch.walEnd !== null) progress.noteReceived(batch.walEnd);
+      for (const item of batch.items) {
+        if (!(item instanceof Uint8Array)) {
+          progress.noteReceived(item.walEnd);
+          if (!inTransaction && !(await enqueue({ kind: 'position', lsn: item.walEnd }, 0))) return;
+          if (item.replyRequested) sendFeedback();
           continue;
         }
-        progress.noteReceived(parsed.walEnd);
         // The tag byte is all the receiver needs: keepalives between transactions are positions.
-        const tag = parsed.data[0];
+        const tag = item[0];
         if (tag === TAG_BEGIN || tag === TAG_BEGIN_PREPARE) inTransaction = true;
         else if (tag === TAG_COMMIT || tag === TAG_PREPARE) inTransaction = false;
-        if (!(await enqueue({ kind: 'message', raw: parsed.data }, parsed.data.length))) return;
+        if (!(await enqueue(item, item.length))) return;
       }
     }
     if (!stopping) throw new ConnectionLostError('replication stream ended');
@@ -311,8 +309,10 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     while (!stopping) {
       const item = queue.takeNow() ?? (await queue.take());
       if (item === undefined || stopping) break;
-      if (item.kind === 'message') {
-        const message = decode(item.raw, decodeContext);
+      const isMessage = item instanceof Uint8Array;
+      if (isMessage) {
+        const raw = item;
+        const message = decode(raw, decodeContext);
         if (message.tag === 'streamStart') decodeContext.inStream = true;
         else if (message.tag === 'streamStop') decodeContext.inStream = false;
         // Keep what a careful replay would need: a transaction from its first message,
@@ -324,19 +324,19 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
             keptTooLarge = false;
           }
           if (kept !== null && !keptTooLarge) {
-            keptBytes += item.raw.length;
+            keptBytes += raw.length;
             if (keptBytes > REPLAY_BYTES) {
               // Past the limit the kept messages are useless: release them now, not at the
               // end of what may be a huge transaction (they pin their frames' memory).
               keptTooLarge = true;
               kept = [];
             }
-            else kept.push(item.raw);
+            else kept.push(raw);
           }
         }
         try {
           // Most changes complete without waiting (batched): no promise then.
-          const pending = dispatch(state, message, item.raw);
+          const pending = dispatch(state, message, raw);
           if (pending) await pending;
         } catch (err) {
           // An earlier commit still unanswered: if it went through, the failure is this
@@ -358,7 +358,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
           throw groupFailure(err);
         }
       }
-      else if (item.kind === 'position' && state.xact === null) progress.noteProcessed(item.lsn);
+      else if (!isMessage && item.kind === 'position' && state.xact === null) progress.noteProcessed(item.lsn);
       const now = Date.now();
       if (
         state.xact === null &&

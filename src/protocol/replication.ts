@@ -1,21 +1,19 @@
 /**
  * The replication connection to the publisher (`pg` with replication=database):
  * IDENTIFY_SYSTEM, slot lookup and creation, and START_REPLICATION … LOGICAL with
- * pgoutput options, after which the connection is in CopyBoth mode, carried by
- * pg-copy-streams' `both()` aligned on CopyData frames. This file moves bytes; framing
- * ('w'/'k' in, 'r' out) is in framing.ts and message decoding in decoder.ts.
+ * pgoutput options, after which the connection is in CopyBoth mode, read off the socket
+ * by copyboth.ts. Framing ('w'/'k' in, 'r' out) is in framing.ts and message decoding in
+ * decoder.ts.
  */
-import type { Duplex } from 'node:stream';
 import pg from 'pg';
-import copyStreams from 'pg-copy-streams';
 import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { ConnectionLostError, SourceSetupError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../quote.js';
+import { CopyBothReader, type ReceivedBatch } from './copyboth.js';
 import { encodeStandbyStatus } from './framing.js';
 import { formatLsn, parseLsn, type Lsn } from './lsn.js';
 
 // pg-copy-streams ships `both` but its type package does not declare it.
-const copyBoth = (copyStreams as unknown as { both(text: string, opts: { alignOnCopyDataFrame: boolean; readableObjectMode: boolean; readableHighWaterMark: number }): Duplex & pg.Submittable }).both;
 
 export interface SystemIdentity {
   systemId: string;
@@ -50,11 +48,6 @@ export interface StandbyStatus {
   applied: Lsn;
   replyRequested?: boolean;
 }
-
-/** CopyData frames the stream buffers before it stops reading the socket (back-pressure). */
-const FRAMES_BUFFERED = 2048;
-/** Most frames handed over at once by frameBatches. */
-const FRAMES_PER_BATCH = 1024;
 
 export class ReplicationConnection {
   private constructor(
@@ -156,10 +149,9 @@ export class ReplicationConnection {
     if (opts.twoPhase) options.push(`two_phase 'true'`);
     if (opts.origin) options.push(`origin ${quoteLiteral(opts.origin)}`);
     const command = `START_REPLICATION SLOT ${quoteIdent(opts.slotName)} LOGICAL ${formatLsn(opts.startLsn)} (${options.join(', ')})`;
-    // Object mode keeps one CopyData frame per chunk; a byte-mode read() would concatenate them.
-    const duplex = copyBoth(command, { alignOnCopyDataFrame: true, readableObjectMode: true, readableHighWaterMark: FRAMES_BUFFERED });
-    this.client.query(duplex);
-    return new ReplicationStream(duplex, this.client);
+    const reader = new CopyBothReader(command);
+    this.client.query(reader);
+    return new ReplicationStream(reader, this.client);
   }
 
   async close(): Promise<void> {
@@ -171,65 +163,50 @@ export class ReplicationConnection {
   }
 }
 
-/** CopyBoth in: raw CopyData payloads; out: standby status updates. */
+/** CopyBoth in: pgoutput messages and keepalives; out: standby status updates. */
 export class ReplicationStream {
   private failure: Error | null = null;
 
   constructor(
-    private readonly duplex: Duplex,
+    private readonly reader: CopyBothReader,
     client: pg.Client,
   ) {
     const lost = (why: string) => (err?: Error) => {
       const e = new ConnectionLostError(`replication connection ${why}${err ? `: ${redactSecrets(err.message)}` : ''}`, {}, { cause: err });
       this.failure ??= e;
-      duplex.destroy(e);
+      reader.destroy(e);
     };
-    duplex.on('error', (err: Error) => {
-      this.failure ??= err instanceof ConnectionLostError ? err : new SourceSetupError(`replication stream failed: ${redactSecrets(err.message)}`, {}, { cause: err });
-    });
     client.on('error', lost('failed'));
     client.on('end', lost('closed by the publisher'));
   }
 
   /**
-   * The frames already received, many at a time: one wake-up per socket read instead of
-   * a promise per frame (a W1-like stream has a frame per row). Ends when the stream
-   * ends; throws its error when it fails. Not pulling applies back-pressure down to the socket.
+   * What has been received, a socket read at a time: one wake-up per read instead of a
+   * promise per frame (a W1-like stream has a frame per row). Ends when the stream ends;
+   * throws its error when it fails. Not pulling applies back-pressure down to the socket.
    */
-  async *frameBatches(): AsyncGenerator<Buffer[]> {
-    const duplex = this.duplex;
+  async *batches(): AsyncGenerator<ReceivedBatch> {
     for (;;) {
-      const batch: Buffer[] = [];
-      let frame: Buffer | null;
-      while (batch.length < FRAMES_PER_BATCH && (frame = duplex.read() as Buffer | null) !== null) batch.push(frame);
-      if (batch.length > 0) {
-        yield batch;
-        continue;
+      let batch: ReceivedBatch | null;
+      try {
+        batch = await this.reader.next();
+      } catch (err) {
+        // The server's own error (e.g. the walsender terminated) as pg reports it: the
+        // runner retries it like any SQL error; a lost connection is already ours.
+        this.failure ??= err as Error;
+        throw this.failure;
       }
-      // The error itself, as async iteration of the stream would throw it.
-      if (duplex.errored) throw duplex.errored;
-      if (duplex.readableEnded || duplex.destroyed) return;
-      await new Promise<void>((resolve) => {
-        const wake = () => {
-          duplex.off('readable', wake);
-          duplex.off('end', wake);
-          duplex.off('close', wake);
-          resolve();
-        };
-        duplex.on('readable', wake);
-        duplex.on('end', wake);
-        duplex.on('close', wake);
-      });
+      if (batch === null) return;
+      yield batch;
     }
   }
 
   get error(): Error | null {
-    return this.failure;
+    return this.failure ?? this.reader.error;
   }
 
   sendStandbyStatus(status: StandbyStatus): void {
-    if (this.duplex.destroyed || this.duplex.writableEnded) return;
-    this.duplex.write(
+    this.reader.write(
       encodeStandbyStatus({
         written: status.written,
         flushed: status.flushed,
@@ -241,6 +218,6 @@ export class ReplicationStream {
   }
 
   destroy(err?: Error): void {
-    this.duplex.destroy(err);
+    this.reader.destroy(err);
   }
 }
