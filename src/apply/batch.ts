@@ -28,6 +28,8 @@ import type { MappedRelation } from './relmap.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect } from './statements.js';
 import { copyInsertStatement, type CopyStatement } from './copy-rows.js';
+import { copyFromInsertMessages } from './copy-messages.js';
+import { decode } from '../protocol/decoder.js';
 
 /**
  * A batch of at least this many inserts goes out as COPY when the settings and values
@@ -52,6 +54,8 @@ export interface RowBatch {
   setIndexes: number[];
   detect: Detect | null;
   tuples: Tuple[];
+  /** insert: Insert messages not decoded, to become COPY input as sent (copy-messages.ts); a batch holds these or tuples. */
+  messages: Buffer[];
   /** update: position of each key in `tuples` — a second update of the row replaces it. */
   keys: Map<string, number>;
   bytes: number;
@@ -120,7 +124,7 @@ const NO_INDEXES: number[] = [];
  */
 function add(state: ApplyState, kind: RowBatch['kind'], relationId: number, rel: MappedRelation, shape: string, setIndexes: number[], detect: Detect | null, xid: number, tuple: Tuple, key: string | null): Promise<void> | void {
   let batch = state.rowBatches.get(relationId);
-  if (batch !== undefined && (batch.kind !== kind || batch.rel !== rel || batch.shape !== shape)) {
+  if (batch !== undefined && (batch.kind !== kind || batch.rel !== rel || batch.shape !== shape || batch.messages.length > 0)) {
     return flushBatch(state, batch).then(() => add(state, kind, relationId, rel, shape, setIndexes, detect, xid, tuple, key));
   }
   if (batch !== undefined && key !== null) {
@@ -132,7 +136,7 @@ function add(state: ApplyState, kind: RowBatch['kind'], relationId: number, rel:
     }
   }
   if (batch === undefined) {
-    batch = { kind, relationId, rel, shape, setIndexes, detect, xid, tuples: [], keys: new Map(), bytes: 0 };
+    batch = { kind, relationId, rel, shape, setIndexes, detect, xid, tuples: [], messages: [], keys: new Map(), bytes: 0 };
     state.rowBatches.set(relationId, batch);
   }
   if (key !== null) batch.keys.set(key, batch.tuples.length);
@@ -146,6 +150,25 @@ function add(state: ApplyState, kind: RowBatch['kind'], relationId: number, rel:
 export function batchInsert(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, tuple: Tuple): Promise<void> | void {
   // Ordered relations never batch, so no pending batch needs to precede this one.
   return add(state, 'insert', relationId, rel, '', NO_INDEXES, null, xact.xid, tuple, null);
+}
+
+/**
+ * Batch an Insert message as it came (outside streams), for a relation whose inserts go to
+ * COPY as sent (handlers.ts insertAsSent checks): decoded only if the batch ends up too small
+ * for COPY or a value does not fit after all.
+ */
+export function batchInsertMessage(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, message: Buffer): Promise<void> | void {
+  let batch = state.rowBatches.get(relationId);
+  if (batch !== undefined && (batch.kind !== 'insert' || batch.rel !== rel || batch.tuples.length > 0)) {
+    return flushBatch(state, batch).then(() => batchInsertMessage(state, xact, relationId, rel, message));
+  }
+  if (batch === undefined) {
+    batch = { kind: 'insert', relationId, rel, shape: '', setIndexes: NO_INDEXES, detect: null, xid: xact.xid, tuples: [], messages: [], keys: new Map(), bytes: 0 };
+    state.rowBatches.set(relationId, batch);
+  }
+  batch.messages.push(message);
+  batch.bytes += message.length;
+  if (batch.messages.length >= maxBatchRows(rel.targetColumns.length, state.batchRows) || batch.bytes >= BATCH_BYTES) return flushBatch(state, batch);
 }
 
 /**
@@ -186,9 +209,22 @@ function sendCopy(state: ApplyState, copy: CopyStatement, rows: number): Promise
   return state.pipeline.push(state.conn.copyIn(copy.text, copy.data), bytes, rows);
 }
 
+const OUTSIDE_STREAMS = { inStream: false, streamAbortInfo: false };
+
+function insertedTuple(message: Buffer): Tuple {
+  const m = decode(message, OUTSIDE_STREAMS);
+  if (m.tag !== 'insert') throw new Error(`batched Insert message decoded as ${m.tag}`);
+  return m.newTuple;
+}
+
 async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   state.rowBatches.delete(batch.relationId);
   if (batch.kind === 'update' && state.groupTransactions > 1) for (const key of batch.keys.keys()) noteRowWrite(state, batch.relationId, key);
+  if (batch.messages.length > 0) {
+    const copy = batch.messages.length >= COPY_MIN_ROWS ? copyFromInsertMessages(batch.rel, batch.messages) : null;
+    if (copy) return sendCopy(state, copy, batch.messages.length);
+    batch.tuples = batch.messages.map(insertedTuple);
+  }
   if (batch.kind === 'insert' && state.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity) {
     const copy = copyInsertStatement(batch.rel, batch.tuples);
     if (copy) return sendCopy(state, copy, batch.tuples.length);

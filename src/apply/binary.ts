@@ -93,7 +93,7 @@ export function oidPlan(oid: number, types: ReadonlyMap<number, TargetTypeInfo>,
   }
 }
 
-const TSQUERY_OID = 3615;
+export const TSQUERY_OID = 3615;
 
 /**
  * The text form of a binary value that its type's own receive function cannot read back,

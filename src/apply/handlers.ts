@@ -41,7 +41,8 @@ import type { TableSync } from '../tablesync/state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
-import { batchInsert, batchUpdate, flushForChange, flushRowBatch, noteRowWrite, rowKey } from './batch.js';
+import { INSERT_TUPLE_OFFSET, insertsCopyAsSent } from './copy-messages.js';
+import { batchInsert, batchInsertMessage, batchUpdate, flushForChange, flushRowBatch, noteRowWrite, rowKey } from './batch.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;
 
@@ -350,6 +351,23 @@ function fastTarget(state: ApplyState, relationId: number): MappedRelation | nul
   if (rel === undefined || rel.ordered || !applies(state, xact, relationId)) return null;
   xact.open = true;
   return rel;
+}
+
+/**
+ * An Insert message before decoding (loop.ts, outside streams): batched as it came when its
+ * relation's rows go to binary COPY as sent (copy-messages.ts) and the change takes the
+ * fast path. False: decode it and dispatch as usual.
+ */
+export function insertAsSent(state: ApplyState, message: Buffer): Promise<void> | void | false {
+  if (!state.copyInserts || state.streamXid !== null || message.length < INSERT_TUPLE_OFFSET + 2) return false;
+  const relationId = message.readUInt32BE(1);
+  const known = state.relations.cached(relationId);
+  if (known === undefined || known.rowSecurity || !insertsCopyAsSent(known)) return false;
+  const rel = fastTarget(state, relationId);
+  if (rel === null) return false;
+  const xact = state.xact!;
+  xact.changes++;
+  return batchInsertMessage(state, xact, relationId, rel, message);
 }
 
 function onInsert(state: ApplyState, m: InsertMessage): Promise<void> | void {

@@ -24,7 +24,7 @@ import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import type { ReplicationStream } from '../protocol/replication.js';
 import { idleProgressStatement } from '../origin/store.js';
 import type { Progress } from '../origin/progress.js';
-import { commitGroup, dispatch } from './handlers.js';
+import { commitGroup, dispatch, insertAsSent } from './handlers.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from './relmap.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../tablesync/state.js';
@@ -74,6 +74,9 @@ const TAG_BEGIN = 0x42; // 'B'
 const TAG_COMMIT = 0x43; // 'C'
 const TAG_BEGIN_PREPARE = 0x62; // 'b'
 const TAG_PREPARE = 0x50; // 'P'
+const TAG_INSERT = 0x49; // 'I'
+const TAG_STREAM_START = 0x53; // 'S'
+const TAG_STREAM_STOP = 0x45; // 'E'
 
 export interface ApplyLoopOptions {
   subscription: string;
@@ -312,12 +315,12 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       const isMessage = item instanceof Uint8Array;
       if (isMessage) {
         const raw = item;
-        const message = decode(raw, decodeContext);
-        if (message.tag === 'streamStart') decodeContext.inStream = true;
-        else if (message.tag === 'streamStop') decodeContext.inStream = false;
+        const tag = raw[0];
         // Keep what a careful replay would need: a transaction from its first message,
         // or the single STREAM COMMIT / STREAM PREPARE that replays a spooled one.
-        if (opts.conflicts.detect && !decodeContext.inStream) {
+        // (Stream Start opens the stream block, Stream Stop closes it: neither is inside.)
+        const inStream = tag === TAG_STREAM_START ? true : tag === TAG_STREAM_STOP ? false : decodeContext.inStream;
+        if (opts.conflicts.detect && !inStream) {
           if (state.xact === null && state.streamXid === null) {
             kept = [];
             keptBytes = 0;
@@ -334,9 +337,14 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
             else kept.push(raw);
           }
         }
+        // An insert that joins a COPY as sent is never decoded (its failures come as the
+        // batch's); most other changes complete without waiting (batched): no promise then.
+        let pending = tag === TAG_INSERT && !decodeContext.inStream ? insertAsSent(state, raw) : false;
+        const message = pending === false ? decode(raw, decodeContext) : null;
+        if (message?.tag === 'streamStart') decodeContext.inStream = true;
+        else if (message?.tag === 'streamStop') decodeContext.inStream = false;
         try {
-          // Most changes complete without waiting (batched): no promise then.
-          const pending = dispatch(state, message, raw);
+          if (message !== null) pending = dispatch(state, message, raw);
           if (pending) await pending;
         } catch (err) {
           // An earlier commit still unanswered: if it went through, the failure is this

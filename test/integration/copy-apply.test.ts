@@ -11,6 +11,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { parseConninfo, type ConnInfo } from '../../src/config/conninfo.js';
+import { copyFromInsertMessages, insertsCopyAsSent } from '../../src/apply/copy-messages.js';
 import { copyInsertStatement } from '../../src/apply/copy-rows.js';
 import type { MappedRelation } from '../../src/apply/relmap.js';
 import { PipelineAbortedError, WireConnection, WireUsageError } from '../../src/apply/wire.js';
@@ -36,6 +37,23 @@ const COLUMNS = [
   { name: 'ia', target: 'ia', type: 'int4[]', oid: 1007, send: 'array_send' },
   { name: 'ta', target: 'ta', type: 'text[]', oid: 1009, send: 'array_send' },
 ] as const;
+
+/** A pgoutput Insert message (outside streams) carrying `tuple`. */
+function insertMessage(tuple: Tuple): Buffer {
+  const parts: Buffer[] = [Buffer.from([0x49, 0, 0, 0x40, 0, 0x4e]), Buffer.from([tuple.length >> 8, tuple.length & 0xff])];
+  for (const v of tuple) {
+    if (v.kind === 'null') parts.push(Buffer.from('n'));
+    else if (v.kind === 'unchanged') parts.push(Buffer.from('u'));
+    else {
+      const value = v.kind === 'binary' ? v.value : Buffer.from(v.value);
+      const head = Buffer.alloc(5);
+      head.write(v.kind === 'binary' ? 'b' : 't', 0, 'latin1');
+      head.writeInt32BE(value.length, 1);
+      parts.push(head, value);
+    }
+  }
+  return Buffer.concat(parts);
+}
 
 const quote = (name: string) => `"${name.replace(/"/g, '""')}"`;
 
@@ -120,6 +138,12 @@ for (const major of MAJORS) {
       const textCopy = copyInsertStatement(mapped('a"b', 'ünï_text', COLUMNS), textTuples)!;
       assert.match(binCopy.text, /^COPY "a""b"."ünï" \("id", "i2", "a""b", .*"ünï".*\) FROM STDIN WITH \(FORMAT binary\)$/);
       assert.match(textCopy.text, /^COPY "a""b"."ünï_text" \(.*\) FROM STDIN$/);
+      // The same rows as Insert messages make the same COPY input without being decoded (copy-messages.ts).
+      const asSentRel = mapped('a"b', 'ünï', COLUMNS);
+      assert.ok(insertsCopyAsSent(asSentRel));
+      const asSent = copyFromInsertMessages(asSentRel, binTuples.map(insertMessage))!;
+      assert.equal(asSent.text, binCopy.text);
+      assert.deepEqual(Buffer.concat(asSent.data), Buffer.concat(binCopy.data));
       const results = [wire.copyIn(binCopy.text, binCopy.data), wire.copyIn(textCopy.text, textCopy.data)];
       assert.equal(await wire.sync(), 'I');
       assert.deepEqual(await Promise.all(results), [
@@ -269,3 +293,27 @@ function int8(n: bigint): Buffer {
   b.writeBigInt64BE(n);
   return b;
 }
+
+test('Insert messages with a text or unchanged value, or a malformed tuple, are not COPY input as sent; the relation is then decoded', () => {
+  const bin = (n: number): TupleValue => ({ kind: 'binary', value: Buffer.from([0, 0, 0, n]) });
+  const cols = [
+    { name: 'id', target: 'id', type: 'int4', oid: 23 },
+    { name: 'v', target: 'v', type: 'int4', oid: 23 },
+  ];
+  const ok = mapped('public', 't', cols);
+  const good = copyFromInsertMessages(ok, [insertMessage([bin(1), bin(2)]), insertMessage([bin(3), { kind: 'null' }])])!;
+  // Header, then per row: field count, (length, bytes) per field; -1 for NULL; -1 ends it.
+  assert.equal(good.data[0]!.subarray(19).toString('hex'), '0002' + '00000004' + '00000001' + '00000004' + '00000002' + '0002' + '00000004' + '00000003' + 'ffffffff' + 'ffff');
+  for (const [why, message] of [
+    ['text value', insertMessage([bin(1), { kind: 'text', value: '2' }])],
+    ['unchanged value', insertMessage([bin(1), { kind: 'unchanged' }])],
+    ['narrower tuple', insertMessage([bin(1)])],
+    ['truncated value', insertMessage([bin(1), bin(2)]).subarray(0, -1)],
+  ] as const) {
+    const rel = mapped('public', 't', cols);
+    assert.equal(copyFromInsertMessages(rel, [insertMessage([bin(1), bin(2)]), message]), null, why);
+    assert.equal(insertsCopyAsSent(rel), false, why);
+  }
+  // A tsquery column may need its text form (binary.ts textForUnreceivable): never as sent.
+  assert.equal(insertsCopyAsSent(mapped('public', 'q', [cols[0]!, { name: 'q', target: 'q', type: 'tsquery', oid: 3615 }])), false);
+});
