@@ -21,6 +21,8 @@ const BINARY_HEADER = Buffer.from([0x50, 0x47, 0x43, 0x4f, 0x50, 0x59, 0x0a, 0xf
 const KIND_BINARY = 0x62; // b
 const KIND_NULL = 0x6e; // n
 const NEW_TUPLE = 0x4e; // N
+/** Values up to this many bytes are copied byte by byte. */
+const SMALL_VALUE = 32;
 /** 'I', Int32 relation id, 'N': where the tuple starts in an Insert outside a streamed transaction. */
 export const INSERT_TUPLE_OFFSET = 6;
 
@@ -66,8 +68,12 @@ export function copyFromInsertMessages(rel: MappedRelation, messages: readonly B
         const length = m.readInt32BE(pos + 1);
         const end = pos + 5 + length;
         if (length < 0 || end > m.length) return notAsSent(rel);
-        m.copy(out, at, pos + 1, end);
-        at += 4 + length;
+        // Most values are a few bytes (integers, timestamps): a loop beats Buffer.copy's call overhead.
+        if (length <= SMALL_VALUE) for (let j = pos + 1; j < end; j++) out[at++] = m[j]!;
+        else {
+          m.copy(out, at, pos + 1, end);
+          at += 4 + length;
+        }
         pos = end;
       } else if (kind === KIND_NULL) {
         out.writeInt32BE(-1, at);
