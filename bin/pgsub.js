@@ -1,10 +1,14 @@
 #!/usr/bin/env node
-// Runs the built CLI when `npm run build` has been done, else the TypeScript sources via tsx.
+// Runs the build when `npm run build` has been done (the one-file bundle, else tsc's output),
+// else the TypeScript sources via tsx.
 import { existsSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
+const bundle = fileURLToPath(new URL('../dist/bundle/main.js', import.meta.url));
 const built = fileURLToPath(new URL('../dist/src/cli/main.js', import.meta.url));
-if (existsSync(built)) {
+if (existsSync(bundle)) {
+  await import(pathToFileURL(bundle).href);
+} else if (existsSync(built)) {
   await import(pathToFileURL(built).href);
 } else {
   const { register } = await import('tsx/esm/api');

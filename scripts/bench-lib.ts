@@ -378,8 +378,8 @@ export interface PgsubBuild {
   /** The checkout's HEAD and its uncommitted files under src/, migrations/, bin/. */
   head: string;
   dirty: string[];
-  /** 'tsx' (TypeScript loaded at run time) or 'dist' (compiled with tsc first, as `npm run build`). */
-  mode: 'tsx' | 'dist';
+  /** 'tsx' (TypeScript loaded at run time), 'dist' (compiled with tsc) or 'bundle' (`npm run build`: tsc, then one bundled file). */
+  mode: 'tsx' | 'dist' | 'bundle';
   /** tsc's complaints when building (the JavaScript is emitted anyway). */
   buildErrors: number;
   remove(): void;
@@ -388,7 +388,8 @@ export interface PgsubBuild {
 /**
  * A private copy of what `node bin/pgsub.js` loads (node_modules linked), or the tree
  * itself when `live`. With `build`, the copy is compiled (tsc -p tsconfig.build.json into
- * its own dist/, which bin/pgsub.js prefers), as an installed pgsub would run; the
+ * its own dist/, then bundled by scripts/bundle.mjs into dist/bundle/, which bin/pgsub.js
+ * prefers), as an installed pgsub would run; the
  * working tree's dist/ is never touched.
  */
 export function snapshotPgsub(live: boolean, options: { build?: boolean } = {}): PgsubBuild {
@@ -400,11 +401,13 @@ export function snapshotPgsub(live: boolean, options: { build?: boolean } = {}):
     }
   };
   const info = { head: git(['rev-parse', 'HEAD']), dirty: git(['status', '--porcelain', '--', 'src', 'migrations', 'bin']).split('\n').filter(Boolean) };
-  const liveMode = existsSync(path.join(REPO_ROOT, 'dist', 'src', 'cli', 'main.js')) ? 'dist' : 'tsx';
+  const buildMode = (root: string): PgsubBuild['mode'] =>
+    existsSync(path.join(root, 'dist', 'bundle', 'main.js')) ? 'bundle' : existsSync(path.join(root, 'dist', 'src', 'cli', 'main.js')) ? 'dist' : 'tsx';
+  const liveMode = buildMode(REPO_ROOT);
   if (live) return { dir: REPO_ROOT, fingerprint: fingerprint(REPO_ROOT), ...info, mode: liveMode, buildErrors: 0, remove() {} };
   const dir = mkdtempSync(path.join(os.tmpdir(), 'pgsub-snapshot-'));
   snapshots.add(dir);
-  for (const item of ['bin', 'src', 'migrations', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'test/harness']) {
+  for (const item of ['bin', 'src', 'migrations', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'test/harness', 'scripts/bundle.mjs']) {
     if (existsSync(path.join(REPO_ROOT, item))) cpSync(path.join(REPO_ROOT, item), path.join(dir, item), { recursive: true });
   }
   symlinkSync(path.join(REPO_ROOT, 'node_modules'), path.join(dir, 'node_modules'));
@@ -416,8 +419,10 @@ export function snapshotPgsub(live: boolean, options: { build?: boolean } = {}):
       // tsc exits non-zero on type errors but still emits; count them for the record.
       buildErrors = ((err as { stdout?: string }).stdout ?? '').split('\n').filter((l) => / error TS\d+:/.test(l)).length;
     }
+    // The one-file bundle, as `npm run build` makes it (when the tree has the script).
+    if (existsSync(path.join(dir, 'scripts', 'bundle.mjs'))) execFileSync(process.execPath, ['scripts/bundle.mjs'], { cwd: dir, stdio: 'pipe' });
   }
-  const mode = existsSync(path.join(dir, 'dist', 'src', 'cli', 'main.js')) ? 'dist' : 'tsx';
+  const mode = buildMode(dir);
   // One start to warm caches (tsx's transforms; the files in the page cache).
   execFileSync(process.execPath, [path.join(dir, 'bin', 'pgsub.js'), '--help'], { cwd: dir, stdio: 'ignore' });
   return {
