@@ -104,6 +104,21 @@ export function idleProgressStatement(subscription: string, lsn: Lsn): { text: s
   };
 }
 
+/**
+ * A transaction whose synchronous commit flushes the target's WAL up to it, and so every
+ * asynchronous commit before it (loop.ts, when idle). It must assign an xid and write WAL
+ * to flush at all: a KEY SHARE lock of the origin row does both, and does not conflict with
+ * the applier's updates of that row, which never change its key.
+ */
+export function flushBarrierStatements(subscription: string): { text: string; params: string[] }[] {
+  return [
+    { text: 'BEGIN', params: [] },
+    { text: 'SET LOCAL synchronous_commit = local', params: [] },
+    { text: 'SELECT 1 FROM "pgsub"."origin" WHERE "subscription" = $1 FOR KEY SHARE', params: [subscription] },
+    { text: 'COMMIT', params: [] },
+  ];
+}
+
 export { ZERO_LSN };
 
 /** Inside a prepared transaction: its existence once committed (see migrations/0002). */
