@@ -27,7 +27,7 @@ before(async () => {
   ]);
   await pub.createDatabase('src');
   await pub.query(`${DDL}; CREATE PUBLICATION pub FOR TABLE public.items;`, [], 'src');
-  for (const db of ['streamed', 'prepared']) {
+  for (const db of ['streamed', 'prepared', 'binary']) {
     await tgt.createDatabase(db);
     await tgt.query(`${DDL}; INSERT INTO public.items VALUES (5, 'local five'), (1505, 'local 1505');`, [], db);
   }
@@ -98,4 +98,22 @@ test('a prepared transaction meeting insert_exists: prepared on the target with 
   assert.deepEqual(await summary(tgt, 'prepared'), { n: 21, remote: 20, five: 'remote 5', other: 'local 1505' });
   assert.deepEqual((await conflicts('prepared')).map((c) => [c.conflict_type, c.policy]), [['insert_exists', 'apply_remote']]);
   assert.deepEqual(await tgt.query(`SELECT gid FROM pg_prepared_xacts`, [], 'prepared'), []);
+});
+
+test('binary mode, not streamed: the COPY made from the Insert messages meets insert_exists; replayed carefully, logged once', async () => {
+  const runner = subscribe('binary', { binary: true });
+  await waitFor(async () => (await pub.query(`SELECT 1 FROM pg_replication_slots WHERE slot_name = 'sub_binary'`, [], 'src')).length === 1, { timeoutMs: 60_000, what: 'the slot' });
+  // Rows 5 and 1505 exist on the target since the start (not on this stream's path); these two are in it.
+  await tgt.query(`INSERT INTO public.items VALUES (3005, 'local 3005'), (4505, 'local 4505')`, [], 'binary');
+  await pub.query(`INSERT INTO public.items SELECT g, 'remote ' || g FROM generate_series(3001, 5000) g`, [], 'src');
+  await waitForCatchUp(pub, 'src', 'sub_binary', 120_000);
+  const [row] = await tgt.query<{ n: number; remote: number; mine: string }>(
+    `SELECT count(*)::int AS n, count(*) FILTER (WHERE v LIKE 'remote %')::int AS remote, string_agg(v, ',' ORDER BY id) FILTER (WHERE id IN (3005, 4505)) AS mine FROM public.items`,
+    [],
+    'binary',
+  );
+  assert.deepEqual(row, { n: 2002, remote: 2000, mine: 'remote 3005,remote 4505' });
+  const logged = await conflicts('binary');
+  assert.deepEqual(logged.map((c) => [c.conflict_type, c.policy]), [['insert_exists', 'apply_remote'], ['insert_exists', 'apply_remote']]);
+  assert.ok(runner.counters.carefulReplays >= 1, 'the conflict was resolved by a careful replay');
 });
