@@ -145,18 +145,48 @@ export class CopyBothReader implements pg.Submittable {
     return { items, walEnd };
   }
 
-  /** Cut the messages out of `chunk` (after any incomplete one before it). */
+  /**
+   * Cut the messages out of `chunk`, after completing the one the previous reads left
+   * incomplete: only that message is copied together, not the whole chunk (nearly every
+   * read ends inside a message).
+   */
   #parse(chunk: Buffer, items: ReceivedBatch['items']): void {
-    let buf = chunk;
-    if (this.#pendingBytes > 0) {
-      this.#pending.push(chunk);
-      this.#pendingBytes += chunk.length;
-      if (this.#pendingBytes < this.#needed) return;
-      buf = Buffer.concat(this.#pending, this.#pendingBytes);
+    let at = 0;
+    while (this.#pendingBytes > 0) {
+      const missing = this.#needed - this.#pendingBytes;
+      if (chunk.length - at < missing) {
+        this.#pending.push(at === 0 ? chunk : chunk.subarray(at));
+        this.#pendingBytes += chunk.length - at;
+        return;
+      }
+      if (this.#pending[0]![0] !== COPY_DATA) {
+        // Rare (a notice, an error, CopyDone across reads): parse it with the rest of the chunk,
+        // which pg gets back after an error.
+        const buf = Buffer.concat([...this.#pending, at === 0 ? chunk : chunk.subarray(at)]);
+        this.#pending = [];
+        this.#pendingBytes = 0;
+        this.#cut(buf, 0, items);
+        return;
+      }
+      const joined = Buffer.concat([...this.#pending, chunk.subarray(at, at + missing)], this.#needed);
+      at += missing;
       this.#pending = [];
       this.#pendingBytes = 0;
+      const total = 1 + joined.readUInt32BE(1);
+      if (total > joined.length) {
+        // Only the header was complete: now the message's length is known.
+        this.#pending = [joined];
+        this.#pendingBytes = joined.length;
+        this.#needed = total;
+        continue;
+      }
+      this.#cut(joined, 0, items);
     }
-    let at = 0;
+    this.#cut(chunk, at, items);
+  }
+
+  /** The messages of `buf` from `at`; an incomplete last one is kept for the next read. */
+  #cut(buf: Buffer, at: number, items: ReceivedBatch['items']): void {
     const size = buf.length;
     while (size - at >= 5) {
       const tag = buf[at]!;
