@@ -24,6 +24,7 @@
  * it, commits being at source commit boundaries). Hot rows (a pgbench branch) then cost
  * one row version per flush instead of one per change.
  */
+import { ApplyError } from '../errors.js';
 import type { Tuple, TupleValue } from '../protocol/messages.js';
 import { sendStatement } from './handlers.js';
 import type { MappedRelation } from './relmap.js';
@@ -81,6 +82,8 @@ function valueKey(v: TupleValue | undefined): string {
 /** The replica identity key of a row as one string; null when the row has no usable key. */
 export function rowKey(rel: MappedRelation, tuple: Tuple | undefined): string | null {
   if (!tuple || rel.keyIndexes.length === 0) return null;
+  // Usually one key column: no array, no join (this runs once per row).
+  if (rel.keyIndexes.length === 1) return valueKey(tuple[rel.keyIndexes[0]!]);
   return rel.keyIndexes.map((i) => valueKey(tuple[i])).join('\u0000');
 }
 
@@ -208,9 +211,10 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
     const copy = copyInsertStatement(batch.rel, batch.tuples);
     if (copy) return sendCopy(state, copy, batch.tuples.length);
   }
+  const detect = batch.detect;
   if (batch.kind === 'update' && batch.tuples.length >= ARRAY_MIN_ROWS) {
-    const statement = updateArraysStatement(batch.rel, batch.tuples, batch.setIndexes, batch.detect);
-    if (statement) return sendUpdate(state, batch, statement, batch.tuples.length);
+    const statement = updateArraysStatement(batch.rel, batch.tuples, batch.setIndexes, detect);
+    if (statement) return sendUpdate(state, batch, statement, batch.tuples.length, detect === null);
   }
   // One statement carries at most this many rows (bind parameters are limited).
   const most = batch.kind === 'insert' ? Infinity : maxBatchRows(batch.setIndexes.length + batch.rel.keyIndexes.length, state.batchRows);
@@ -224,16 +228,23 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
       await sendStatement(state, insertManyStatement(batch.rel, rows), undefined, rows.length);
       continue;
     }
-    await sendUpdate(state, batch, updateManyStatement(batch.rel, rows, batch.setIndexes, batch.detect), rows.length);
+    await sendUpdate(state, batch, updateManyStatement(batch.rel, rows, batch.setIndexes, detect), rows.length, detect === null);
   }
 }
 
-/** With detection the statement itself raises update_missing; without, count like native. */
-function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, rows: number): Promise<void> {
-  return sendStatement(state, statement, batch.detect ? undefined : (count) => {
-    if (count < rows) {
-      state.counters.updateMissing += rows - count;
-      state.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows - count }, 'rows to update not found; changes skipped');
+/**
+ * `counted`: the statement does not raise update_missing itself; its affected-row count is
+ * checked here. Without detection a shortfall is counted and logged like native's skip;
+ * with detection (answers read before the commit) it fails the transaction as the
+ * statement would have.
+ */
+function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, rows: number, counted: boolean): Promise<void> {
+  return sendStatement(state, statement, counted ? (count) => {
+    if (count >= rows) return;
+    if (batch.detect) {
+      throw new ApplyError(`update_missing: ${rows - count} of ${rows} rows to update in "${batch.rel.displayName}" not found`, { relation: batch.rel.displayName, remoteXid: batch.xid });
     }
-  }, rows);
+    state.counters.updateMissing += rows - count;
+    state.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows - count }, 'rows to update not found; changes skipped');
+  } : undefined, rows);
 }
