@@ -211,7 +211,9 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
     const copy = copyInsertStatement(batch.rel, batch.tuples);
     if (copy) return sendCopy(state, copy, batch.tuples.length);
   }
-  const detect = batch.detect;
+  // Detection inside the statement (a CTE counting the changed rows) costs the target per
+  // row; where every answer is read before the commit, the command's count says as much.
+  const detect = state.resultsBeforeCommit === true ? null : batch.detect;
   if (batch.kind === 'update' && batch.tuples.length >= ARRAY_MIN_ROWS) {
     const statement = updateArraysStatement(batch.rel, batch.tuples, batch.setIndexes, detect);
     if (statement) return sendUpdate(state, batch, statement, batch.tuples.length, detect === null);

@@ -213,6 +213,9 @@ export class ParallelApply {
     // Still watched while draining: a lock wait here is as stuck as one during the stream.
     eager.busySince = Date.now();
     try {
+      // Pending batches go out now, not with the commit: every answer, and so every
+      // affected-row count (state.resultsBeforeCommit), is in before COMMIT is sent.
+      await flushRowBatch(worker.state);
       await worker.state.pipeline.drain();
     } catch (err) {
       if (this.#eager === eager) await this.#fallBack(eager, 'error in the parallel transaction', err);
@@ -360,6 +363,8 @@ export class ParallelApply {
       originId: leader.originId,
       // A conflict makes the eager transaction fall back: the leader replays it carefully.
       careful: false,
+      // #finish drains the pipeline before the commit goes out.
+      resultsBeforeCommit: true,
       carefulLsn: null,
       skipLsn: null,
       onUnknownTable: (schema, table) => leader.onUnknownTable(schema, table),
