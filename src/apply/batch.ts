@@ -1,10 +1,12 @@
 /**
  * Row changes sent as few statements: INSERTs into one relation become a multi-row
- * INSERT, key-located UPDATEs of one relation and one shape (same columns sent) an
- * UPDATE … FROM (VALUES …). One Bind and one executor run on the target per batch instead
- * of one per row — the per-statement cost is what a subscriber outside the server pays
- * most for. Batches go out in power-of-two sizes, so a relation needs only a handful of
- * prepared texts. The careful (conflict-resolving) path never batches.
+ * INSERT (or a COPY, copy-rows.ts), key-located UPDATEs of one relation and one shape
+ * (same columns sent) one UPDATE … FROM an array per column (update-rows.ts), or where
+ * the values do not allow that, UPDATE … FROM (VALUES …). One Bind and one executor run
+ * on the target per batch instead of one per row — the per-statement cost is what a
+ * subscriber outside the server pays most for. VALUES batches go out in power-of-two
+ * sizes, so a relation needs only a handful of prepared texts. The careful
+ * (conflict-resolving) path never batches.
  *
  * Each relation has its own pending batch, so interleaved changes to several tables (a
  * pgbench transaction touches four) still batch: within one target transaction the order
@@ -22,14 +24,16 @@
  * it, commits being at source commit boundaries). Hot rows (a pgbench branch) then cost
  * one row version per flush instead of one per change.
  */
+import { ApplyError } from '../errors.js';
 import type { Tuple, TupleValue } from '../protocol/messages.js';
 import { sendStatement } from './handlers.js';
 import type { MappedRelation } from './relmap.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
-import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect } from './statements.js';
+import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect, type Statement } from './statements.js';
 import { copyInsertStatement, type CopyStatement } from './copy-rows.js';
 import { copyFromInsertMessages } from './copy-messages.js';
 import { decode } from '../protocol/decoder.js';
+import { updateArraysStatement } from './update-rows.js';
 
 /**
  * A batch of at least this many inserts goes out as COPY when the settings and values
@@ -51,6 +55,18 @@ const COPY_MIN_ROWS = 8;
 const AS_SENT_MAX_ROWS = 16_384;
 const AS_SENT_MAX_BYTES = 8 * 1024 * 1024;
 const LARGE_COPY_ROWS = 4096;
+
+/**
+ * An update batch grows to this many rows (or batch_rows, if larger): sent as arrays its
+ * text does not depend on the row count and no parameter limit applies. scripts/
+ * bench-update.ts: target CPU per row falls from 128 to 1024 rows per statement, not
+ * beyond; at 1024 several statements still fit in the pipeline's window (max_in_flight
+ * counts rows), so the target is not left idle while the next one is encoded.
+ */
+const UPDATE_BATCH_ROWS = 1024;
+
+/** Smaller update batches keep the VALUES form, whose texts for a few rows are prepared already. */
+const ARRAY_MIN_ROWS = 8;
 
 /** Every column index of a relation, for updates that send all columns. */
 const ALL_COLUMNS = new WeakMap<MappedRelation, number[]>();
@@ -83,6 +99,8 @@ function valueKey(v: TupleValue | undefined): string {
 /** The replica identity key of a row as one string; null when the row has no usable key. */
 export function rowKey(rel: MappedRelation, tuple: Tuple | undefined): string | null {
   if (!tuple || rel.keyIndexes.length === 0) return null;
+  // Usually one key column: no array, no join (this runs once per row).
+  if (rel.keyIndexes.length === 1) return valueKey(tuple[rel.keyIndexes[0]!]);
   return rel.keyIndexes.map((i) => valueKey(tuple[i])).join('\u0000');
 }
 
@@ -155,8 +173,8 @@ function add(state: ApplyState, kind: RowBatch['kind'], relationId: number, rel:
   if (key !== null) batch.keys.set(key, batch.tuples.length);
   batch.tuples.push(tuple);
   batch.bytes += tupleBytes(tuple);
-  const width = kind === 'insert' ? rel.targetColumns.length : setIndexes.length + rel.keyIndexes.length;
-  if (batch.tuples.length >= maxBatchRows(width, state.batchRows) || batch.bytes >= BATCH_BYTES) return flushBatch(state, batch);
+  const limit = kind === 'insert' ? maxBatchRows(rel.targetColumns.length, state.batchRows) : Math.max(state.batchRows, UPDATE_BATCH_ROWS);
+  if (batch.tuples.length >= limit || batch.bytes >= BATCH_BYTES) return flushBatch(state, batch);
 }
 
 /** Batch an INSERT of a relation that batches (not `ordered`: the caller checks). */
@@ -253,22 +271,42 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
     const copy = copyInsertStatement(batch.rel, batch.tuples);
     if (copy) return sendCopy(state, copy, batch.tuples.length);
   }
+  // Detection inside the statement (a CTE counting the changed rows) costs the target per
+  // row; where every answer is read before the commit, the command's count says as much.
+  const detect = state.resultsBeforeCommit === true ? null : batch.detect;
+  if (batch.kind === 'update' && batch.tuples.length >= ARRAY_MIN_ROWS) {
+    const statement = updateArraysStatement(batch.rel, batch.tuples, batch.setIndexes, detect);
+    if (statement) return sendUpdate(state, batch, statement, batch.tuples.length, detect === null);
+  }
+  // One statement carries at most this many rows (bind parameters are limited).
+  const most = batch.kind === 'insert' ? Infinity : maxBatchRows(batch.setIndexes.length + batch.rel.keyIndexes.length, state.batchRows);
   let rest = batch.tuples;
   while (rest.length > 0) {
     let size = 1;
-    while (size * 2 <= rest.length) size *= 2;
+    while (size * 2 <= rest.length && size * 2 <= most) size *= 2;
     const rows = rest.slice(0, size);
     rest = rest.slice(size);
     if (batch.kind === 'insert') {
       await sendStatement(state, insertManyStatement(batch.rel, rows), undefined, rows.length);
       continue;
     }
-    // With detection the statement itself raises update_missing; without, count like native.
-    await sendStatement(state, updateManyStatement(batch.rel, rows, batch.setIndexes, batch.detect), batch.detect ? undefined : (count) => {
-      if (count < rows.length) {
-        state.counters.updateMissing += rows.length - count;
-        state.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows.length - count }, 'rows to update not found; changes skipped');
-      }
-    }, rows.length);
+    await sendUpdate(state, batch, updateManyStatement(batch.rel, rows, batch.setIndexes, detect), rows.length, detect === null);
   }
+}
+
+/**
+ * `counted`: the statement does not raise update_missing itself; its affected-row count is
+ * checked here. Without detection a shortfall is counted and logged like native's skip;
+ * with detection (answers read before the commit) it fails the transaction as the
+ * statement would have.
+ */
+function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, rows: number, counted: boolean): Promise<void> {
+  return sendStatement(state, statement, counted ? (count) => {
+    if (count >= rows) return;
+    if (batch.detect) {
+      throw new ApplyError(`update_missing: ${rows - count} of ${rows} rows to update in "${batch.rel.displayName}" not found`, { relation: batch.rel.displayName, remoteXid: batch.xid });
+    }
+    state.counters.updateMissing += rows - count;
+    state.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows - count }, 'rows to update not found; changes skipped');
+  } : undefined, rows);
 }

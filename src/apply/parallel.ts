@@ -26,7 +26,7 @@
  */
 import { ProtocolError } from '../errors.js';
 import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
-import type { PgOutputMessage, StreamCommitMessage, StreamPrepareMessage } from '../protocol/messages.js';
+import type { PgOutputMessage, RelationMessage, StreamCommitMessage, StreamPrepareMessage } from '../protocol/messages.js';
 import { faultPoint } from '../service/faults.js';
 import { beginTarget, dispatch, finishTransaction, type Ending } from './handlers.js';
 import { flushRowBatch } from './batch.js';
@@ -34,6 +34,7 @@ import { RelationMap } from './relmap.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import { Pipeline, runAlone, type WireConnection } from './target.js';
 import { advanceOrigin, targetGid } from './twophase.js';
+import { syncKey } from '../tablesync/state.js';
 
 const MAX_LSN = asLsn(0xffffffffffffffffn);
 const WATCH_INTERVAL_MS = 250;
@@ -105,24 +106,50 @@ export class ParallelApply {
     }
   }
 
-  /** A change of streamed transaction `xid` (already spooled): applied eagerly if it is the eager one. */
-  async onChange(xid: number, subXid: number, message: PgOutputMessage, raw: Buffer): Promise<void> {
+  /**
+   * A change of streamed transaction `xid` (already spooled): applied eagerly if it is the
+   * eager one. Runs once per row: a change that joins a batch completes without a promise.
+   */
+  onChange(xid: number, subXid: number, message: PgOutputMessage, raw: Buffer): Promise<void> | void {
     const eager = this.#eager;
     const worker = this.#worker;
     if (!eager || eager.xid !== xid || !worker) return;
-    if (DATA_CHANGES.has(message.tag)) {
+    const data = DATA_CHANGES.has(message.tag);
+    if (data) {
       const notReady = this.#notReadyTable(worker, message);
       if (notReady) return this.#fallBack(eager, `change for ${notReady}, which is not ready`);
+      if (!eager.xact.open || (subXid !== eager.xid && !eager.savepoints.includes(subXid))) return this.#enterThenApply(worker, eager, subXid, message, raw);
     }
+    let applied: Promise<void> | void;
+    try {
+      applied = dispatch(worker.state, message, raw);
+    } catch (err) {
+      return this.#failed(eager, err);
+    }
+    if (applied === undefined) return;
+    // Waiting on the eager connection from here (the watchdog looks at how long).
+    eager.busySince = Date.now();
+    return applied.then(
+      () => { eager.busySince = null; },
+      (err: unknown) => { eager.busySince = null; return this.#failed(eager, err); },
+    );
+  }
+
+  /** The first change of the transaction or of a subtransaction: BEGIN or SAVEPOINT first. */
+  async #enterThenApply(worker: Worker, eager: Eager, subXid: number, message: PgOutputMessage, raw: Buffer): Promise<void> {
     eager.busySince = Date.now();
     try {
-      if (DATA_CHANGES.has(message.tag)) await this.#enterSubtransaction(worker, eager, subXid);
+      await this.#enterSubtransaction(worker, eager, subXid);
       await dispatch(worker.state, message, raw);
     } catch (err) {
-      if (this.#eager === eager) await this.#fallBack(eager, 'error in the parallel transaction', err);
+      await this.#failed(eager, err);
     } finally {
       eager.busySince = null;
     }
+  }
+
+  #failed(eager: Eager, err: unknown): Promise<void> | void {
+    if (this.#eager === eager) return this.#fallBack(eager, 'error in the parallel transaction', err);
   }
 
   /** STREAM ABORT: roll back the subtransaction to its savepoint, or the whole eager transaction. */
@@ -186,6 +213,9 @@ export class ParallelApply {
     // Still watched while draining: a lock wait here is as stuck as one during the stream.
     eager.busySince = Date.now();
     try {
+      // Pending batches go out now, not with the commit: every answer, and so every
+      // affected-row count (state.resultsBeforeCommit), is in before COMMIT is sent.
+      await flushRowBatch(worker.state);
       await worker.state.pipeline.drain();
     } catch (err) {
       if (this.#eager === eager) await this.#fallBack(eager, 'error in the parallel transaction', err);
@@ -267,15 +297,22 @@ export class ParallelApply {
   }
 
   #notReadyTable(worker: Worker, message: PgOutputMessage): string | null {
-    const ids = message.tag === 'truncate' ? message.relationIds : 'relationId' in message ? [message.relationId] : [];
-    for (const id of ids) {
-      const remote = worker.state.relations.remoteRelation(id);
-      const schema = remote.namespace === '' ? 'pg_catalog' : remote.namespace;
-      const entry = this.leader.sync.get(schema, remote.name);
-      const ready = entry ? entry.state === 'r' : this.leader.sync.entryApplies(undefined, MAX_LSN, ZERO_LSN);
-      if (!ready) return `${schema}.${remote.name}`;
+    if (message.tag !== 'truncate') return 'relationId' in message ? this.#notReady(worker, message.relationId) : null;
+    for (const id of message.relationIds) {
+      const notReady = this.#notReady(worker, id);
+      if (notReady) return notReady;
     }
     return null;
+  }
+
+  #notReady(worker: Worker, relationId: number): string | null {
+    const remote = worker.state.relations.remoteRelation(relationId);
+    // Once per change: the lookup key is built once per Relation message.
+    let key = SYNC_KEYS.get(remote);
+    if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(schemaOf(remote), remote.name)));
+    const entry = this.leader.sync.getByKey(key);
+    const ready = entry ? entry.state === 'r' : this.leader.sync.entryApplies(undefined, MAX_LSN, ZERO_LSN);
+    return ready ? null : `${schemaOf(remote)}.${remote.name}`;
   }
 
   /** BEGIN before the first change, and a savepoint at the first change of a subtransaction. */
@@ -326,6 +363,8 @@ export class ParallelApply {
       originId: leader.originId,
       // A conflict makes the eager transaction fall back: the leader replays it carefully.
       careful: false,
+      // #finish drains the pipeline before the commit goes out.
+      resultsBeforeCommit: true,
       carefulLsn: null,
       skipLsn: null,
       onUnknownTable: (schema, table) => leader.onUnknownTable(schema, table),
@@ -380,6 +419,13 @@ export class ParallelApply {
       this.#checking = false;
     }
   }
+}
+
+const SYNC_KEYS = new WeakMap<RelationMessage, string>();
+
+/** An empty namespace on the wire means pg_catalog (pgoutput's convention). */
+function schemaOf(remote: RelationMessage): string {
+  return remote.namespace === '' ? 'pg_catalog' : remote.namespace;
 }
 
 function savepointName(subXid: number): string {

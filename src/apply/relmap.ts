@@ -40,6 +40,12 @@ export interface TargetColumn {
    * relations, whose rows are located by comparing every column; true otherwise.
    */
   hasEquality: boolean;
+  /**
+   * The type can be the element of a one-dimensional array parameter (update-rows.ts): it
+   * has an array type and is not an array itself (nor a domain over one, whose category
+   * is its base type's). Absent: unknown, treated as no.
+   */
+  arrayType?: boolean;
 }
 
 export interface MappedRelation {
@@ -135,11 +141,12 @@ export class RelationMap {
     const displayName = `${schema}.${remote.name}`;
     const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
     // Catalog rows come back as text: booleans arrive as 't'/'f'.
-    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string; rls: string }>(
+    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string; rls: string; arraytype: string | null }>(
       conn,
-      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls'],
+      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype'],
       `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
-              (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls
+              (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls,
+              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype
          FROM pg_catalog.pg_class c
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -160,6 +167,7 @@ export class RelationMap {
           typeName: quoteQualified(r.typnsp ?? 'pg_catalog', r.typname ?? 'text'),
           generated: r.generated === 'true',
           hasEquality: true,
+          arrayType: r.arraytype === 'true',
         });
       }
     }

@@ -6,8 +6,9 @@
  * of their first record, so STREAM ABORT of a subtransaction truncates exactly its
  * changes (and those of later subtransactions, which it contains); STREAM ABORT of the
  * whole transaction deletes the file; STREAM COMMIT replays the records in order.
- * Memory stays bounded: records go to disk through a small write buffer and come back
- * through a bounded read stream. Files left by a crash are removed at startup — the
+ * Memory stays bounded: records go to disk through one write buffer per file (each
+ * message copied into it once, no allocation per message) and come back through a
+ * bounded read stream. Files left by a crash are removed at startup — the
  * publisher streams every uncommitted transaction again from its first change.
  */
 import fs from 'node:fs';
@@ -23,10 +24,17 @@ interface SpoolFile {
   size: number;
   /** Bytes in the file: where the next flush writes (positional, since truncation moves it back). */
   written: number;
-  buffered: Buffer[];
+  /** Records not yet written: buffer[0, bufferedBytes). */
+  buffer: Buffer;
   bufferedBytes: number;
   /** Subtransaction xid → offset of its first record, in first-seen order. */
   subxacts: Map<number, number>;
+}
+
+/** The first `length` bytes of `data` at file offset `position`. */
+function writeAll(fd: number, data: Buffer, length: number, position: number): void {
+  let at = 0;
+  while (at < length) at += fs.writeSync(fd, data, at, length - at, position + at);
 }
 
 export class StreamSpool {
@@ -64,27 +72,34 @@ export class StreamSpool {
     }
     this.discard(xid);
     const file = path.join(this.dir, `${this.subscription}-${xid}.changes`);
-    this.files.set(xid, { path: file, fd: fs.openSync(file, 'w', 0o600), size: 0, written: 0, buffered: [], bufferedBytes: 0, subxacts: new Map() });
+    this.files.set(xid, { path: file, fd: fs.openSync(file, 'w', 0o600), size: 0, written: 0, buffer: Buffer.allocUnsafe(WRITE_BUFFER_BYTES), bufferedBytes: 0, subxacts: new Map() });
   }
 
   /** Append one message of transaction `xid`, made by (sub)transaction `subXid`. */
   append(xid: number, subXid: number, message: Buffer): void {
     const f = this.fileFor(xid, 'a streamed change');
     if (subXid !== xid && !f.subxacts.has(subXid)) f.subxacts.set(subXid, f.size);
-    const header = Buffer.allocUnsafe(4);
-    header.writeUInt32BE(message.length, 0);
-    // Copy: the message may be a view into a frame buffer that is reused.
-    f.buffered.push(header, Buffer.from(message));
-    f.bufferedBytes += 4 + message.length;
-    f.size += 4 + message.length;
-    if (f.bufferedBytes >= WRITE_BUFFER_BYTES) this.flush(f);
+    const length = 4 + message.length;
+    if (f.bufferedBytes + length > f.buffer.length) this.flush(f);
+    f.size += length;
+    if (length > f.buffer.length) {
+      // Larger than the buffer: written on its own, right away.
+      const header = Buffer.allocUnsafe(4);
+      header.writeUInt32BE(message.length, 0);
+      writeAll(f.fd, header, 4, f.written);
+      writeAll(f.fd, message, message.length, f.written + 4);
+      f.written += length;
+      return;
+    }
+    // Copied: the message may be a view into a frame buffer that is reused.
+    f.buffer.writeUInt32BE(message.length, f.bufferedBytes);
+    message.copy(f.buffer, f.bufferedBytes + 4);
+    f.bufferedBytes += length;
   }
 
   private flush(f: SpoolFile): void {
-    if (f.bufferedBytes === 0) return;
-    fs.writeSync(f.fd, Buffer.concat(f.buffered, f.bufferedBytes), 0, f.bufferedBytes, f.written);
+    writeAll(f.fd, f.buffer, f.bufferedBytes, f.written);
     f.written += f.bufferedBytes;
-    f.buffered = [];
     f.bufferedBytes = 0;
   }
 
@@ -110,23 +125,48 @@ export class StreamSpool {
     for (const [sub, at] of f.subxacts) if (at >= offset) f.subxacts.delete(sub);
   }
 
-  /** STREAM COMMIT: the records in order, read back through a bounded stream. */
-  async *replay(xid: number): AsyncGenerator<Buffer> {
+  /**
+   * STREAM COMMIT: the records in order, read back through a bounded stream, as many at a
+   * time as one read brings (about 1 MB): one await per read, not per record. A record
+   * split between two reads is put together from its two parts alone.
+   */
+  async *replay(xid: number): AsyncGenerator<Buffer[]> {
     const f = this.fileFor(xid, 'STREAM COMMIT');
     this.flush(f);
-    let pending: Buffer = Buffer.alloc(0);
+    let pending: Buffer | null = null;
     for await (const chunk of fs.createReadStream(f.path, { highWaterMark: 1 << 20, start: 0, end: Math.max(f.size - 1, 0) })) {
-      pending = pending.length === 0 ? (chunk as Buffer) : Buffer.concat([pending, chunk as Buffer]);
+      const buf = chunk as Buffer;
+      const records: Buffer[] = [];
       let pos = 0;
-      while (pending.length - pos >= 4) {
-        const len = pending.readUInt32BE(pos);
-        if (pending.length - pos - 4 < len) break;
-        yield pending.subarray(pos + 4, pos + 4 + len);
+      if (pending !== null) {
+        // The header first (it may be split too), then the rest of that one record.
+        let head: Buffer = pending;
+        if (head.length < 4) {
+          pos = Math.min(4 - head.length, buf.length);
+          head = Buffer.concat([head, buf.subarray(0, pos)]);
+        }
+        if (head.length >= 4) {
+          const take = Math.min(4 + head.readUInt32BE(0) - head.length, buf.length - pos);
+          head = Buffer.concat([head, buf.subarray(pos, pos + take)]);
+          pos += take;
+        }
+        if (head.length < 4 || head.length < 4 + head.readUInt32BE(0)) {
+          pending = head;
+          continue;
+        }
+        records.push(head.subarray(4));
+        pending = null;
+      }
+      while (buf.length - pos >= 4) {
+        const len = buf.readUInt32BE(pos);
+        if (buf.length - pos - 4 < len) break;
+        records.push(buf.subarray(pos + 4, pos + 4 + len));
         pos += 4 + len;
       }
-      pending = pending.subarray(pos);
+      if (pos < buf.length) pending = buf.subarray(pos);
+      if (records.length > 0) yield records;
     }
-    if (pending.length > 0 && f.size > 0) throw new ProtocolError('PGSUB_PROTOCOL_TRUNCATED', `spool file ${f.path} ends inside a record`);
+    if (pending !== null && f.size > 0) throw new ProtocolError('PGSUB_PROTOCOL_TRUNCATED', `spool file ${f.path} ends inside a record`);
   }
 
   /** Close and delete a transaction's file. */

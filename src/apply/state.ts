@@ -88,6 +88,13 @@ export interface ApplyState {
   readonly rowBatches: Map<number, RowBatch>;
   /** synchronous_commit = off for apply transactions, with flush tracking (handlers.ts beginTarget). */
   readonly asyncCommit: boolean;
+  /**
+   * Every statement's answer is read before the target transaction's COMMIT is sent (the
+   * parallel apply connection drains before it commits, parallel.ts): with detection on,
+   * batched updates then check their affected-row count on the client instead of inside
+   * the statement (batch.ts), and a shortfall ends the eager apply like any conflict.
+   */
+  readonly resultsBeforeCommit?: boolean;
   /** Most rows per multi-row INSERT (1: one statement per row). */
   readonly batchRows: number;
   /** Batched INSERTs as COPY … FROM STDIN where the values allow it (copy-rows.ts). */

@@ -31,12 +31,15 @@ export function onStreamStop(state: ApplyState, _m: StreamStopMessage): void {
   state.streamXid = null;
 }
 
-/** Spooled always; with streaming = parallel also applied at once when the transaction is the eager one. */
-export async function spoolMessage(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> {
+/**
+ * Spooled always; with streaming = parallel also applied at once when the transaction is
+ * the eager one. Runs once per row: no promise unless the eager apply has to wait.
+ */
+export function spoolMessage(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> | void {
   const xid = state.streamXid!;
   const subXid = 'xid' in message && message.xid !== undefined ? message.xid : xid;
   state.spool.append(xid, subXid, raw);
-  if (state.parallel?.isEager(xid)) await state.parallel.onChange(xid, subXid, message, raw);
+  if (state.parallel?.isEager(xid)) return state.parallel.onChange(xid, subXid, message, raw);
 }
 
 export async function onStreamAbort(state: ApplyState, m: StreamAbortMessage): Promise<void> {
@@ -55,8 +58,12 @@ async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: 
   beginTransaction(state, xact);
   // Skipped (`pgsub skip`): its changes are not even read back.
   if (xact.skip) return xact;
-  for await (const record of state.spool.replay(xid)) {
-    await dispatch(state, decode(record, { inStream: true }), record);
+  for await (const records of state.spool.replay(xid)) {
+    for (const record of records) {
+      // Most records join a batch without waiting: no await (a microtask) per record.
+      const applied = dispatch(state, decode(record, { inStream: true }), record);
+      if (applied !== undefined) await applied;
+    }
   }
   return xact;
 }

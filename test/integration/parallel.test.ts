@@ -256,6 +256,40 @@ test('STREAM PREPARE of a parallel transaction prepares it under its gid; COMMIT
   assert.equal(left.length, 0);
 });
 
+test('a batch of updates missing a row in the parallel transaction: it falls back to the spool, whose careful replay logs update_missing', async () => {
+  // Rows 400001 … 405000 are on both sides; one goes on the target only, in the last
+  // batch, which goes out with the commit.
+  await target.query(`DELETE FROM app.items WHERE id = 404999`, [], 'dst');
+  const fallbacks = logCount('parallel apply fell back to the spool');
+  await withSource(async (c) => {
+    await c.query('BEGIN');
+    await c.query(`UPDATE app.items SET n = 4 WHERE id BETWEEN 400001 AND 402000`);
+    await waitFor(parallelHoldsItems, { timeoutMs: 30_000, intervalMs: 100, what: 'eager apply' });
+    await c.query(`UPDATE app.items SET n = 4 WHERE id BETWEEN 402001 AND 405000`);
+    await c.query('COMMIT');
+  });
+  await caughtUp();
+  // The eager transaction saw the batch's affected-row count fall short (no check inside
+  // the statement there). The careful replay's session streams the transaction again and
+  // applies it eagerly again, so it falls back once more before the spool resolves it.
+  const fellBack = child!.output().split('\n').filter((l) => l.includes('"msg":"parallel apply fell back to the spool"')).slice(fallbacks);
+  assert.ok(fellBack.length >= 1);
+  for (const l of fellBack) assert.match(l, /update_missing: 1 of \d+ rows to update in \\"app\.items\\" not found/);
+  const [n] = await target.query(`SELECT count(*)::int AS n FROM app.items WHERE v = 'prepared' AND n = 4`, [], 'dst');
+  assert.equal(n.n, 4999);
+  const logged = await target.query<{ conflict_type: string; key: string; policy: string }>(
+    `SELECT conflict_type, key::text AS key, policy FROM pgsub.conflict_log WHERE relation = 'app.items' AND conflict_type = 'update_missing'`,
+    [],
+    'dst',
+  );
+  assert.equal(logged.length, 1, JSON.stringify(logged));
+  assert.match(logged[0]!.key, /404999/);
+  assert.equal(logged[0]!.policy, 'skip');
+  // Both sides agree again once the row is back.
+  await target.query(`INSERT INTO app.items VALUES (404999, 'prepared', 4)`, [], 'dst');
+  await assertEqual();
+});
+
 test('a PG14 publisher is refused: streaming = parallel needs protocol 4', async () => {
   const old = await startCluster({ major: 14, name: 'par-pub14' });
   try {

@@ -436,6 +436,24 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
     }
   });
 
+  test('runs of UPDATEs in one transaction, of whole rows and of rows whose out-of-line value stays (column arrays where the values allow)', async (t) => {
+    await onPublishers((columns) =>
+      TABLES.map(
+        (table) =>
+          `BEGIN; ${Array.from({ length: 24 }, (_, i) => setRow(table, columns, 1000 + i, i % 4 === 3 ? null : (i + 1) % 3)).join(' ')} COMMIT;
+           UPDATE ${table} SET big = ${BIG} WHERE id BETWEEN 1000 AND 1023;
+           UPDATE ${table} SET i4 = id, m = 'happy' WHERE id BETWEEN 1000 AND 1023;`,
+      ).join(' '),
+    );
+    for (const s of subs) {
+      await t.test(label(s.route), async () => {
+        await compare(s);
+        const [row] = await s.target.query<{ n: number }>(`SELECT count(*)::int AS n FROM ty.keyed WHERE id BETWEEN 1000 AND 1023 AND length(big) = 128000 AND i4 = id AND m = 'happy'`, [], s.targetDb);
+        assert.equal(row!.n, 24);
+      });
+    }
+  });
+
   test("publisher databases with DateStyle 'SQL, DMY' and IntervalStyle sql_standard: dates and intervals arrive unchanged", async () => {
     for (const { cluster, db } of sources.values()) {
       const [style] = await cluster.query<{ datestyle: string; intervalstyle: string }>(`SELECT current_setting('datestyle') AS datestyle, current_setting('intervalstyle') AS intervalstyle`, [], db);

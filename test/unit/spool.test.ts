@@ -17,7 +17,7 @@ function tmp(): string {
 
 async function replayed(spool: StreamSpool, xid: number): Promise<string[]> {
   const out: string[] = [];
-  for await (const r of spool.replay(xid)) out.push(r.toString());
+  for await (const records of spool.replay(xid)) for (const r of records) out.push(r.toString());
   return out;
 }
 
@@ -32,6 +32,53 @@ test('records replay in order across segments and write-buffer flushes', async (
   many.slice(2500).forEach((m) => spool.append(7, 7, Buffer.from(m)));
   spool.stop(7);
   assert.deepEqual(await replayed(spool, 7), many);
+});
+
+test('records larger than the write buffer, between small ones; a reused source buffer does not change what was spooled', async () => {
+  const spool = new StreamSpool(tmp(), 'sub');
+  spool.prepare();
+  spool.start(8, true);
+  const frame = Buffer.alloc(64);
+  const want: string[] = [];
+  for (let i = 0; i < 40; i++) {
+    // A view into one frame buffer, overwritten right after each append (as the loop's frames are).
+    const text = `small ${i}`;
+    const n = frame.write(text);
+    spool.append(8, 8, frame.subarray(0, n));
+    frame.fill(0x21);
+    want.push(text);
+    if (i % 10 === 3) {
+      const big = `big ${i} ${'y'.repeat(300 * 1024 + i)}`;
+      spool.append(8, 8, Buffer.from(big));
+      want.push(big);
+    }
+  }
+  spool.stop(8);
+  assert.deepEqual(await replayed(spool, 8), want);
+  assert.equal(spool.bytes, want.reduce((n, w) => n + 4 + Buffer.byteLength(w), 0));
+});
+
+test('records split between reads (1 MB each) at every kind of place: inside a header, inside a body, over three reads', async () => {
+  const spool = new StreamSpool(tmp(), 'sub');
+  spool.prepare();
+  spool.start(9, true);
+  const MB = 1 << 20;
+  const body = (n: number, c: string) => c.repeat(n);
+  // Record 1 ends 2 bytes before the first 1 MB boundary: record 2's header is split 2 + 2.
+  const want = [body(MB - 4 - 2, 'a'), body(10, 'b'), body(2 * MB + 5, 'c'), body(3, 'd')];
+  // Then one ending exactly at a boundary, and one whose header starts 1 byte before the next.
+  let size = want.reduce((n, w) => n + 4 + w.length, 0);
+  const toBoundary = (k: number) => (Math.ceil(size / MB) * MB - size + k * MB) % MB;
+  const exact = body(toBoundary(0) - 4 + MB, 'e');
+  want.push(exact);
+  size += 4 + exact.length;
+  const oneShort = body(toBoundary(0) - 4 - 1 + MB, 'f');
+  want.push(oneShort, body(7, 'g'));
+  for (const w of want) spool.append(9, 9, Buffer.from(w));
+  spool.stop(9);
+  const got = await replayed(spool, 9);
+  assert.deepEqual(got.map((g) => [g.length, g[0]]), want.map((w) => [w.length, w[0]]));
+  assert.deepEqual(got, want);
 });
 
 test('subtransaction abort truncates its records and later ones; later appends follow without a hole', async () => {
