@@ -20,7 +20,9 @@
  *   pgsub-w4       2 or 4), from spawn until every table of the subscription is 'r' in
  *                  pgsub.subscription_rel; peak RSS from /proc/<pid>/status (VmHWM).
  *                  Only when named: pgsub-w1, pgsub-text-w2 (text COPY),
- *                  pgsub-w2-keep-indexes (defer_indexes off).
+ *                  pgsub-w2-keep-indexes (defer_indexes off), pgsub-w2-no-freeze
+ *                  (copy_freeze off), pgsub-w2-whole / pgsub-w2-split (every table
+ *                  copied whole / split into ranges wherever possible).
  *   native-binary  CREATE SUBSCRIPTION … WITH (copy_data = true, binary = true), from the
  *   native-text    statement until no pg_subscription_rel row is not 'r'; server defaults
  *                  (max_sync_workers_per_subscription = 2: one worker per table).
@@ -222,6 +224,9 @@ const CONTESTANTS: Contestant[] = [
   { id: 'pgsub-text-w2', kind: 'pgsub', workers: 2, binary: false, extra: true },
   { id: 'pgsub-w2', kind: 'pgsub', workers: 2, binary: true },
   { id: 'pgsub-w2-keep-indexes', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_DEFER_INDEXES: 'false' } },
+  { id: 'pgsub-w2-no-freeze', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_COPY_FREEZE: 'false' } },
+  { id: 'pgsub-w2-whole', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_SYNC_RANGE_MIN_MB: '1000000' } },
+  { id: 'pgsub-w2-split', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_SYNC_RANGE_MIN_MB: '0' } },
   { id: 'pgsub-w4', kind: 'pgsub', workers: 4, binary: true },
   { id: 'native-binary', kind: 'native', binary: true },
   { id: 'native-text', kind: 'native', binary: false },

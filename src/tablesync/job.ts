@@ -15,7 +15,7 @@ import { formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
-import { copyRange, openCopyClient, splitRanges, type CopyRange } from './copy.js';
+import { openCopyClient, relayInto, splitRanges, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './state.js';
 
@@ -58,13 +58,15 @@ export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous
     ctx.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn: ZERO_LSN });
     const snapshot = await replication.createSnapshotSlot(slotName);
     const syncLsn = snapshot.consistentPoint;
-    await prepareTarget(control, config, t, previous, syncLsn);
+    const { truncatable } = await prepareTarget(control, config, t, previous, syncLsn);
     ctx.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn });
     ctx.progress.syncLsn = syncLsn;
     log.info({ table: `${t.schema}.${t.table}`, lsn: formatLsn(syncLsn), estimatedBytes: t.estimatedBytes }, 'table copy started');
 
     const ranges = splitRanges(t, ctx.rangesPerTable, replication.serverVersionNum >= 140000, Math.ceil((config.syncRangeMinMb * 1024 * 1024) / PAGE_SIZE));
-    await Promise.all(ranges.map((range) => ctx.runRange(() => copyOneRange(ctx, t, range, snapshot.snapshotName))));
+    // One COPY for the whole table may load it frozen; ranges in parallel transactions cannot.
+    const freeze = config.copyFreeze && truncatable && ranges.length === 1;
+    const frozen = await Promise.all(ranges.map((range) => ctx.runRange(() => copyOneRange(ctx, t, range, snapshot.snapshotName, freeze))));
 
     // Finished only with its indexes back: rebuilt and marked in one transaction.
     const indexStart = Date.now();
@@ -79,7 +81,7 @@ export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous
     ctx.progress.finishedAt = Date.now();
     const seconds = (ctx.progress.finishedAt - ctx.progress.startedAt) / 1000;
     log.info(
-      { table: `${t.schema}.${t.table}`, rows: ctx.progress.rows, bytes: ctx.progress.bytes, seconds, ranges: ranges.length, lsn: formatLsn(syncLsn) },
+      { table: `${t.schema}.${t.table}`, rows: ctx.progress.rows, bytes: ctx.progress.bytes, seconds, ranges: ranges.length, frozen: frozen.every(Boolean), lsn: formatLsn(syncLsn) },
       'table copy finished',
     );
   } finally {
@@ -89,12 +91,23 @@ export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous
   }
 }
 
-/** Datasync at the snapshot's LSN; the table emptied when it holds our own partial copy. */
-async function prepareTarget(control: pg.Client, config: Config, t: PublishedTable, previous: TableSync, syncLsn: Lsn): Promise<void> {
+/**
+ * Datasync at the snapshot's LSN; the table emptied when it holds our own partial copy.
+ * Returns whether the copy may empty the table again in its own transaction, to load it
+ * with COPY FREEZE (copyOneRange): a plain table we may truncate, that no foreign key
+ * references (TRUNCATE refuses those), with no TRUNCATE trigger that fires for pgsub's
+ * replica role, and not published on the target (a cascaded subscriber would be sent the
+ * TRUNCATE).
+ */
+async function prepareTarget(control: pg.Client, config: Config, t: PublishedTable, previous: TableSync, syncLsn: Lsn): Promise<{ truncatable: boolean }> {
   const name = quoteQualified(t.schema, t.table);
-  const target = await control.query<{ relkind: string; referenced: boolean }>(
+  const target = await control.query<{ relkind: string; referenced: boolean; truncatable: boolean }>(
     `SELECT c.relkind::text AS relkind,
-            EXISTS (SELECT 1 FROM pg_catalog.pg_constraint k WHERE k.confrelid = c.oid AND k.contype = 'f') AS referenced
+            EXISTS (SELECT 1 FROM pg_catalog.pg_constraint k WHERE k.confrelid = c.oid AND k.contype = 'f') AS referenced,
+            c.relkind = 'r' AND pg_catalog.has_table_privilege(c.oid, 'TRUNCATE')
+              AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger g
+                               WHERE g.tgrelid = c.oid AND (g.tgtype::integer & ${TRIGGER_TYPE_TRUNCATE}) <> 0 AND g.tgenabled IN ('A', 'R'))
+              AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables p WHERE p.schemaname = n.nspname AND p.tablename = c.relname) AS truncatable
        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`,
     [t.schema, t.table],
@@ -130,6 +143,7 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
     await control.query('ROLLBACK').catch(() => {});
     throw err;
   }
+  return { truncatable: info.truncatable && !info.referenced };
 }
 
 const runOn =
@@ -149,7 +163,8 @@ async function inTransaction<T>(client: pg.Client, body: (run: Run) => Promise<T
   }
 }
 
-async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyRange, snapshotName: string): Promise<void> {
+/** Copy one range in a target transaction of its own; returns whether the rows went in frozen. */
+async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyRange, snapshotName: string, freeze: boolean): Promise<boolean> {
   const { config } = ctx;
   const appName = `pgsub_${config.subscription}_sync`;
   const source = await openCopyClient(config.source, appName, 'source');
@@ -158,13 +173,25 @@ async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyR
     target = await openCopyClient(config.target, appName, 'target');
     await source.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
     await source.query(`SET TRANSACTION SNAPSHOT '${snapshotName.replace(/'/g, "''")}'`);
-    await target.query('BEGIN');
+    let frozen = await beginCopyTarget(target, t, freeze, ctx.log);
     let liveRows = 0;
-    const { rows, bytes } = await copyRange(source, target, t, range, config.binary, (n, r) => {
+    const onData = (n: number, r: number) => {
       ctx.progress.bytes += n;
       ctx.progress.rows += r;
       liveRows += r;
-    });
+    };
+    let writer: CopyIn;
+    try {
+      writer = await startCopyIn(target, t, { binary: config.binary, freeze: frozen });
+    } catch (err) {
+      // A COPY FREEZE the target refused (nothing was read on the publisher): copy plainly.
+      if (!frozen) throw err;
+      ctx.log.info({ table: `${t.schema}.${t.table}`, reason: (err as Error).message }, 'COPY FREEZE refused; copying without it');
+      await target.query('ROLLBACK');
+      frozen = await beginCopyTarget(target, t, false, ctx.log);
+      writer = await startCopyIn(target, t, { binary: config.binary });
+    }
+    const { rows, bytes } = await relayInto(writer, source, t, range, config.binary, onData);
     await target.query(
       `UPDATE "pgsub"."subscription_rel" SET "rows_copied" = "rows_copied" + $4, "bytes_copied" = "bytes_copied" + $5, "updated_at" = pg_catalog.now()
         WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
@@ -173,11 +200,50 @@ async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyR
     await target.query('COMMIT');
     ctx.progress.rows += rows - liveRows;
     await source.query('COMMIT');
+    return frozen;
   } catch (err) {
     await target?.query('ROLLBACK').catch(() => {});
     throw err;
   } finally {
     await target?.end().catch(() => {});
     await source.end().catch(() => {});
+  }
+}
+
+/** TRUNCATE trigger bit of pg_trigger.tgtype. */
+const TRIGGER_TYPE_TRUNCATE = 1 << 5;
+/** How long the copy waits to lock its (empty) table for TRUNCATE before it copies without FREEZE. */
+const FREEZE_LOCK_TIMEOUT_MS = 1000;
+
+/**
+ * Begin the copy's target transaction. With `freeze`, empty the table in it: COPY FREEZE
+ * needs a table created or truncated in its own transaction, and then writes the rows
+ * frozen and (PostgreSQL 14+) their pages all-visible — no hint bits for the index build after the copy or
+ * the first readers to set (and write again), no freezing for a later VACUUM. The table
+ * is locked first and checked empty, so that TRUNCATE never removes rows, and the lock is
+ * held to the commit, so nobody writes into it meanwhile. As with native COPY FREEZE, the
+ * rows are visible to snapshots of other sessions taken before the commit (a reader of
+ * the target table sees it filled rather than empty). Returns whether the table was
+ * emptied here: if it cannot be (its lock is not granted within a second, TRUNCATE fails,
+ * someone wrote into it), the transaction starts over and the copy runs without FREEZE.
+ */
+async function beginCopyTarget(target: pg.Client, t: PublishedTable, freeze: boolean, log: Logger): Promise<boolean> {
+  // Explicitly: a target whose default isolation keeps a snapshot would make FREEZE fail.
+  await target.query('BEGIN ISOLATION LEVEL READ COMMITTED');
+  if (!freeze) return false;
+  const name = `ONLY ${quoteQualified(t.schema, t.table)}`;
+  try {
+    await target.query(`SET LOCAL lock_timeout = ${FREEZE_LOCK_TIMEOUT_MS}`);
+    await target.query(`LOCK TABLE ${name} IN ACCESS EXCLUSIVE MODE`);
+    const rows = await target.query(`SELECT 1 FROM ${name} LIMIT 1`);
+    if (rows.rowCount && rows.rowCount > 0) throw new Error('the table is not empty');
+    await target.query(`TRUNCATE ${name}`);
+    await target.query('SET LOCAL lock_timeout = DEFAULT');
+    return true;
+  } catch (err) {
+    log.info({ table: `${t.schema}.${t.table}`, reason: (err as Error).message }, 'cannot empty the table in the copy transaction; copying without FREEZE');
+    await target.query('ROLLBACK');
+    await target.query('BEGIN ISOLATION LEVEL READ COMMITTED');
+    return false;
   }
 }
