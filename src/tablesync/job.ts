@@ -1,11 +1,15 @@
 /**
  * One table's sync job (tablesync.c's analogue): take a snapshot consistent with a known
  * LSN from a temporary slot, record the table as datasync at that LSN, empty it in the
- * target if this is a retry (or the config asks), copy it — in page ranges on parallel
- * connections when it is large, all importing the same snapshot — and record it as
- * finishedcopy at that LSN. The stream then applies exactly the transactions committing
- * at or after it (see state.ts). A crash anywhere before finishedcopy leaves datasync,
- * and the next attempt starts over with a new snapshot.
+ * target if this is a retry (or the config asks), copy it, and record it as finishedcopy
+ * at that LSN. The stream then applies exactly the transactions committing at or after it
+ * (see state.ts). A crash anywhere before finishedcopy leaves datasync, and the next
+ * attempt starts over with a new snapshot.
+ *
+ * A table copied whole runs on a lane (lanes.ts): a walsender transaction holding a
+ * snapshot shared with the other whole-table copies of the same refresh, and a target
+ * connection, both reused from table to table. A large table split into page ranges gets
+ * a snapshot of its own, exported to one publisher and one target connection per range.
  */
 import type pg from 'pg';
 import type { Config } from '../config/config.js';
@@ -17,6 +21,7 @@ import { quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
 import { openCopyClient, relayInto, splitRanges, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
+import type { LanePool } from './lanes.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './state.js';
 
 export interface TableProgress {
@@ -38,57 +43,89 @@ export interface SyncJobContext {
   runRange<T>(task: () => Promise<T>): Promise<T>;
   /** Parallel ranges for one large table. */
   rangesPerTable: number;
+  /** server_version_num of the publisher (ctid range scans need 14+). */
+  publisherVersion: number;
+  /** The lanes of the batch this table was scheduled with. */
+  lanes: LanePool;
   progress: TableProgress;
 }
 
 let slotCounter = 0;
 /** Heap page size of the publisher; PostgreSQL's default build (catalog.ts's page counts assume the same). */
 const PAGE_SIZE = 8192;
+const WHOLE: CopyRange = { fromPage: null, toPage: null };
 
 export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous: TableSync): Promise<void> {
-  const { config, log } = ctx;
+  // Hold feedback from before the snapshot exists: the stream must not confirm past the
+  // consistent point the copy is about to get (a lower flush is ignored by the walsender).
+  // For a lane the launcher held it already, before the lane's slot was created.
+  ctx.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn: ZERO_LSN });
+  const ranges = splitRanges(t, ctx.rangesPerTable, ctx.publisherVersion >= 140000, Math.ceil((ctx.config.syncRangeMinMb * 1024 * 1024) / PAGE_SIZE));
+  if (ranges.length > 1) {
+    await ctx.lanes.enter(false);
+    await syncInRanges(ctx, t, previous, ranges);
+    return;
+  }
+  const lane = await ctx.lanes.enter(true);
+  let healthy = false;
+  try {
+    await copyAndFinish(ctx, t, previous, lane.target, lane.syncLsn, 1, async (freeze) => [await ctx.runRange(() => copyInto(ctx, t, WHOLE, lane.source, lane.target, freeze))]);
+    healthy = true;
+  } finally {
+    ctx.lanes.release(lane, healthy);
+  }
+}
+
+/** A table in page ranges under an exported snapshot of its own, one connection pair per range. */
+async function syncInRanges(ctx: SyncJobContext, t: PublishedTable, previous: TableSync, ranges: CopyRange[]): Promise<void> {
+  const { config } = ctx;
   const appName = `pgsub_${config.subscription}_sync`;
-  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_${++slotCounter}`.slice(0, 63).toLowerCase().replace(/[^a-z0-9_]/g, '_');
+  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_r${++slotCounter}`.slice(0, 63).toLowerCase().replace(/[^a-z0-9_]/g, '_');
   const replication = await ReplicationConnection.open(config.source, appName);
   let control: pg.Client | null = null;
   try {
     control = await openCopyClient(config.target, appName, 'target');
-    // Hold feedback from before the snapshot exists: the stream must not confirm past the
-    // consistent point this slot is about to get (a lower flush is ignored by the walsender).
-    ctx.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn: ZERO_LSN });
     const snapshot = await replication.createSnapshotSlot(slotName);
-    const syncLsn = snapshot.consistentPoint;
-    const { truncatable } = await prepareTarget(control, config, t, previous, syncLsn);
-    ctx.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn });
-    ctx.progress.syncLsn = syncLsn;
-    log.info({ table: `${t.schema}.${t.table}`, lsn: formatLsn(syncLsn), estimatedBytes: t.estimatedBytes }, 'table copy started');
-
-    const ranges = splitRanges(t, ctx.rangesPerTable, replication.serverVersionNum >= 140000, Math.ceil((config.syncRangeMinMb * 1024 * 1024) / PAGE_SIZE));
-    // One COPY for the whole table may load it frozen; ranges in parallel transactions cannot.
-    const freeze = config.copyFreeze && truncatable && ranges.length === 1;
-    const frozen = await Promise.all(ranges.map((range) => ctx.runRange(() => copyOneRange(ctx, t, range, snapshot.snapshotName, freeze))));
-
-    // Finished only with its indexes back: rebuilt and marked in one transaction.
-    const indexStart = Date.now();
-    const rebuilt = await inTransaction(control, async (run) => {
-      const built = await restoreIndexes(run, config.subscription, t.schema, t.table);
-      const done = setStateStatement(config.subscription, t, 'f', syncLsn);
-      await run(done.text, done.params);
-      return built;
-    });
-    if (rebuilt.length > 0) log.info({ table: `${t.schema}.${t.table}`, indexes: rebuilt, seconds: (Date.now() - indexStart) / 1000 }, 'indexes rebuilt after the copy');
-    ctx.states.set({ schema: t.schema, table: t.table, state: 'f', syncLsn });
-    ctx.progress.finishedAt = Date.now();
-    const seconds = (ctx.progress.finishedAt - ctx.progress.startedAt) / 1000;
-    log.info(
-      { table: `${t.schema}.${t.table}`, rows: ctx.progress.rows, bytes: ctx.progress.bytes, seconds, ranges: ranges.length, frozen: frozen.every(Boolean), lsn: formatLsn(syncLsn) },
-      'table copy finished',
+    await copyAndFinish(ctx, t, previous, control, snapshot.consistentPoint, ranges.length, (freeze) =>
+      Promise.all(ranges.map((range) => ctx.runRange(() => copyOneRange(ctx, t, range, snapshot.snapshotName, freeze)))),
     );
   } finally {
     await control?.end().catch(() => {});
     // Closing the walsender connection drops the temporary slot.
     await replication.close();
   }
+}
+
+/**
+ * Datasync at `syncLsn`, the copy (`copy`, told whether it may FREEZE; returns per range
+ * whether it did), then the indexes back and finishedcopy, on the `control` connection.
+ */
+async function copyAndFinish(ctx: SyncJobContext, t: PublishedTable, previous: TableSync, control: pg.Client, syncLsn: Lsn, ranges: number, copy: (freeze: boolean) => Promise<boolean[]>): Promise<void> {
+  const { config, log } = ctx;
+  const { truncatable } = await prepareTarget(control, config, t, previous, syncLsn);
+  ctx.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn });
+  ctx.progress.syncLsn = syncLsn;
+  log.info({ table: `${t.schema}.${t.table}`, lsn: formatLsn(syncLsn), estimatedBytes: t.estimatedBytes }, 'table copy started');
+
+  // One COPY for the whole table may load it frozen; ranges in parallel transactions cannot.
+  const frozen = await copy(config.copyFreeze && truncatable && ranges === 1);
+
+  // Finished only with its indexes back: rebuilt and marked in one transaction.
+  const indexStart = Date.now();
+  const rebuilt = await inTransaction(control, async (run) => {
+    const built = await restoreIndexes(run, config.subscription, t.schema, t.table);
+    const done = setStateStatement(config.subscription, t, 'f', syncLsn);
+    await run(done.text, done.params);
+    return built;
+  });
+  if (rebuilt.length > 0) log.info({ table: `${t.schema}.${t.table}`, indexes: rebuilt, seconds: (Date.now() - indexStart) / 1000 }, 'indexes rebuilt after the copy');
+  ctx.states.set({ schema: t.schema, table: t.table, state: 'f', syncLsn });
+  ctx.progress.finishedAt = Date.now();
+  const seconds = (ctx.progress.finishedAt - ctx.progress.startedAt) / 1000;
+  log.info(
+    { table: `${t.schema}.${t.table}`, rows: ctx.progress.rows, bytes: ctx.progress.bytes, seconds, ranges, frozen: frozen.every(Boolean), lsn: formatLsn(syncLsn) },
+    'table copy finished',
+  );
 }
 
 /**
@@ -163,7 +200,7 @@ async function inTransaction<T>(client: pg.Client, body: (run: Run) => Promise<T
   }
 }
 
-/** Copy one range in a target transaction of its own; returns whether the rows went in frozen. */
+/** One range on connections of its own, the publisher's importing the exported snapshot. */
 async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyRange, snapshotName: string, freeze: boolean): Promise<boolean> {
   const { config } = ctx;
   const appName = `pgsub_${config.subscription}_sync`;
@@ -173,6 +210,23 @@ async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyR
     target = await openCopyClient(config.target, appName, 'target');
     await source.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
     await source.query(`SET TRANSACTION SNAPSHOT '${snapshotName.replace(/'/g, "''")}'`);
+    const frozen = await copyInto(ctx, t, range, source, target, freeze);
+    await source.query('COMMIT');
+    return frozen;
+  } finally {
+    await target?.end().catch(() => {});
+    await source.end().catch(() => {});
+  }
+}
+
+/**
+ * Copy a range from `source` (already in the snapshot's transaction, left open) into
+ * `target`, in a target transaction of its own that also counts the rows copied. Returns
+ * whether the rows went in frozen.
+ */
+async function copyInto(ctx: SyncJobContext, t: PublishedTable, range: CopyRange, source: pg.Client, target: pg.Client, freeze: boolean): Promise<boolean> {
+  const { config } = ctx;
+  try {
     let frozen = await beginCopyTarget(target, t, freeze, ctx.log);
     let liveRows = 0;
     const onData = (n: number, r: number) => {
@@ -199,14 +253,10 @@ async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyR
     );
     await target.query('COMMIT');
     ctx.progress.rows += rows - liveRows;
-    await source.query('COMMIT');
     return frozen;
   } catch (err) {
-    await target?.query('ROLLBACK').catch(() => {});
+    await target.query('ROLLBACK').catch(() => {});
     throw err;
-  } finally {
-    await target?.end().catch(() => {});
-    await source.end().catch(() => {});
   }
 }
 

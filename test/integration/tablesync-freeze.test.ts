@@ -7,8 +7,9 @@
  * with a TRUNCATE trigger that fires for the replica role, one published on the target,
  * a partitioned target table, a table whose lock another session holds (the lock is not
  * granted within a second), and every table with copy_freeze off. A resync of a filled
- * table is loaded frozen too. Publisher and target at the oldest supported majors (10 →
- * 12) and at 18 → 18.
+ * table is loaded frozen too. The whole tables share the snapshots of two lanes (lanes.ts),
+ * one of them written to throughout the copy. Publisher and target at the oldest supported
+ * majors (10 → 12) and at 18 → 18.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -27,6 +28,8 @@ const SOURCE_SCHEMA = `
   CREATE TABLE app.pubd (id int PRIMARY KEY, v text);
   CREATE TABLE app.parted (id int PRIMARY KEY, v text);
   CREATE TABLE app.locked (id int PRIMARY KEY, v text);
+  CREATE TABLE app.busy (id int PRIMARY KEY, n int NOT NULL);
+  INSERT INTO app.busy SELECT g, 0 FROM generate_series(1, 200) g;
   INSERT INTO app.plain SELECT g, md5(g::text) FROM generate_series(1, 20000) g;
   INSERT INTO app.parent SELECT g, 'p' || g FROM generate_series(1, 500) g;
   INSERT INTO app.child SELECT g, 1 + g % 500, 'c' || g FROM generate_series(1, 3000) g;
@@ -53,6 +56,7 @@ const TARGET_SCHEMA = `
   CREATE TABLE app.parted_1 PARTITION OF app.parted FOR VALUES FROM (MINVALUE) TO (1000);
   CREATE TABLE app.parted_2 PARTITION OF app.parted FOR VALUES FROM (1000) TO (MAXVALUE);
   CREATE TABLE app.locked (id int NOT NULL, v text);
+  CREATE TABLE app.busy (id int PRIMARY KEY, n int NOT NULL);
   CREATE EXTENSION pageinspect;
   DO $$ DECLARE r regclass; BEGIN
     -- No autovacuum to freeze anything behind the test's back.
@@ -61,7 +65,7 @@ const TARGET_SCHEMA = `
     END LOOP;
   END $$;
 `;
-const TABLES = ['app.plain', 'app.parent', 'app.child', 'app.trig', 'app.pubd', 'app.parted', 'app.locked'];
+const TABLES = ['app.plain', 'app.parent', 'app.child', 'app.trig', 'app.pubd', 'app.parted', 'app.locked', 'app.busy'];
 /** Loaded frozen with copy_freeze on; the others must fall back to a plain COPY. */
 const FROZEN = ['app.plain', 'app.child'];
 
@@ -135,17 +139,35 @@ for (const [publisherMajor, targetMajor] of [
       // copy from truncating the table (ACCESS EXCLUSIVE), not from inserting into it.
       const holder = new pg.Client({ connectionString: target.url('dst') });
       await holder.connect();
+      // app.busy, the smallest table, is written to until every copy has finished: it is
+      // copied last, from a snapshot its lane took before (lanes.ts), and must still end exact.
+      let writing = true;
+      let written = 0;
+      const writes = (async () => {
+        for (let i = 0; writing; i++, written++) {
+          await publisher.query(`INSERT INTO app.busy VALUES (${1000 + i}, ${i}); UPDATE app.busy SET n = n + 1 WHERE id = ${1 + (i % 200)}; DELETE FROM app.busy WHERE id = ${1000 + i - 3};`, [], 'src');
+        }
+      })();
       try {
         await holder.query(`BEGIN; SELECT count(*) FROM app.locked;`);
         runner = start();
+        await waitFor(async () => Object.keys(await states()).length === TABLES.length && Object.values(await states()).every((s) => s !== 'i' && s !== 'd'), { timeoutMs: 120_000, intervalMs: 50, what: 'copies finished' });
+        writing = false;
+        await writes;
         await allReady();
         await holder.query('COMMIT');
       } finally {
+        writing = false;
+        await writes.catch(() => {});
         await holder.end();
       }
+      assert.ok(written > 0);
       const cmp = await compareTables(publisher, 'src', target, 'dst', TABLES);
       assert.ok(cmp.equal, JSON.stringify(cmp));
-      for (const table of TABLES.filter((t) => t !== 'app.parted')) {
+      // Whole tables share the snapshots of at most max_sync_workers lanes.
+      const lsns = new Set([...runner!.launcher.progress.values()].map((p) => p.syncLsn));
+      assert.ok(lsns.size <= 2, `${lsns.size} snapshots for ${TABLES.length} tables`);
+      for (const table of TABLES.filter((t) => t !== 'app.parted' && t !== 'app.busy')) {
         const { tuples, frozen } = await frozenShare(table);
         assert.ok(tuples > 0, `${table} has tuples`);
         if (FROZEN.includes(table)) assert.equal(frozen, tuples, `${table} loaded frozen`);
