@@ -74,7 +74,7 @@ const fileSchema = z
     defer_indexes: boolish.default(true),
     copy_freeze: boolish.default(true),
     max_sync_workers: z.coerce.number().int().min(1).max(64).default(4),
-    sync_range_min_mb: z.coerce.number().min(0).max(1_000_000).default(32),
+    sync_range_min_mb: z.coerce.number().min(0).max(1_000_000).default(256),
     refresh_interval: seconds.default(60),
     create_slot: boolish.default(true),
     enabled: boolish.default(true),
