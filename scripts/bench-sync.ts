@@ -6,6 +6,7 @@
  *   npm run bench:sync                               # full run (2,000,000 rows, 3 repetitions)
  *   npm run bench:sync -- --rows 200000 --reps 1     # a quick look
  *   npm run bench:sync -- --datasets single --contestants pgsub-w2,native-binary
+ *   npm run bench:sync -- --pgsub-env PGSUB_SYNC_RANGE_MIN_MB=1000   # any pgsub setting, repeatable
  *
  * Servers: one PostgreSQL 18 publisher and one PostgreSQL 18 target (throw-away clusters
  * from test/harness, identical settings), on this machine. Datasets, seeded once on the
@@ -19,7 +20,9 @@
  *   pgsub-w4       2 or 4), from spawn until every table of the subscription is 'r' in
  *                  pgsub.subscription_rel; peak RSS from /proc/<pid>/status (VmHWM).
  *                  Only when named: pgsub-w1, pgsub-text-w2 (text COPY),
- *                  pgsub-w2-keep-indexes (defer_indexes off).
+ *                  pgsub-w2-keep-indexes (defer_indexes off), pgsub-w2-no-freeze
+ *                  (copy_freeze off), pgsub-w2-whole / pgsub-w2-split (every table
+ *                  copied whole / split into ranges wherever possible).
  *   native-binary  CREATE SUBSCRIPTION … WITH (copy_data = true, binary = true), from the
  *   native-text    statement until no pg_subscription_rel row is not 'r'; server defaults
  *                  (max_sync_workers_per_subscription = 2: one worker per table).
@@ -60,6 +63,7 @@ import {
   median,
   MemorySampler,
   min,
+  parsePgsubEnv,
   pollUntil,
   postmasterPid,
   reniceCluster,
@@ -92,6 +96,7 @@ const { values: opts } = parseArgs({
     nice: { type: 'string', default: '0' },
     attempts: { type: 'string', default: '3' },
     'budget-minutes': { type: 'string', default: '30' },
+    'pgsub-env': { type: 'string', multiple: true, default: [] },
     help: { type: 'boolean', default: false },
   },
 });
@@ -108,6 +113,8 @@ const BUDGET_MS = Number(opts['budget-minutes']) * 60_000;
 const NICE = Number(opts.nice);
 /** Before each measurement, wait at most this long for the machine to be idle. */
 const QUIET_WAIT_MS = 30_000;
+/** --pgsub-env: settings for every pgsub contestant (after the contestant's own). */
+const PGSUB_EXTRA_ENV = parsePgsubEnv(opts['pgsub-env']);
 
 // ---------------------------------------------------------------------------------------
 // Datasets
@@ -217,6 +224,9 @@ const CONTESTANTS: Contestant[] = [
   { id: 'pgsub-text-w2', kind: 'pgsub', workers: 2, binary: false, extra: true },
   { id: 'pgsub-w2', kind: 'pgsub', workers: 2, binary: true },
   { id: 'pgsub-w2-keep-indexes', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_DEFER_INDEXES: 'false' } },
+  { id: 'pgsub-w2-no-freeze', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_COPY_FREEZE: 'false' } },
+  { id: 'pgsub-w2-whole', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_SYNC_RANGE_MIN_MB: '1000000' } },
+  { id: 'pgsub-w2-split', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_SYNC_RANGE_MIN_MB: '0' } },
   { id: 'pgsub-w4', kind: 'pgsub', workers: 4, binary: true },
   { id: 'native-binary', kind: 'native', binary: true },
   { id: 'native-text', kind: 'native', binary: false },
@@ -337,6 +347,7 @@ async function runPgsub(s: Servers, d: Dataset, c: Extract<Contestant, { kind: '
     PGSUB_BINARY: String(c.binary),
     PGSUB_LOG_LEVEL: 'info',
     ...c.env,
+    ...PGSUB_EXTRA_ENV,
   }, { nice: NICE });
   cpu.addProcess('pgsub', child.pid);
   const mem = new MemorySampler(child.pid);
@@ -618,7 +629,7 @@ async function main(): Promise<void> {
     const goals = printReport(summaries, infos);
     writeBenchResult('sync', started, { server: version }, {
       pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, mode: build.mode, buildTypeErrors: build.buildErrors },
-      settings: { server: SERVER_SETTINGS, rows: ROWS, reps: REPS, nativeDefaults: 'max_sync_workers_per_subscription = 2 (default)' },
+      settings: { server: SERVER_SETTINGS, rows: ROWS, reps: REPS, pgsubEnv: PGSUB_EXTRA_ENV, nativeDefaults: 'max_sync_workers_per_subscription = 2 (default)' },
       datasets: Object.fromEntries(all.map((d) => [d.name, { ...infos[d.name], tables: d.tables }])),
       summaries,
       goals,

@@ -72,8 +72,9 @@ const fileSchema = z
     copy_data: boolish.default(true),
     truncate_before_copy: boolish.default(false),
     defer_indexes: boolish.default(true),
+    copy_freeze: boolish.default(true),
     max_sync_workers: z.coerce.number().int().min(1).max(64).default(4),
-    sync_range_min_mb: z.coerce.number().min(0).max(1_000_000).default(32),
+    sync_range_min_mb: z.coerce.number().min(0).max(1_000_000).default(256),
     refresh_interval: seconds.default(60),
     create_slot: boolish.default(true),
     enabled: boolish.default(true),
@@ -117,6 +118,8 @@ export interface Config {
   truncateBeforeCopy: boolean;
   /** Drop an empty table's indexes for its copy and build them after it (tablesync/deferred-indexes.ts). */
   deferIndexes: boolean;
+  /** A table copied whole into an empty target table is truncated and loaded with COPY … FREEZE in one transaction (tablesync/job.ts). */
+  copyFreeze: boolean;
   /** Parallel COPY streams for the table sync (tables and ranges of large tables). */
   maxSyncWorkers: number;
   /** A table is split into page ranges only if each range gets at least this many MB of heap. */
@@ -224,6 +227,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     copyData: c.copy_data,
     truncateBeforeCopy: c.truncate_before_copy,
     deferIndexes: c.defer_indexes,
+    copyFreeze: c.copy_freeze,
     maxSyncWorkers: c.max_sync_workers,
     syncRangeMinMb: c.sync_range_min_mb,
     refreshIntervalMs: c.refresh_interval * 1000,

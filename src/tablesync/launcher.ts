@@ -15,9 +15,11 @@ import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
+import { ZERO_LSN } from '../protocol/lsn.js';
 import { listPublishedTables, type PublishedTable } from './catalog.js';
 import { restoreIndexes, runOnSql } from './deferred-indexes.js';
 import { syncTable, type TableProgress } from './job.js';
+import { LanePool, openLane } from './lanes.js';
 import { rowToSync, type SyncStates, type TableSync } from './state.js';
 
 export interface LauncherEvents {
@@ -38,6 +40,10 @@ export class Launcher {
   private refreshing: Promise<void> | null = null;
   private stopped = false;
   private failures = 0;
+  /** server_version_num of the publisher, as of the last refresh. */
+  private publisherVersion = 0;
+  /** Lane pools of batches that still have tables to start. */
+  private readonly lanePools = new Set<LanePool>();
 
   constructor(
     private readonly config: Config,
@@ -95,6 +101,7 @@ export class Launcher {
     let tables: PublishedTable[];
     try {
       tables = await listPublishedTables(replication, this.config.publications);
+      this.publisherVersion = replication.serverVersionNum;
     } finally {
       await replication.close();
     }
@@ -125,7 +132,14 @@ export class Launcher {
     // Largest first: the last table to start should be a short one, not the one that
     // decides when the whole copy ends.
     const size = (t: TableSync) => this.published.get(`${t.schema}.${t.table}`)?.estimatedBytes ?? 0;
-    for (const t of this.states.copying().sort((a, b) => size(b) - size(a))) this.schedule(t);
+    const due = this.states.copying().filter((t) => this.published.has(`${t.schema}.${t.table}`) && !this.running.has(`${t.schema}.${t.table}`));
+    if (due.length === 0 || this.stopped) return;
+    // Feedback held for every table of the batch before any of its lanes takes a snapshot
+    // (lanes.ts), then the batch shares them.
+    for (const t of due) this.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn: ZERO_LSN });
+    const lanes = new LanePool(() => openLane(this.config, `pgsub_${this.config.subscription}_sync`), due.length);
+    this.lanePools.add(lanes);
+    for (const t of due.sort((a, b) => size(b) - size(a))) this.schedule(t, lanes);
   }
 
   /** Copy one table again from a fresh snapshot, while everything else keeps streaming. */
@@ -136,16 +150,18 @@ export class Launcher {
     await this.refresh();
   }
 
-  private schedule(t: TableSync): void {
+  private schedule(t: TableSync, lanes: LanePool): void {
     const k = `${t.schema}.${t.table}`;
-    const published = this.published.get(k);
-    if (!published || this.running.has(k) || this.stopped) return;
+    const published = this.published.get(k)!;
     this.running.add(k);
     const progress: TableProgress = { schema: t.schema, table: t.table, rows: 0, bytes: 0, estimatedBytes: published.estimatedBytes, startedAt: Date.now(), finishedAt: null, syncLsn: null };
     this.progress.set(k, progress);
     void this.tableQueue.add(async () => {
       try {
-        if (this.stopped) return;
+        if (this.stopped) {
+          await lanes.enter(false);
+          return;
+        }
         progress.startedAt = Date.now();
         await syncTable(
           {
@@ -154,6 +170,8 @@ export class Launcher {
             states: this.states,
             rangesPerTable: this.config.maxSyncWorkers,
             runRange: (task) => this.rangeQueue.add(task, { throwOnTimeout: true }) as Promise<never>,
+            publisherVersion: this.publisherVersion,
+            lanes,
             progress,
           },
           published,
@@ -172,6 +190,7 @@ export class Launcher {
         }, delay).unref();
       } finally {
         this.running.delete(k);
+        if (!lanes.active) this.lanePools.delete(lanes);
       }
     });
   }
@@ -190,6 +209,8 @@ export class Launcher {
     if (this.timer) clearInterval(this.timer);
     this.tableQueue.clear();
     this.rangeQueue.clear();
+    for (const lanes of this.lanePools) lanes.close();
+    this.lanePools.clear();
     await this.sql.end({ timeout: 5 }).catch(() => {});
   }
 }

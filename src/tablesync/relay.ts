@@ -157,9 +157,29 @@ export class CopyOutRelay extends Readable {
   handleReadyForQuery(): void {}
 }
 
-/** pg-copy-streams' copy-from, for chunks that are CopyData messages already. */
-export function rawCopyIn(text: string): Writable & { rowCount?: number } {
-  const writer = copyStreams.from(text, { highWaterMark: 256 * 1024 }) as unknown as Writable & { connection: { stream: { write(b: Buffer): boolean } } | null; flushChunk(b: Buffer): boolean; rowCount?: number };
+/**
+ * pg-copy-streams' copy-from, for chunks that are CopyData messages already. `accepted`
+ * resolves when the server has started the COPY (CopyInResponse) and rejects if it
+ * refused it instead; the connection is then ready for the next query.
+ */
+export function rawCopyIn(text: string): Writable & { rowCount?: number; accepted: Promise<void> } {
+  const writer = copyStreams.from(text, { highWaterMark: 256 * 1024 }) as unknown as Writable & {
+    connection: { stream: { write(b: Buffer): boolean } } | null;
+    flushChunk(b: Buffer): boolean;
+    handleCopyInResponse(connection: unknown): void;
+    rowCount?: number;
+    accepted: Promise<void>;
+  };
   writer.flushChunk = (chunk: Buffer) => writer.connection!.stream.write(chunk);
+  const handleCopyInResponse = writer.handleCopyInResponse.bind(writer);
+  writer.accepted = new Promise<void>((resolve, reject) => {
+    writer.handleCopyInResponse = (connection) => {
+      resolve();
+      handleCopyInResponse(connection);
+    };
+    writer.once('error', reject);
+  });
+  // Awaited by the caller; an error after the start goes to the pipeline.
+  writer.accepted.catch(() => {});
   return writer;
 }
