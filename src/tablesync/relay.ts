@@ -86,14 +86,33 @@ export class CopyOutRelay extends Readable {
 
   /** Push the whole CopyData messages of `chunk` on; returns whether more is wanted. */
   private walk(chunk: Buffer): boolean {
-    // A chunk that starts inside a message is joined to that message's start.
-    const buf = this.carry ? Buffer.concat([this.carry, chunk]) : chunk;
-    this.carry = null;
-    let pos = 0;
-    let runStart = 0;
+    let buf = chunk;
     let messages = 0;
     let pushed = 0;
     let more = true;
+    const carry = this.carry;
+    this.carry = null;
+    if (carry !== null && carry.length >= HEADER && carry[0] === COPY_DATA) {
+      // A chunk that starts inside a row: that row alone is joined to its start, not the
+      // whole chunk (nearly every read ends inside a row).
+      const missing = 1 + carry.readUInt32BE(1) - carry.length;
+      if (chunk.length < missing) {
+        this.carry = Buffer.concat([carry, chunk]);
+        return true;
+      }
+      const row = Buffer.concat([carry, chunk.subarray(0, missing)]);
+      messages++;
+      if (!this.discarding) {
+        pushed += row.length;
+        more = this.push(row);
+      }
+      buf = chunk.subarray(missing);
+    } else if (carry !== null) {
+      // A header cut short, or a message that is not a row: joined with the whole chunk (rare).
+      buf = Buffer.concat([carry, chunk]);
+    }
+    let pos = 0;
+    let runStart = 0;
     const flush = (end: number) => {
       if (end > runStart && !this.discarding) {
         pushed += end - runStart;
