@@ -26,6 +26,7 @@
  * (10,000 rows for W1, one row for W4) and pgbench's scale 1 stay as they are, and W3's
  * logical_decoding_work_mem shrinks with its transaction.
  */
+import type { MappedRelation } from '../src/apply/relmap.js';
 import type pg from 'pg';
 
 export type WorkloadId = 'W1' | 'W2' | 'W3' | 'W4';
@@ -59,6 +60,37 @@ export interface Workload {
   reset: string;
   /** Leaves the backlog: statements run in `sessions` (one each, concurrently). */
   backlog: string[][];
+}
+
+/**
+ * The relation map's entry for a W1/W3/W4-shaped table `public.<table>` whose target types
+ * equal the publisher's, for the target-side micro-benchmarks (bench-copy-insert, bench-update).
+ */
+export function workloadRelation(table: string): MappedRelation {
+  const columns = [
+    { name: 'id', typeOid: 20, type: 'int8' },
+    { name: 'n', typeOid: 23, type: 'int4' },
+    { name: 'payload', typeOid: 25, type: 'text' },
+    { name: 'ts', typeOid: 1184, type: 'timestamptz' },
+  ];
+  return {
+    remote: {
+      tag: 'relation',
+      relationId: 16384,
+      namespace: 'public',
+      name: table,
+      replicaIdentity: 'default',
+      columns: columns.map((c, i) => ({ isKey: i === 0, name: c.name, typeOid: c.typeOid, typeModifier: -1 })),
+    },
+    qualifiedName: `"public"."${table}"`,
+    displayName: `public.${table}`,
+    relkind: 'r',
+    targetColumns: columns.map((c) => ({ name: c.name, typeOid: c.typeOid, typeName: `"pg_catalog"."${c.type}"`, generated: false, hasEquality: true, arrayType: true })),
+    keyIndexes: [0],
+    statements: new Map(),
+    ordered: false,
+    rowSecurity: false,
+  };
 }
 
 /** W1, W3 and W4's row shape, and its columns after id as expressions of the integer `i`. */

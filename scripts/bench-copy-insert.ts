@@ -15,12 +15,12 @@
  */
 import { readFileSync } from 'node:fs';
 import { copyInsertStatement } from '../src/apply/copy-rows.js';
-import type { MappedRelation } from '../src/apply/relmap.js';
 import { insertManyStatement } from '../src/apply/statements.js';
 import { WireConnection, type WireResult } from '../src/apply/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';
 import type { Tuple } from '../src/protocol/messages.js';
 import { startCluster, stopAllClusters } from '../test/harness/index.js';
+import { workloadRelation } from './bench-apply-workloads.js';
 
 const ROWS = Number(process.argv[2] ?? 1_000_000);
 const MAJOR = Number(process.argv[3] ?? 18);
@@ -48,32 +48,7 @@ const METHODS: Method[] = process.env.PGSUB_BENCH_METHODS
   { name: 'COPY binary 128 rows/stmt', batch: 128, format: 'binary', via: 'copy' },
   ];
 
-const rel: MappedRelation = {
-  remote: {
-    tag: 'relation',
-    relationId: 16384,
-    namespace: 'public',
-    name: 'w1',
-    replicaIdentity: 'default',
-    columns: [
-      { isKey: true, name: 'id', typeOid: 20, typeModifier: -1 },
-      { isKey: false, name: 'n', typeOid: 23, typeModifier: -1 },
-      { isKey: false, name: 'payload', typeOid: 25, typeModifier: -1 },
-      { isKey: false, name: 'ts', typeOid: 1184, typeModifier: -1 },
-    ],
-  },
-  qualifiedName: '"public"."w1"',
-  displayName: 'public.w1',
-  relkind: 'r',
-  targetColumns: [
-    { name: 'id', typeOid: 20, typeName: '"pg_catalog"."int8"', generated: false, hasEquality: true },
-    { name: 'n', typeOid: 23, typeName: '"pg_catalog"."int4"', generated: false, hasEquality: true },
-    { name: 'payload', typeOid: 25, typeName: '"pg_catalog"."text"', generated: false, hasEquality: true },
-    { name: 'ts', typeOid: 1184, typeName: '"pg_catalog"."timestamptz"', generated: false, hasEquality: true },
-  ],
-  keyIndexes: [0],
-  statements: new Map(), ordered: false, rowSecurity: false,
-};
+const rel = workloadRelation('w1');
 
 const payload = (i: number) => `${i.toString(16).padStart(8, '0')}${'abcdef0123456789'.repeat(6)}`.slice(0, 100);
 

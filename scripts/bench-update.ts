@@ -18,13 +18,13 @@
  */
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import type { MappedRelation } from '../src/apply/relmap.js';
 import { updateManyStatement } from '../src/apply/statements.js';
 import { updateArraysStatement } from '../src/apply/update-rows.js';
 import { WireConnection, type WireResult } from '../src/apply/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';
 import type { Tuple } from '../src/protocol/messages.js';
 import { startCluster, stopAllClusters } from '../test/harness/index.js';
+import { workloadRelation } from './bench-apply-workloads.js';
 
 const ROWS = Number(process.argv[2] ?? 1_000_000);
 const MAJOR = Number(process.argv[3] ?? 18);
@@ -35,32 +35,7 @@ const CLK_TCK = 100;
 const TS_BASE = 789_004_800_000_000n; // 2025-01-01 00:00:00+00, µs since 2000-01-01
 const DAY = 86_400_000_000n;
 
-const rel: MappedRelation = {
-  remote: {
-    tag: 'relation',
-    relationId: 16384,
-    namespace: 'public',
-    name: 'w3',
-    replicaIdentity: 'default',
-    columns: [
-      { isKey: true, name: 'id', typeOid: 20, typeModifier: -1 },
-      { isKey: false, name: 'n', typeOid: 23, typeModifier: -1 },
-      { isKey: false, name: 'payload', typeOid: 25, typeModifier: -1 },
-      { isKey: false, name: 'ts', typeOid: 1184, typeModifier: -1 },
-    ],
-  },
-  qualifiedName: '"public"."w3"',
-  displayName: 'public.w3',
-  relkind: 'r',
-  targetColumns: [
-    { name: 'id', typeOid: 20, typeName: '"pg_catalog"."int8"', generated: false, hasEquality: true, arrayType: true },
-    { name: 'n', typeOid: 23, typeName: '"pg_catalog"."int4"', generated: false, hasEquality: true, arrayType: true },
-    { name: 'payload', typeOid: 25, typeName: '"pg_catalog"."text"', generated: false, hasEquality: true, arrayType: true },
-    { name: 'ts', typeOid: 1184, typeName: '"pg_catalog"."timestamptz"', generated: false, hasEquality: true, arrayType: true },
-  ],
-  keyIndexes: [0],
-  statements: new Map(), ordered: false, rowSecurity: false,
-};
+const rel = workloadRelation('w3');
 const ALL = [0, 1, 2, 3];
 
 // As bench-apply-workloads.ts's rows after `SET n = n + 1, ts = ts + interval '1 day'`.

@@ -253,16 +253,18 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   if (batch.kind === 'update' && state.groupTransactions > 1) for (const key of batch.keys.keys()) noteRowWrite(state, batch.relationId, key);
   if (batch.messages.length >= COPY_MIN_ROWS) {
     // A long run as one COPY; a shorter one in COPYs of batch_rows (see AS_SENT_MAX_ROWS).
+    // All encoded before any is sent: a message that does not fit sends the batch decoded.
     const messages = batch.messages;
     const size = messages.length >= LARGE_COPY_ROWS ? messages.length : maxBatchRows(batch.rel.targetColumns.length, state.batchRows);
-    const copies: CopyStatement[] = [];
+    const copies: { copy: CopyStatement; rows: number }[] = [];
     for (let at = 0; at < messages.length; at += size) {
-      const copy = copyFromInsertMessages(batch.rel, at === 0 && size >= messages.length ? messages : messages.slice(at, at + size));
+      const part = messages.slice(at, at + size);
+      const copy = copyFromInsertMessages(batch.rel, part);
       if (copy === null) break;
-      copies.push(copy);
+      copies.push({ copy, rows: part.length });
     }
-    if (copies.length * size >= messages.length) {
-      for (let k = 0; k < copies.length; k++) await sendCopy(state, copies[k]!, Math.min(size, messages.length - k * size));
+    if (copies.reduce((n, c) => n + c.rows, 0) === messages.length) {
+      for (const { copy, rows } of copies) await sendCopy(state, copy, rows);
       return;
     }
   }

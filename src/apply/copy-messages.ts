@@ -13,11 +13,8 @@
  * so its later rows are decoded at once (binary mode off sends text throughout).
  */
 import { TSQUERY_OID } from './binary.js';
-import type { CopyStatement } from './copy-rows.js';
+import { BINARY_HEADER, binaryCopyText, type CopyStatement } from './copy-rows.js';
 import type { MappedRelation } from './relmap.js';
-import { cached, column } from './statements.js';
-
-const BINARY_HEADER = Buffer.from([0x50, 0x47, 0x43, 0x4f, 0x50, 0x59, 0x0a, 0xff, 0x0d, 0x0a, 0x00, 0, 0, 0, 0, 0, 0, 0, 0]);
 const KIND_BINARY = 0x62; // b
 const KIND_NULL = 0x6e; // n
 const NEW_TUPLE = 0x4e; // N
@@ -87,8 +84,7 @@ export function copyFromInsertMessages(rel: MappedRelation, messages: readonly B
   }
   out.writeInt16BE(-1, at);
   at += 2;
-  const text = cached(rel, 'C|binary', () => `COPY ${rel.qualifiedName} (${rel.targetColumns.map((_, i) => column(rel, i)).join(', ')}) FROM STDIN WITH (FORMAT binary)`);
-  return { text, data: [out.subarray(0, at)] };
+  return { text: binaryCopyText(rel), data: [out.subarray(0, at)] };
 }
 
 function notAsSent(rel: MappedRelation): null {

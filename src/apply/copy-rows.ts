@@ -40,7 +40,7 @@ export interface CopyStatement {
 }
 
 /** "PGCOPY\n\377\r\n\0", then int32 flags (no OIDs) and int32 header-extension length. */
-const BINARY_HEADER = Buffer.from([0x50, 0x47, 0x43, 0x4f, 0x50, 0x59, 0x0a, 0xff, 0x0d, 0x0a, 0x00, 0, 0, 0, 0, 0, 0, 0, 0]);
+export const BINARY_HEADER = Buffer.from([0x50, 0x47, 0x43, 0x4f, 0x50, 0x59, 0x0a, 0xff, 0x0d, 0x0a, 0x00, 0, 0, 0, 0, 0, 0, 0, 0]);
 const TAB = 0x09;
 const NEWLINE = 0x0a;
 const BACKSLASH = 0x5c;
@@ -111,8 +111,12 @@ function binaryCopy(rel: MappedRelation, tuples: readonly Tuple[], width: number
     }
   }
   out.writeInt16BE(-1, at);
-  const text = cached(rel, 'C|binary', () => `COPY ${rel.qualifiedName} (${columnList(rel)}) FROM STDIN WITH (FORMAT binary)`);
-  return { text, data: [out] };
+  return { text: binaryCopyText(rel), data: [out] };
+}
+
+/** COPY "schema"."table" (columns in remote order) FROM STDIN WITH (FORMAT binary), built once per relation. */
+export function binaryCopyText(rel: MappedRelation): string {
+  return cached(rel, 'C|binary', () => `COPY ${rel.qualifiedName} (${columnList(rel)}) FROM STDIN WITH (FORMAT binary)`);
 }
 
 /** Text COPY: fields separated by tab, rows ended by newline, NULL as \N, specials backslash-escaped. */

@@ -316,11 +316,12 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       if (isMessage) {
         const raw = item;
         const tag = raw[0];
+        // Stream Start opens a stream block and Stream Stop closes it (neither is inside it).
+        if (tag === TAG_STREAM_START) decodeContext.inStream = true;
+        else if (tag === TAG_STREAM_STOP) decodeContext.inStream = false;
         // Keep what a careful replay would need: a transaction from its first message,
         // or the single STREAM COMMIT / STREAM PREPARE that replays a spooled one.
-        // (Stream Start opens the stream block, Stream Stop closes it: neither is inside.)
-        const inStream = tag === TAG_STREAM_START ? true : tag === TAG_STREAM_STOP ? false : decodeContext.inStream;
-        if (opts.conflicts.detect && !inStream) {
+        if (opts.conflicts.detect && !decodeContext.inStream) {
           if (state.xact === null && state.streamXid === null) {
             kept = [];
             keptBytes = 0;
@@ -341,8 +342,6 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         // batch's); most other changes complete without waiting (batched): no promise then.
         let pending = tag === TAG_INSERT && !decodeContext.inStream ? insertAsSent(state, raw) : false;
         const message = pending === false ? decode(raw, decodeContext) : null;
-        if (message?.tag === 'streamStart') decodeContext.inStream = true;
-        else if (message?.tag === 'streamStop') decodeContext.inStream = false;
         try {
           if (message !== null) pending = dispatch(state, message, raw);
           if (pending) await pending;
