@@ -83,7 +83,7 @@ function splits(buf: Buffer, cuts: number[]): Buffer[] {
 
 async function run(chunks: Buffer[]) {
   const { connection, handedBack } = fakeConnection(chunks);
-  const reader = new CopyBothReader('START_REPLICATION …');
+  const reader = new CopyBothReader('START_REPLICATION …', 0);
   reader.submit(connection as never);
   // pg calls handleReadyForQuery after parsing what it was handed back; the fake does not parse.
   const result = await Promise.race([readAll(reader), new Promise<null>((r) => setTimeout(() => r(null), 20))]);
@@ -127,7 +127,7 @@ test('an ErrorResponse goes back to pg after the messages before it; pg reports 
   const bytes = Buffer.concat([start, frames[0]!, frames[1]!, error]);
   for (let i = 0; i <= bytes.length; i += 3) {
     const { connection, handedBack } = fakeConnection(splits(bytes, [i]));
-    const reader = new CopyBothReader('START_REPLICATION …');
+    const reader = new CopyBothReader('START_REPLICATION …', 0);
     reader.submit(connection as never);
     const items: ReceivedBatch['items'] = [];
     const reading = (async () => {
@@ -144,14 +144,14 @@ test('an ErrorResponse goes back to pg after the messages before it; pg reports 
 test('an unknown frame tag is a ProtocolError naming it', async () => {
   const bad = message('d', Buffer.from('zjunk'));
   const { connection } = fakeConnection([Buffer.concat([start, frames[0]!, bad])]);
-  const reader = new CopyBothReader('START_REPLICATION …');
+  const reader = new CopyBothReader('START_REPLICATION …', 0);
   reader.submit(connection as never);
   await assert.rejects(readAll(reader).then((r) => { if (r.error) throw r.error; }), (err: Error & { code?: string }) => err.code === 'PGSUB_PROTOCOL_UNKNOWN_MESSAGE' && /0x7a/.test(err.message));
 });
 
 test('status updates go out as CopyData once CopyBoth has started, not before', async () => {
   const { connection, written } = fakeConnection([]);
-  const reader = new CopyBothReader('START_REPLICATION …');
+  const reader = new CopyBothReader('START_REPLICATION …', 0);
   reader.submit(connection as never);
   reader.write(Buffer.from('r-early'));
   assert.equal(written.length, 0);
@@ -163,4 +163,30 @@ test('status updates go out as CopyData once CopyBoth has started, not before', 
   assert.deepEqual(written, [message('d', Buffer.from('r-status'))]);
   reader.destroy();
   assert.equal(await reader.next(), null);
+});
+
+test('after a small read the next one waits coalesceMs, gathering what arrives meanwhile; after a large read it does not wait', async () => {
+  const { connection } = fakeConnection([start]);
+  const reader = new CopyBothReader('START_REPLICATION …', 200);
+  reader.submit(connection as never);
+  connection.stream.push(frames[0]!);
+  assert.deepEqual((await reader.next())?.items, [payloads[0]]);
+  // That read was small: the next one waits, so frames sent 10 ms apart come together.
+  const next = reader.next();
+  connection.stream.push(frames[1]!);
+  await new Promise((r) => setTimeout(r, 10));
+  connection.stream.push(frames[3]!);
+  assert.deepEqual((await next)?.items, [payloads[1], payloads[3]]);
+
+  const large = Buffer.alloc(70 * 1024, 0x61);
+  connection.stream.push(xlogData(0x3000n, large));
+  const bigRead = await reader.next();
+  assert.deepEqual(bigRead?.items, [large]);
+  // A read of 64 kB or more means the subscriber is the slower side: no wait, one frame at a time.
+  const afterLarge = reader.next();
+  connection.stream.push(frames[0]!);
+  await new Promise((r) => setTimeout(r, 10));
+  connection.stream.push(frames[3]!);
+  assert.deepEqual((await afterLarge)?.items, [payloads[0]]);
+  reader.destroy();
 });
