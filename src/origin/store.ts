@@ -45,14 +45,38 @@ export interface OriginRow {
 export async function migrateTarget(info: ConnInfo, applicationName: string): Promise<void> {
   const sql = openMaintenance(info, applicationName);
   try {
-    await sql.unsafe('SELECT pg_catalog.pg_advisory_lock($1)', [String(MIGRATION_LOCK_KEY)]);
-    try {
-      await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_FOLDER, migrationsSchema: 'pgsub', migrationsTable: 'schema_migrations' });
-    } finally {
-      await sql.unsafe('SELECT pg_catalog.pg_advisory_unlock($1)', [String(MIGRATION_LOCK_KEY)]);
-    }
+    await migrateWith(sql);
   } finally {
     await sql.end({ timeout: 5 });
+  }
+}
+
+/** The newest migration's timestamp (drizzle's folderMillis), what schema_migrations records. */
+const NEWEST_MIGRATION = Math.max(
+  ...(JSON.parse(fs.readFileSync(path.join(MIGRATIONS_FOLDER, 'meta', '_journal.json'), 'utf8')) as { entries: { when: number }[] }).entries.map((e) => e.when),
+);
+
+/**
+ * migrateTarget on an open connection. A schema that has the newest migration already
+ * (drizzle applies those newer than the newest recorded, so that is its own test) is
+ * left alone without the lock and the migrator's reads: a restart's usual case, about
+ * 25 ms of every start.
+ */
+export async function migrateWith(sql: Sql): Promise<void> {
+  const newest = await sql
+    .unsafe(`SELECT max(created_at)::text AS newest FROM "pgsub"."schema_migrations"`)
+    .then((rows) => (rows[0]?.newest == null ? null : Number(rows[0].newest)))
+    .catch((err: { code?: string }) => {
+      // No schema or table yet (a first start): the migrator creates them.
+      if (err.code === '42P01' || err.code === '3F000') return null;
+      throw err;
+    });
+  if (newest !== null && newest >= NEWEST_MIGRATION) return;
+  await sql.unsafe('SELECT pg_catalog.pg_advisory_lock($1)', [String(MIGRATION_LOCK_KEY)]);
+  try {
+    await migrate(drizzle(sql), { migrationsFolder: MIGRATIONS_FOLDER, migrationsSchema: 'pgsub', migrationsTable: 'schema_migrations' });
+  } finally {
+    await sql.unsafe('SELECT pg_catalog.pg_advisory_unlock($1)', [String(MIGRATION_LOCK_KEY)]);
   }
 }
 

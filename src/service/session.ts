@@ -17,7 +17,7 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { protoVersionFor } from '../protocol/version.js';
 import { Progress } from '../origin/progress.js';
 import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
-import { createOrigin, loadOrigin, migrateTarget } from '../origin/store.js';
+import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
 import { startApplyLoop, type ApplyLoop } from '../apply/loop.js';
 import { RelationMap } from '../apply/relmap.js';
 import type { ApplyCounters } from '../apply/state.js';
@@ -67,9 +67,11 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
   };
   let control: Awaited<ReturnType<typeof loadControl>>;
   try {
-    await migrateTarget(config.target, appName);
     // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
-    control = await withMaintenanceConn(config, appName, (sql) => loadControl(sql, config.subscription));
+    control = await withMaintenanceConn(config, appName, async (sql) => {
+      await migrateWith(sql);
+      return loadControl(sql, config.subscription);
+    });
     if (!control.enabled) {
       throw new SubscriptionDisabledError(`subscription ${config.subscription} is disabled (${control.disabledReason ?? 'by the operator'}); run pgsub enable to resume`);
     }
