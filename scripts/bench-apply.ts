@@ -101,7 +101,8 @@ type Kind = (typeof CONTESTANTS)[number];
 const SPEEDUP_GOALS: Record<WorkloadId, number> = { W1: 1.2, W2: 1.2, W3: 1.5, W4: 2.0 };
 const RSS_GOAL_MB = 200;
 const MIB_TO_MB = 1.048576;
-const POLL_MS = 100;
+/** How often the end is checked (slot, marker row): the resolution of every time measured, both contestants. */
+const POLL_MS = 20;
 /**
  * One row per round, inserted on the publisher after the backlog, in every workload's
  * publication: when a target has it, it has applied everything before it (both
