@@ -28,90 +28,16 @@
  *  - Socket loss, or a FATAL error, rejects everything pending with ConnectionLostError
  *    and every later call too. Mass rejections (aborted, lost) are pre-marked handled so
  *    they cannot crash the process as unhandled; the root cause is not.
- * Statement text and what the values mean live in statements.ts / handlers.ts.
+ * Statement text and what the values mean live in statements.ts / handlers.ts; the ops,
+ * errors and types in wire-ops.ts.
  */
-import type { Duplex } from 'node:stream';
-import type { EventEmitter } from 'node:events';
 import pg from 'pg';
 import { copyFrames, Fifo, parseServerVersion, tagCommand, tagRowCount } from './wire-tags.js';
 import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
-import { ConnectionLostError, PgsubError } from '../errors.js';
-
-export type WireValue = string | Buffer | null;
-export type TxStatus = 'I' | 'T' | 'E';
-export interface WireResult { command: string; rowCount: number; rows: unknown[][] }
-export interface WireNotice { severity?: string; code?: string; message: string; detail?: string; hint?: string }
-export interface WireOptions {
-  applicationName: string;
-  /** Sent in the StartupMessage (search_path, session_replication_role, synchronous_commit…). */
-  startupParameters?: Record<string, string>;
-  /** Named prepared statements kept per connection; LRU, evicted ones are Closed. Default 1000. */
-  statementCacheSize?: number;
-  onNotice?: (notice: WireNotice) => void;
-}
-
-/** A statement the server skipped because an earlier one in the same sync segment failed. */
-export class PipelineAbortedError extends PgsubError {
-  readonly code = 'PGSUB_PIPELINE_ABORTED';
-  readonly retryable = false;
-  constructor(cause: unknown) {
-    super(`statement skipped: an earlier statement in the pipeline failed (${(cause as Error)?.message ?? String(cause)})`, {}, { cause });
-  }
-}
-
-/** The connection was used against its protocol contract (a bug in the caller). */
-export class WireUsageError extends PgsubError {
-  readonly code = 'PGSUB_WIRE_USAGE';
-  readonly retryable = false;
-}
-
-/** The parts of pg's (untyped-for-this-use) Connection that are driven directly. */
-interface PgConnection extends EventEmitter {
-  stream: Duplex;
-  _emitMessage: boolean;
-  parse(q: { name: string; text: string; types: readonly number[] }): void;
-  bind(c: { statement: string; values: readonly WireValue[] }): void;
-  execute(c?: undefined): void;
-  close(m: { type: 'S'; name: string }): void;
-  query(text: string): void;
-  flush(): void;
-  sync(): void;
-  end(): void;
-  sendCopyFail(message: string): void;
-}
-interface Message { name: string; fields?: unknown[]; text?: string; status?: string; parameterName?: string; parameterValue?: string }
-
-abstract class Deferred<T> {
-  done = false;
-  resolve!: (value: T) => void;
-  reject!: (err: unknown) => void;
-  readonly promise = new Promise<T>((res, rej) => { this.resolve = res; this.reject = rej; });
-}
-class ExecOp extends Deferred<WireResult> {
-  readonly kind = 'exec';
-  /** copyIn: 'sent' until the server's CopyInResponse confirms it read the data as the copy's. */
-  copy: 'sent' | 'started' | null = null;
-  constructor(readonly parsed: Stmt | null, readonly rows: unknown[][] | null) { super(); }
-}
-class SyncOp extends Deferred<TxStatus> {
-  readonly kind = 'sync';
-  error: unknown = null;
-}
-export type SimpleQueryResult = { command: string; rowCount: number; rows: Record<string, string | null>[] };
-class QueryOp extends Deferred<SimpleQueryResult> {
-  readonly kind = 'query';
-  error: unknown = null;
-  columns: string[] = [];
-  rows: Record<string, string | null>[] = [];
-  result: SimpleQueryResult = { command: '', rowCount: 0, rows: [] };
-}
-class CloseOp { readonly kind = 'close'; constructor(readonly name: string) {} }
-type Op = ExecOp | SyncOp | QueryOp | CloseOp;
-
-class Stmt {
-  prepared = false;
-  constructor(readonly name: string, readonly key: string, readonly segment: number) {}
-}
+import { ConnectionLostError } from '../errors.js';
+import { CloseOp, ExecOp, PipelineAbortedError, QueryOp, Stmt, SyncOp, WireUsageError, type Deferred, type Message, type Op, type PgConnection, type SimpleQueryResult, type TxStatus, type WireNotice, type WireOptions, type WireResult, type WireValue } from './wire-ops.js';
+export { PipelineAbortedError, WireUsageError } from './wire-ops.js';
+export type { SimpleQueryResult, TxStatus, WireNotice, WireOptions, WireResult, WireValue } from './wire-ops.js';
 
 const NO_VALUES: readonly WireValue[] = [];
 const NO_TYPES: readonly number[] = [];
