@@ -105,12 +105,21 @@ export async function restoreIndexes(run: Run, subscription: string, schema: str
     [subscription, schema, table],
   );
   const built: string[] = [];
-  // Sorting in memory instead of on disk: 2,000,000 int8 keys took 0.9 s with the
-  // default 64MB, 0.65 s with 256MB (PG18). Only for this transaction, never lowered.
   if (rows.some((r) => r.taken !== true)) {
+    // Sorting in memory instead of on disk: 2,000,000 int8 keys took 0.9 s with the
+    // default 64MB, 0.65 s with 256MB (PG18). Only for this transaction, never lowered.
     await run(
       `SELECT pg_catalog.set_config('maintenance_work_mem', '${INDEX_BUILD_MEMORY_MB}MB', true)
         WHERE pg_catalog.pg_size_bytes(pg_catalog.current_setting('maintenance_work_mem')) < ${INDEX_BUILD_MEMORY_MB} * 1024 * 1024`,
+    );
+    // One backend builds, not a parallel build, unless the target was configured for one:
+    // parallel workers each sort into temporary files the leader then merges, and other
+    // tables' copies run beside the build anyway. 2,000,000 int8 keys: 0.42-0.64 s alone
+    // against 0.66-0.84 s with the default 2 workers (a text key 1.65-2.0 s against
+    // 1.93-2.38 s; PG18, 2 cores); bench:sync's single table 0.2 s less target CPU.
+    await run(
+      `SELECT pg_catalog.set_config('max_parallel_maintenance_workers', '0', true)
+         FROM pg_catalog.pg_settings WHERE name = 'max_parallel_maintenance_workers' AND source = 'default'`,
     );
   }
   for (const r of rows) {

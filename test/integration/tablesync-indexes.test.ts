@@ -6,7 +6,8 @@
  * dropped keeps its OID (a key other tables reference, an exclusion constraint, the replica
  * identity index, a commented index). A copy cut short after the drop (what a crash leaves)
  * gets them back from the next copy, even with defer_indexes turned off meanwhile, and from
- * `pgsub drop`. With defer_indexes off, no index is touched.
+ * `pgsub drop`. With defer_indexes off, no index is touched. The rebuild runs without
+ * parallel workers unless the target's max_parallel_maintenance_workers was configured.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -15,7 +16,7 @@ import { dropSubscription } from '../../src/cli/drop.js';
 import { loadConfig } from '../../src/config/config.js';
 import { createLogger } from '../../src/log.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';
-import { deferIndexes } from '../../src/tablesync/deferred-indexes.js';
+import { deferIndexes, restoreIndexes, type Run } from '../../src/tablesync/deferred-indexes.js';
 import { compareTables, currentWalLsn, slotConfirmedLsn, startCluster, waitFor, type Cluster } from '../harness/index.js';
 
 const SCHEMA = `
@@ -224,6 +225,33 @@ for (const targetMajor of [18, 16]) {
       assert.deepEqual(await schemaShape(target, 'dst'), original);
       const left = await target.query(`SELECT count(*)::int AS n FROM pgsub.deferred_index`, [], 'dst');
       assert.equal(left[0].n, 0);
+    });
+
+    test('the rebuild runs without parallel workers unless the target configured them', async () => {
+      await target.query(`CREATE TABLE app.scratch (id int PRIMARY KEY)`, [], 'dst');
+      const workersDuringRebuild = async (): Promise<unknown> => {
+        const client = new pg.Client({ connectionString: target.url('dst') });
+        await client.connect();
+        try {
+          const run: Run = async (text, params) => (await client.query(text, params)).rows as Record<string, unknown>[];
+          await client.query('BEGIN');
+          assert.deepEqual(await deferIndexes(run, 'settings', 'app', 'scratch'), ['scratch_pkey']);
+          assert.deepEqual(await restoreIndexes(run, 'settings', 'app', 'scratch'), ['scratch_pkey']);
+          const [row] = await run(`SELECT pg_catalog.current_setting('max_parallel_maintenance_workers') AS n`);
+          await client.query('COMMIT');
+          return row?.n;
+        } finally {
+          await client.end();
+        }
+      };
+      try {
+        assert.equal(await workersDuringRebuild(), '0');
+        await target.query(`ALTER DATABASE dst SET max_parallel_maintenance_workers = 3`);
+        assert.equal(await workersDuringRebuild(), '3');
+      } finally {
+        await target.query(`ALTER DATABASE dst RESET max_parallel_maintenance_workers`);
+        await target.query(`DROP TABLE app.scratch`, [], 'dst');
+      }
     });
   });
 }
