@@ -576,7 +576,8 @@ export function formatTable(header: string[], rows: (string | number)[][]): stri
 
 /**
  * `--pgsub-env PGSUB_NAME=value` options (repeatable) as an environment for pgsub; also
- * NODE_OPTIONS, so that a profile can be taken (`NODE_OPTIONS=--cpu-prof --cpu-prof-dir=…`).
+ * NODE_OPTIONS, so that a profile can be taken: `NODE_OPTIONS=--require <repo>/scripts/profile-preload.cjs`
+ * (Node 20 refuses --cpu-prof there; see that file).
  */
 export function parsePgsubEnv(list: string[]): Record<string, string> {
   return Object.fromEntries(
