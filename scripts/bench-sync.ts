@@ -287,6 +287,9 @@ async function measure(s: Servers, d: Dataset, info: DatasetInfo, c: Contestant,
     { side: 'tgt', client: s.tgtMonitor, where: `(a.datname = '${db}' OR a.backend_type LIKE 'logical replication %worker') AND a.application_name IS DISTINCT FROM '${APP}'` },
   ]);
   const poller = new pg.Client({ connectionString: s.tgt.url(db), application_name: APP });
+  // A failed measurement (pgsub exited, say) leaves it open until the servers stop: their
+  // shutdown ending its connection must not crash the bench before it reports the failure.
+  poller.on('error', () => {});
   await poller.connect();
   let result: Measured;
   let cpuReport: CpuReport;
