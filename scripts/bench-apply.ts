@@ -8,6 +8,7 @@
  *   npm run bench -- --pair 18-18,14-18 --cross-repeat 1   # another cross-version pair, once
  *   npm run bench -- --workloads W1,W4 --contestants pgsub --pair 18-18
  *   npm run bench -- --pgsub-env PGSUB_MAX_IN_FLIGHT=5000   # any pgsub setting, repeatable
+ *   npm run bench -- --contestants pgsub,pgsub-lanes,native --lanes 2   # also pgsub with apply_workers = 2
  *
  * Workloads (scripts/bench-apply-workloads.ts): W1 1,000,000 rows inserted in
  * transactions of 10,000; W2 pgbench's TPC-B-like transaction, 100,000 from 4 clients;
@@ -95,8 +96,10 @@ import {
 } from './bench-lib.js';
 
 const SOURCE_DB = 'bench';
-const CONTESTANTS = ['pgsub', 'native'] as const;
+/** pgsub-lanes: pgsub with apply_workers = --lanes (opt-in: --contestants pgsub,pgsub-lanes,native). */
+const CONTESTANTS = ['pgsub', 'native', 'pgsub-lanes'] as const;
 type Kind = (typeof CONTESTANTS)[number];
+const isPgsub = (kind: Kind) => kind !== 'native';
 /** The issue's goals: pgsub's speedup over native (time ratio, best mode each) and its peak RSS. */
 const SPEEDUP_GOALS: Record<WorkloadId, number> = { W1: 1.2, W2: 1.2, W3: 1.5, W4: 2.0 };
 const RSS_GOAL_MB = 200;
@@ -119,7 +122,8 @@ const { values: opts } = parseArgs({
     repeat: { type: 'string', default: '3' },
     'cross-repeat': { type: 'string' },
     workloads: { type: 'string', default: WORKLOAD_IDS.join(',') },
-    contestants: { type: 'string', default: CONTESTANTS.join(',') },
+    contestants: { type: 'string', default: 'pgsub,native' },
+    lanes: { type: 'string', default: '2' },
     pair: { type: 'string', default: '18-18,16-18' },
     'pgsub-env': { type: 'string', multiple: true, default: [] },
     'timeout-minutes': { type: 'string', default: '20' },
@@ -233,7 +237,7 @@ async function dropSlot(s: Servers, slot: string): Promise<void> {
 }
 
 /** `name`'s target database exists (createTargetDb); returns with the slot created. */
-async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, build: PgsubBuild): Promise<Entrant> {
+async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, build: PgsubBuild, kind: Kind): Promise<Entrant> {
   const stateDir = mkdtempSync(path.join(os.tmpdir(), 'pgsub-bench-apply-'));
   const env = {
     PGSUB_SOURCE: s.pub.url(SOURCE_DB),
@@ -248,6 +252,7 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     PGSUB_STATE_DIR: stateDir,
     PGSUB_LOG_LEVEL: 'info',
     ...PGSUB_EXTRA_ENV,
+    ...(kind === 'pgsub-lanes' ? { PGSUB_APPLY_WORKERS: opts.lanes } : {}),
   };
   let child: WatchedPgsub | null = null;
   const cleanup = async () => {
@@ -273,11 +278,11 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     await first.stop();
     await cleanup();
     const refusal = /^pgsub: PGSUB_NOT_IMPLEMENTED: (.*)$/m.exec(first.output());
-    if (first.exitCode() === 2 && refusal) return { kind: 'pgsub', db: name, slot: name, refused: refusal[1]!, start: async () => null, check: async () => {}, cleanup: async () => {} };
+    if (first.exitCode() === 2 && refusal) return { kind, db: name, slot: name, refused: refusal[1]!, start: async () => null, check: async () => {}, cleanup: async () => {} };
     throw new Error(`pgsub (streaming ${mode}) did not start (${(err as Error).message}, exit ${first.exitCode()}):\n${first.output().slice(-4000)}`);
   }
   return {
-    kind: 'pgsub',
+    kind,
     db: name,
     slot: name,
     async start() {
@@ -394,9 +399,9 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build:
   const cleaned = new Set<Entrant>();
   const runs: RunResult[] = [];
   try {
-    const name = (kind: Kind) => `bench_${n}_${kind}`;
+    const name = (kind: Kind) => `bench_${n}_${kind.replace('-', '_')}`;
     await Promise.all(order.map((kind) => createTargetDb(s, w, name(kind))));
-    for (const kind of order) entrants.push(kind === 'pgsub' ? await preparePgsub(s, w, mode, name(kind), build) : await prepareNative(s, w, mode, name(kind)));
+    for (const kind of order) entrants.push(isPgsub(kind) ? await preparePgsub(s, w, mode, name(kind), build, kind) : await prepareNative(s, w, mode, name(kind)));
     // 3. The backlog, nobody consuming.
     await Promise.all([s.pub.query('CHECKPOINT'), s.tgt.query('CHECKPOINT')]);
     const startLsn = await currentLsn(s.pubMonitor);
@@ -572,13 +577,13 @@ function summarize(runs: RunResult[]): Summary[] {
       minSeconds: round(min(ok.map((r) => r.seconds!))),
       medianSeconds,
       rowsPerSecond: Math.round(rows / medianSeconds),
-      ...(contestant === 'pgsub' ? { peakRssMB: Math.max(...ok.map((r) => r.peakRssMB ?? 0)) } : {}),
+      ...(isPgsub(contestant) ? { peakRssMB: Math.max(...ok.map((r) => r.peakRssMB ?? 0)) } : {}),
       walsenderCpu: med((r) => r.walsenderCpu),
       pgsubCpu: med((r) => r.pgsubCpu),
       targetCpu: med((r) => r.targetCpu),
     };
   });
-  for (const p of summaries.filter((x) => x.contestant === 'pgsub' && x.medianSeconds)) {
+  for (const p of summaries.filter((x) => isPgsub(x.contestant) && x.medianSeconds)) {
     const nat = summaries.find((x) => x.contestant === 'native' && x.pair === p.pair && x.workload === p.workload && x.mode === p.mode);
     if (nat?.medianSeconds) p.speedup = round(nat.medianSeconds / p.medianSeconds!);
   }

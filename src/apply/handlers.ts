@@ -227,6 +227,12 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   const group = state.group;
   if (group && (prepare || xact.behind)) throw new ApplyError(`a group of ${group.transactions} transactions is open at the end of remote xid ${xact.xid}`, { remoteXid: xact.xid });
   const transactions = own + (group?.transactions ?? 0);
+  const turn = state.commitTurn;
+  if (turn) {
+    // An apply lane: commits keep source order, and the origin is this session's only for the commit.
+    await turn.acquire();
+    await state.pipeline.push(state.conn.execute('SELECT pg_catalog.pg_replication_origin_session_setup($1)', [turn.originName]));
+  }
   // The commit record carries the remote LSN and time, like a native apply's (origin.c).
   await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
   if (prepare) {
@@ -251,6 +257,7 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   // Where the target's WAL stood right after the asynchronous commit: flushed past this, it is safe.
   const walAfter = state.asyncCommit && !prepare ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
   if (walAfter) await state.pipeline.push(walAfter);
+  if (turn) await state.pipeline.push(state.conn.execute('SELECT pg_catalog.pg_replication_origin_session_reset()'));
   // Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = state.conn.sync();
   await state.pipeline.push(synced);

@@ -31,6 +31,7 @@ import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '
 import type { StreamSpool } from './spool.js';
 import type { ApplyCounters, ApplyState } from './state.js';
 import { ParallelApply, type ParallelApplyOptions } from './parallel.js';
+import { ApplyLanes, type ApplyLanesOptions } from './lanes.js';
 import { Pipeline, runAlone, type WireConnection } from './target.js';
 import { PipelineAbortedError } from './wire.js';
 
@@ -108,6 +109,8 @@ export interface ApplyLoopOptions {
   copyInserts?: boolean;
   /** No grouping of transactions finishing at or before this LSN (after a GroupRetryError). */
   noGroupUntil?: Lsn | null;
+  /** apply_workers > 1: independent transactions applied in parallel while behind (lanes.ts). */
+  lanes?: Omit<ApplyLanesOptions, 'onFailure' | 'groupTransactions' | 'noGroupUntil'> | null;
   /** streaming = parallel, in a session that starts at the origin (never re-streams applied commits). */
   parallel?: ParallelApplyOptions | null;
   /** Minimum spacing of idle-position records in the target. */
@@ -205,6 +208,20 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   };
 
   if (opts.parallel) parallelHolder.value = new ParallelApply(state, opts.parallel);
+  const lanes =
+    opts.lanes && opts.lanes.lanes > 1
+      ? new ApplyLanes(
+          state,
+          {
+            ...opts.lanes,
+            groupTransactions,
+            noGroupUntil: opts.noGroupUntil ?? null,
+            // A lane's failure is not tied to one known transaction: retry one by one up to the last routed.
+            onFailure: (err, untilLsn) => fail(err instanceof ConnectionLostError ? err : new GroupRetryError(untilLsn, err)),
+          },
+          log,
+        )
+      : null;
 
   const fail = (err: unknown) => {
     // A statement skipped after an earlier failure: report the earlier one, the root cause.
@@ -313,6 +330,21 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       const item = queue.takeNow() ?? (await queue.take());
       if (item === undefined || stopping) break;
       const isMessage = item instanceof Uint8Array;
+      if (lanes !== null && !decodeContext.inStream && state.streamXid === null) {
+        let routed = false;
+        try {
+          if (isMessage) {
+            const r = lanes.route(item, queue.length);
+            routed = r === true || r === false ? r : await r;
+          }
+          else routed = lanes.busy; // a position while lanes run: the next serial step records one
+          if (routed) lanes.endIfIdle(queue.length);
+          else if (lanes.needsConverge) await lanes.converge();
+        } catch (err) {
+          throw groupFailure(err);
+        }
+        if (routed) continue;
+      }
       if (isMessage) {
         const raw = item;
         const tag = raw[0];
@@ -444,6 +476,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     state.group = null;
     state.rowBatches.clear();
     await parallelHolder.value?.close();
+    await lanes?.close();
     if (failure === null) sendFeedback();
     stream.destroy();
     await receiver;

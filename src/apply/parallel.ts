@@ -31,8 +31,8 @@ import { faultPoint } from '../service/faults.js';
 import { beginTarget, dispatch, finishTransaction, type Ending } from './handlers.js';
 import { flushRowBatch } from './batch.js';
 import { RelationMap } from './relmap.js';
-import type { ApplyState, RemoteTransaction } from './state.js';
-import { Pipeline, runAlone, type WireConnection } from './target.js';
+import { workerState, type ApplyState, type RemoteTransaction } from './state.js';
+import { runAlone, type WireConnection } from './target.js';
 import { advanceOrigin, targetGid } from './twophase.js';
 import { syncKey } from '../tablesync/state.js';
 
@@ -335,41 +335,9 @@ export class ParallelApply {
     const leader = this.leader;
     // Its own relation map, as a parallel apply worker has: a streamed transaction's
     // Relation messages describe the table as that transaction sees it.
-    const state: ApplyState = {
-      subscription: leader.subscription,
-      conn,
-      pipeline: new Pipeline(this.opts.maxInFlight),
-      relations: new RelationMap(this.opts.targetVersionNum, { binary: this.opts.binary }),
-      progress: leader.progress,
-      log: leader.log,
-      counters: leader.counters,
-      sync: leader.sync,
-      spool: leader.spool,
-      parallel: null,
-      streamXid: null,
-      xact: null,
-      group: null,
-      canGroup: () => false,
-      groupTransactions: 1,
-      rowWrites: new Map(),
-      canGroupHotRows: true,
-      rowBatches: new Map(),
-      unconfirmed: null,
-      canPipelineCommit: () => false,
-      batchRows: leader.batchRows,
-      copyInserts: leader.copyInserts,
-      asyncCommit: leader.asyncCommit,
-      conflicts: leader.conflicts,
-      originId: leader.originId,
-      // A conflict makes the eager transaction fall back: the leader replays it carefully.
-      careful: false,
-      // #finish drains the pipeline before the commit goes out.
-      resultsBeforeCommit: true,
-      carefulLsn: null,
-      skipLsn: null,
-      onUnknownTable: (schema, table) => leader.onUnknownTable(schema, table),
-      onDurable: () => leader.onDurable(),
-    };
+    const relations = new RelationMap(this.opts.targetVersionNum, { binary: this.opts.binary });
+    // #finish drains the pipeline before the commit goes out.
+    const state = workerState(leader, conn, relations, this.opts.maxInFlight, { resultsBeforeCommit: true });
     this.#worker = { conn, state };
     return this.#worker;
   }

@@ -36,6 +36,16 @@ export class BoundedQueue<T> {
     return true;
   }
 
+  /** Queue even when full (a small marker that must not wait behind a waiting put); false if closed. */
+  putAlways(item: T, size = 0): boolean {
+    if (this.closed) return false;
+    this.items.push(item);
+    this.sizes.push(size);
+    this.bytes += size;
+    this.wake('take');
+    return true;
+  }
+
   /** The next item if one is queued (no promise), else undefined. */
   takeNow(): T | undefined {
     if (this.length === 0) return undefined;

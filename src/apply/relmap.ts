@@ -110,6 +110,12 @@ export class RelationMap {
     this.mapped.delete(message.relationId);
   }
 
+  /** Start from what another map was told (an apply lane joining a running stream). */
+  seedFrom(other: RelationMap): void {
+    for (const [id, message] of other.remote) this.remote.set(id, message);
+    for (const [oid, type] of other.types) this.types.set(oid, type);
+  }
+
   onType(typeOid: number, namespace: string, name: string): void {
     this.types.set(typeOid, { namespace, name });
   }

@@ -11,7 +11,7 @@ import type { RelationMap } from './relmap.js';
 import type { RowBatch } from './batch.js';
 import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../tablesync/state.js';
-import type { Pipeline, WireConnection } from './target.js';
+import { Pipeline, type WireConnection } from './target.js';
 import type { ParallelApply } from './parallel.js';
 import { CONFLICT_TYPES, type ConflictConfig, type ConflictType } from '../conflict/types.js';
 
@@ -95,6 +95,12 @@ export interface ApplyState {
    * the statement (batch.ts), and a shortfall ends the eager apply like any conflict.
    */
   readonly resultsBeforeCommit?: boolean;
+  /**
+   * Apply lanes (lanes.ts): a target commit waits for `acquire` (every earlier group
+   * committed), takes the replication origin for its commit and releases it before its
+   * Sync. Absent on the main connection, which holds the origin for the session.
+   */
+  readonly commitTurn?: { originName: string; acquire(): Promise<void> };
   /** Most rows per multi-row INSERT (1: one statement per row). */
   readonly batchRows: number;
   /** Batched INSERTs as COPY … FROM STDIN where the values allow it (copy-rows.ts). */
@@ -133,5 +139,48 @@ export function newCounters(): ApplyCounters {
     conflicts: Object.fromEntries(CONFLICT_TYPES.map((t) => [t, 0])) as Record<ConflictType, number>,
     carefulReplays: 0,
     rowsCopied: 0,
+  };
+}
+
+/**
+ * The state of a second apply connection working for `leader` (a parallel apply worker,
+ * an apply lane): its own connection, pipeline, relation map and transaction; the
+ * leader's progress, counters, sync states and settings. It never groups or pipelines
+ * commits on its own; `overrides` says what differs.
+ */
+export function workerState(leader: ApplyState, conn: WireConnection, relations: RelationMap, maxInFlight: number, overrides: Partial<ApplyState> = {}): ApplyState {
+  return {
+    subscription: leader.subscription,
+    conn,
+    pipeline: new Pipeline(maxInFlight),
+    relations,
+    progress: leader.progress,
+    log: leader.log,
+    counters: leader.counters,
+    sync: leader.sync,
+    spool: leader.spool,
+    parallel: null,
+    streamXid: null,
+    xact: null,
+    group: null,
+    canGroup: () => false,
+    groupTransactions: 1,
+    rowWrites: new Map(),
+    canGroupHotRows: true,
+    rowBatches: new Map(),
+    unconfirmed: null,
+    canPipelineCommit: () => false,
+    batchRows: leader.batchRows,
+    copyInserts: leader.copyInserts,
+    asyncCommit: leader.asyncCommit,
+    conflicts: leader.conflicts,
+    originId: leader.originId,
+    // A conflict ends the worker's apply: the leader replays the transaction carefully.
+    careful: false,
+    carefulLsn: null,
+    skipLsn: null,
+    onUnknownTable: (schema, table) => leader.onUnknownTable(schema, table),
+    onDurable: () => leader.onDurable(),
+    ...overrides,
   };
 }

@@ -98,6 +98,7 @@ const fileSchema = z
     max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(4000),
     queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
     group_transactions: z.coerce.number().int().min(1).max(100_000).default(256),
+    apply_workers: z.coerce.number().int().min(1).max(32).default(1),
     batch_rows: z.coerce.number().int().min(1).max(4096).default(128),
     copy_inserts: boolish.default(true),
     state_dir: z.string().min(1).optional(),
@@ -145,6 +146,8 @@ export interface Config {
   queueSize: number;
   /** Most source transactions applied in one target transaction while behind (1: one each). */
   groupTransactions: number;
+  /** Target connections applying independent transactions in parallel while behind (1: the apply connection only; apply/lanes.ts). */
+  applyWorkers: number;
   /** Most rows per multi-row INSERT for a run of inserts into one table (1: one statement per row). */
   batchRows: number;
   /** Batched INSERTs go out as COPY … FROM STDIN where the values allow it (apply/copy-rows.ts). */
@@ -247,6 +250,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     maxInFlight: c.max_in_flight,
     queueSize: c.queue_size,
     groupTransactions: c.group_transactions,
+    applyWorkers: c.apply_workers,
     batchRows: c.batch_rows,
     copyInserts: c.copy_inserts,
     logLevel: c.log_level,

@@ -171,6 +171,17 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       batchRows: config.batchRows,
       copyInserts: config.copyInserts,
       noGroupUntil: deps.noGroupUntil ?? null,
+      lanes:
+        config.applyWorkers > 1
+          ? {
+              lanes: config.applyWorkers,
+              openConnection: (purpose) => openApplyConnection(config.target, { applicationName: `${appName}_${purpose}`, synchronousCommit: sessionCommit }),
+              originName: replicationOriginName(config.subscription),
+              targetVersionNum: applyConn.serverVersionNum,
+              binary: config.binary,
+              maxInFlight: config.maxInFlight,
+            }
+          : null,
       // A session re-streaming from below the origin (a table catching up) would receive
       // applied streamed transactions again; those are only ever replayed from the spool.
       parallel:

@@ -1,0 +1,509 @@
+/**
+ * Apply lanes (`apply_workers` > 1): independent source transactions applied in parallel
+ * on several target connections while pgsub is behind, committed in source order.
+ *
+ * The leader (loop.ts) routes whole groups of consecutive source transactions — a group is
+ * one target transaction, as in serial grouping — to lanes in turn; each lane runs the
+ * usual handlers on its own connection, pipeline and relation map. Three rules keep the
+ * result the serial one:
+ *  - commit order: a group's target COMMIT, with its origin row and the replication origin
+ *    stamp, goes out only after every earlier group committed (the `commitTurn` of its
+ *    ApplyState, handlers.ts commitTarget). Commits stay at source commit boundaries in
+ *    source order, so a crash leaves the origin at the last committed group and nothing
+ *    after it: exactly once, as without lanes. Only one session may hold the replication
+ *    origin: each lane takes it for its commit and releases it before its Sync answers;
+ *    the main connection gives it up while lanes run and takes it back after.
+ *  - dependencies: a change whose row identity (lane-keys.ts) an earlier group still
+ *    uncommitted also touched waits until that group committed, so it sees that group's
+ *    rows as a serial apply would. A change without a usable identity (no replica
+ *    identity key, an unchanged TOAST key, TRUNCATE, a table with triggers that fire in
+ *    replica mode) waits for every earlier group, and later changes to its table wait for it.
+ *  - fallback: anything that is not a plain transaction on ready tables (streamed,
+ *    prepared, skipped, careful, below the origin, while a table syncs) is applied by the
+ *    main connection after all lanes committed. A failure in a lane ends the session with
+ *    a group retry (loop.ts): the next one applies those transactions one by one, where
+ *    conflicts are detected and resolved as usual. A watchdog ends the session the same way
+ *    when the oldest group waits on a lock another lane holds (a uniqueness the keys do not
+ *    cover): that wait would otherwise last forever, the later lane waiting for its turn.
+ */
+import { ApplyError } from '../errors.js';
+import { decode } from '../protocol/decoder.js';
+import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
+import type { BeginMessage, RelationMessage } from '../protocol/messages.js';
+import type { Logger } from '../log.js';
+import { commitGroup, dispatch, insertAsSent } from './handlers.js';
+import { Writers } from './lane-keys.js';
+import { BoundedQueue } from './queue.js';
+import { RelationMap } from './relmap.js';
+import { workerState, type ApplyState } from './state.js';
+import { runAlone, type WireConnection } from './target.js';
+
+const TAG_BEGIN = 0x42; // 'B'
+const TAG_COMMIT = 0x43; // 'C'
+const TAG_RELATION = 0x52; // 'R'
+const TAG_TYPE = 0x59; // 'Y'
+const TAG_INSERT = 0x49; // 'I'
+const TAG_UPDATE = 0x55; // 'U'
+const TAG_DELETE = 0x44; // 'D'
+const TAG_TRUNCATE = 0x54; // 'T'
+const TAG_ORIGIN = 0x4f; // 'O'
+const TAG_MESSAGE = 0x4d; // 'M'
+
+/** A group ends after this many changes: lanes take turns at about this grain. */
+const GROUP_CHANGES = 8192;
+/** Bytes queued for one lane before the leader waits for it. */
+const LANE_QUEUE_BYTES = 8 * 1024 * 1024;
+const LANE_QUEUE_ITEMS = 100_000;
+const WATCH_INTERVAL_MS = 1000;
+/**
+ * This many groups in a row whose first transaction already waited for an earlier group
+ * (every transaction touching one hot row, as pgbench's branch): lanes only add hand-offs
+ * to what is serial anyway, so the next PAUSE_GROUPS groups' worth of transactions go the
+ * serial way.
+ */
+const DEPENDENT_GROUPS = 4;
+const PAUSE_GROUPS = 64;
+const DECODE_CONTEXT = { inStream: false, streamAbortInfo: false };
+const ORIGIN_RESET = 'SELECT pg_catalog.pg_replication_origin_session_reset()';
+const ORIGIN_SETUP = 'SELECT pg_catalog.pg_replication_origin_session_setup($1)';
+
+export interface ApplyLanesOptions {
+  lanes: number;
+  /** A target connection set up like the apply connection (target.ts). */
+  openConnection(purpose: string): Promise<WireConnection>;
+  originName: string;
+  targetVersionNum: number;
+  binary: boolean;
+  maxInFlight: number;
+  /** Most source transactions per group. */
+  groupTransactions: number;
+  /** No lane for transactions finishing at or before this LSN (after a group retry). */
+  noGroupUntil: Lsn | null;
+  /** A lane failed: `untilLsn` is the last transaction routed to a lane. */
+  onFailure(err: unknown, untilLsn: Lsn): void;
+}
+
+type LaneItem = { raw: Buffer; waitFor: number } | { end: number };
+
+interface Lane {
+  index: number;
+  conn: WireConnection;
+  state: ApplyState;
+  queue: BoundedQueue<LaneItem>;
+  /** The group it applies (0: none); the leader waits for 0 before giving it the next. */
+  seq: number;
+  task: Promise<void>;
+}
+
+interface OpenGroup {
+  lane: Lane;
+  seq: number;
+  changes: number;
+  transactions: number;
+  inTransaction: boolean;
+  /** A change of its first transaction waited for an earlier group: it could not start before that one committed. */
+  dependent: boolean;
+}
+
+export interface LaneCounters {
+  groups: number;
+  /** Times lanes paused after DEPENDENT_GROUPS dependent groups in a row. */
+  pauses: number;
+  /** Changes that waited for an earlier group to commit. */
+  dependencyWaits: number;
+}
+
+export class ApplyLanes {
+  readonly counters: LaneCounters = { groups: 0, pauses: 0, dependencyWaits: 0 };
+  #lanes: Lane[] | null = null;
+  #unavailable = false;
+  #open: OpenGroup | null = null;
+  #lastSeq = 0;
+  #committedThrough = 0;
+  #waiters: { seq: number; resolve: () => void; reject: (err: unknown) => void }[] = [];
+  #failure: unknown = null;
+  #originOnMain = true;
+  readonly #writers = new Writers();
+  /** Relations whose target lookup failed: every change waits for all before. */
+  #unresolvable = new Set<number>();
+  #lastRoutedLsn: Lsn = ZERO_LSN;
+  #watch: WireConnection | null = null;
+  #timer: NodeJS.Timeout | null = null;
+  #headSince = { seq: 0, at: 0 };
+  #checking = false;
+  #dependentRun = 0;
+  /** BEGINs still to go the serial way after a pause. */
+  #pausedBegins = 0;
+
+  constructor(
+    private readonly main: ApplyState,
+    private readonly opts: ApplyLanesOptions,
+    private readonly log: Logger,
+  ) {}
+
+  /** Groups routed and not yet committed, or one still open. */
+  get busy(): boolean {
+    return this.#open !== null || this.#committedThrough < this.#lastSeq;
+  }
+
+  /** The serial path must call converge() first: lanes busy, or the origin not back on the main connection. */
+  get needsConverge(): boolean {
+    return this.busy || !this.#originOnMain;
+  }
+
+  /**
+   * The leader's offer of the next message: true when a lane took it. False: the serial
+   * path applies it, after converge() if busy. `queued`: items behind it in the receive queue.
+   */
+  route(raw: Buffer, queued: number): boolean | Promise<boolean> {
+    this.#throwIfFailed();
+    const tag = raw[0];
+    const group = this.#open;
+    if (group === null) {
+      if (tag === TAG_BEGIN) {
+        // Only while behind: a caught-up stream gains nothing from a second connection.
+        if (queued === 0 || this.#unavailable || this.opts.lanes < 2) return false;
+        if (this.#pausedBegins > 0) {
+          this.#pausedBegins--;
+          return false;
+        }
+        return this.#openFor(raw);
+      }
+      // Every lane's relation map follows the stream, whoever applies the transaction.
+      if ((tag === TAG_RELATION || tag === TAG_TYPE) && this.#lanes !== null) return this.#broadcast(raw).then(() => false);
+      return false;
+    }
+    // The rest returns a promise only when a lane's queue is full.
+    switch (tag) {
+      case TAG_INSERT:
+      case TAG_UPDATE:
+      case TAG_DELETE: {
+        group.changes++;
+        const waitFor = this.#dependency(group.seq, raw);
+        return typeof waitFor === 'number' ? this.#pushed(group, raw, waitFor) : waitFor.then((w) => this.#pushed(group, raw, w));
+      }
+      case TAG_BEGIN:
+        if (!this.#eligible(decode(raw, DECODE_CONTEXT) as BeginMessage)) {
+          this.#closeGroup();
+          return false;
+        }
+        this.#noteRouted(raw);
+        group.inTransaction = true;
+        return this.#pushed(group, raw, 0);
+      case TAG_COMMIT: {
+        group.transactions++;
+        group.inTransaction = false;
+        const ends = group.changes >= GROUP_CHANGES || group.transactions >= this.opts.groupTransactions || queued === 0;
+        // The end marker goes after the COMMIT, also when that had to wait for room.
+        const pushed = this.#push(group, raw, 0);
+        if (pushed === undefined) {
+          if (ends) this.#closeGroup();
+          return true;
+        }
+        return pushed.then(() => {
+          if (ends && this.#open === group) this.#closeGroup();
+          return true;
+        });
+      }
+      case TAG_RELATION:
+      case TAG_TYPE: {
+        const m = decode(raw, DECODE_CONTEXT);
+        if (m.tag === 'relation') {
+          this.main.relations.onRelation(m);
+          this.#unresolvable.delete(m.relationId);
+        } else if (m.tag === 'type') this.main.relations.onType(m.typeOid, m.namespace, m.name);
+        return this.#broadcast(raw).then(() => true);
+      }
+      case TAG_TRUNCATE:
+        // TRUNCATE names its relations after a count; it waits for everything before and
+        // every later change to those tables waits for it.
+        for (let i = 0, n = raw.readInt32BE(1); i < n && 10 + 4 * i <= raw.length; i++) this.#writers.wholeTable(group.seq, raw.readUInt32BE(6 + 4 * i));
+        group.changes++;
+        return this.#pushed(group, raw, group.seq - 1);
+      case TAG_ORIGIN:
+      case TAG_MESSAGE:
+        return this.#pushed(group, raw, 0);
+      default:
+        // Not valid inside a transaction: the lane's handlers report it.
+        if (group.inTransaction) return this.#pushed(group, raw, 0);
+        this.#closeGroup();
+        return false;
+    }
+  }
+
+  /** A BEGIN with no group open: a new group on the next lane, if this transaction may have one. */
+  async #openFor(raw: Buffer): Promise<boolean> {
+    if (!(await this.#canOpen(raw))) return false;
+    const opened = await this.#openGroup();
+    if (opened === null) return false;
+    this.#noteRouted(raw);
+    opened.inTransaction = true;
+    await this.#push(opened, raw, 0);
+    return true;
+  }
+
+  /** #push, answering true (taken) at once when the lane's queue had room. */
+  #pushed(group: OpenGroup, raw: Buffer, waitFor: number): true | Promise<boolean> {
+    const pushed = this.#push(group, raw, waitFor);
+    return pushed === undefined ? true : pushed.then(() => true);
+  }
+
+  /** Between transactions with nothing more queued: the open group commits now, not with the next arrival. */
+  endIfIdle(queued: number): void {
+    if (this.#open !== null && !this.#open.inTransaction && queued === 0) this.#closeGroup();
+  }
+
+  /** Before the serial path: every group committed, the replication origin back on the main connection. */
+  async converge(): Promise<void> {
+    if (this.#open !== null) this.#closeGroup();
+    await this.#untilCommitted(this.#lastSeq);
+    this.#stopWatching();
+    if (!this.#originOnMain) {
+      await runAlone(this.main.conn, [{ text: ORIGIN_SETUP, params: [this.opts.originName] }]);
+      this.#originOnMain = true;
+    }
+  }
+
+  async close(): Promise<void> {
+    this.#stopWatching();
+    if (this.counters.groups > 0) this.log.info({ ...this.counters, lanes: this.opts.lanes }, 'apply lanes stopped');
+    this.#fail(new Error('apply lanes closed'), false);
+    const lanes = this.#lanes ?? [];
+    for (const lane of lanes) lane.queue.close();
+    // Open lane transactions roll back with their connections.
+    await Promise.all(lanes.map((lane) => lane.conn.close().catch(() => {})));
+    await Promise.all(lanes.map((lane) => lane.task.catch(() => {})));
+    await this.#watch?.close().catch(() => {});
+  }
+
+  async #canOpen(raw: Buffer): Promise<boolean> {
+    const main = this.main;
+    if (main.xact !== null || main.streamXid !== null || main.careful) return false;
+    if (!this.#eligible(decode(raw, DECODE_CONTEXT) as BeginMessage)) return false;
+    // Tables still syncing have per-table positions the lanes do not keep.
+    if (main.sync.all().some((t) => t.state !== 'r')) return false;
+    // What the main connection has under way commits first (its errors are the loop's).
+    if (main.group) await commitGroup(main);
+    if (main.unconfirmed !== null || main.pipeline.size > 0) await main.pipeline.drain();
+    main.unconfirmed = null;
+    if (this.#originOnMain) {
+      await runAlone(main.conn, [{ text: ORIGIN_RESET, params: [] }]);
+      this.#originOnMain = false;
+    }
+    return true;
+  }
+
+  #eligible(m: BeginMessage): boolean {
+    const main = this.main;
+    const until = this.opts.noGroupUntil;
+    if (m.finalLsn < main.progress.durable || (until !== null && m.finalLsn <= until)) return false;
+    return main.skipLsn !== m.finalLsn && main.carefulLsn !== m.finalLsn;
+  }
+
+  /** A BEGIN going to a lane: a failure retries one by one up to its commit. */
+  #noteRouted(begin: Buffer): void {
+    const finalLsn = asLsn(begin.readBigUInt64BE(1));
+    if (finalLsn > this.#lastRoutedLsn) this.#lastRoutedLsn = finalLsn;
+  }
+
+  async #openGroup(): Promise<OpenGroup | null> {
+    const lanes = await this.#ensureLanes();
+    if (lanes === null) return null;
+    const seq = this.#lastSeq + 1;
+    const lane = lanes[(seq - 1) % lanes.length]!;
+    // The lane's previous group must have ended (committed) first.
+    if (lane.seq !== 0) await this.#untilCommitted(lane.seq);
+    this.#throwIfFailed();
+    this.#lastSeq = seq;
+    lane.seq = seq;
+    this.counters.groups++;
+    this.#open = { lane, seq, changes: 0, transactions: 0, inTransaction: false, dependent: false };
+    this.#startWatching();
+    return this.#open;
+  }
+
+  #closeGroup(): void {
+    const group = this.#open!;
+    this.#open = null;
+    this.#dependentRun = group.dependent ? this.#dependentRun + 1 : 0;
+    if (this.#dependentRun >= DEPENDENT_GROUPS) {
+      this.#dependentRun = 0;
+      this.#pausedBegins = PAUSE_GROUPS * this.opts.groupTransactions;
+      this.counters.pauses++;
+      this.log.debug({ groups: DEPENDENT_GROUPS, transactions: this.#pausedBegins }, 'apply lanes paused: each group waited for the one before');
+    }
+    // Never waits for space: the marker is tiny, and the lane frees its group with it.
+    group.lane.queue.putAlways({ end: group.seq });
+  }
+
+  #push(group: OpenGroup, raw: Buffer, waitFor: number): Promise<void> | undefined {
+    const item = { raw, waitFor: waitFor > this.#committedThrough ? waitFor : 0 };
+    if (item.waitFor > 0) {
+      this.counters.dependencyWaits++;
+      if (group.transactions === 0) group.dependent = true;
+    }
+    if (group.lane.queue.tryPut(item, raw.length)) return undefined;
+    return group.lane.queue.put(item, raw.length).then(() => undefined);
+  }
+
+  async #broadcast(raw: Buffer): Promise<void> {
+    for (const lane of this.#lanes ?? []) if (!lane.queue.tryPut({ raw, waitFor: 0 }, raw.length)) await lane.queue.put({ raw, waitFor: 0 }, raw.length);
+  }
+
+  /**
+   * The group a row change must wait for (0: none), recording this group as its rows'
+   * last writer. A promise only the first time a relation is seen (its target lookup).
+   */
+  #dependency(seq: number, raw: Buffer): number | Promise<number> {
+    const relationId = raw.readUInt32BE(1);
+    const mapped = this.main.relations.cached(relationId);
+    if (mapped === undefined) {
+      if (this.#unresolvable.has(relationId)) return this.#writers.wholeTable(seq, relationId);
+      return this.#resolve(relationId).then(() => this.#dependency(seq, raw));
+    }
+    let remote: RelationMessage;
+    try {
+      remote = this.main.relations.remoteRelation(relationId);
+    } catch {
+      return seq - 1; // the lane reports the missing Relation message
+    }
+    return this.#writers.record(seq, raw, remote, mapped.ordered);
+  }
+
+  /** The target table of a relation first seen; the main connection is idle while lanes run. */
+  async #resolve(relationId: number): Promise<void> {
+    try {
+      await this.main.relations.resolve(this.main.conn, relationId);
+    } catch {
+      // The lane reports what is wrong with the table; until then its changes wait for all before.
+      this.#unresolvable.add(relationId);
+    }
+  }
+
+  async #ensureLanes(): Promise<Lane[] | null> {
+    if (this.#lanes !== null) return this.#lanes;
+    const lanes: Lane[] = [];
+    try {
+      for (let index = 0; index < this.opts.lanes; index++) lanes.push(this.#newLane(index, await this.opts.openConnection(`lane${index + 1}`)));
+    } catch (err) {
+      // No extra connections (e.g. max_connections): apply serially.
+      this.log.warn({ err }, 'apply lane connections unavailable; applying serially');
+      for (const lane of lanes) await lane.conn.close().catch(() => {});
+      this.#unavailable = true;
+      return null;
+    }
+    this.#lanes = lanes;
+    for (const lane of lanes) lane.task = this.#run(lane).catch((err: unknown) => this.#fail(err, true));
+    this.log.info({ lanes: lanes.length }, 'apply lanes started');
+    return lanes;
+  }
+
+  #newLane(index: number, conn: WireConnection): Lane {
+    const main = this.main;
+    const relations = new RelationMap(this.opts.targetVersionNum, { binary: this.opts.binary });
+    relations.seedFrom(main.relations);
+    const lane: Lane = { index, conn, seq: 0, queue: new BoundedQueue<LaneItem>(LANE_QUEUE_ITEMS, LANE_QUEUE_BYTES), task: Promise.resolve(), state: null as unknown as ApplyState };
+    lane.state = workerState(main, conn, relations, this.opts.maxInFlight, {
+      // The leader decides where a group ends (the end marker).
+      canGroup: () => true,
+      groupTransactions: Number.MAX_SAFE_INTEGER,
+      commitTurn: { originName: this.opts.originName, acquire: () => this.#untilCommitted(lane.seq - 1) },
+    });
+    return lane;
+  }
+
+  async #run(lane: Lane): Promise<void> {
+    for (;;) {
+      const item = lane.queue.takeNow() ?? (await lane.queue.take());
+      if (item === undefined || this.#failure !== null) return;
+      if ('end' in item) {
+        await this.#endGroup(lane, item.end);
+        continue;
+      }
+      if (item.waitFor > this.#committedThrough) await this.#untilCommitted(item.waitFor);
+      const raw = item.raw;
+      let pending = raw[0] === TAG_INSERT ? insertAsSent(lane.state, raw) : false;
+      if (pending === false) pending = dispatch(lane.state, decode(raw, DECODE_CONTEXT), raw);
+      if (pending) await pending;
+    }
+  }
+
+  async #endGroup(lane: Lane, seq: number): Promise<void> {
+    // A group whose transactions wrote nothing has no commit: it still passes in order.
+    await commitGroup(lane.state);
+    await this.#untilCommitted(seq - 1);
+    lane.seq = 0;
+    this.#committedThrough = seq;
+    const ready = this.#waiters.filter((w) => w.seq <= seq);
+    this.#waiters = this.#waiters.filter((w) => w.seq > seq);
+    for (const w of ready) w.resolve();
+  }
+
+  #untilCommitted(seq: number): Promise<void> {
+    if (this.#failure !== null) return Promise.reject(this.#failure);
+    if (seq <= this.#committedThrough) return Promise.resolve();
+    return new Promise((resolve, reject) => this.#waiters.push({ seq, resolve, reject }));
+  }
+
+  #throwIfFailed(): void {
+    if (this.#failure !== null) throw this.#failure;
+  }
+
+  #fail(err: unknown, report: boolean): void {
+    if (this.#failure !== null) return;
+    this.#failure = err;
+    const waiters = this.#waiters;
+    this.#waiters = [];
+    for (const w of waiters) w.reject(err);
+    for (const lane of this.#lanes ?? []) lane.queue.close();
+    if (report) {
+      this.log.warn({ err, until: formatLsn(this.#lastRoutedLsn) }, 'apply lane failed; the transactions routed to lanes are re-applied one by one');
+      this.opts.onFailure(err, this.#lastRoutedLsn);
+    }
+  }
+
+  #startWatching(): void {
+    if (this.#timer !== null || this.#lanes === null) return;
+    this.#timer = setInterval(() => void this.#checkHead(), WATCH_INTERVAL_MS);
+    this.#timer.unref();
+  }
+
+  #stopWatching(): void {
+    if (this.#timer !== null) clearInterval(this.#timer);
+    this.#timer = null;
+  }
+
+  /**
+   * The oldest uncommitted group's lane waiting on a lock another lane holds: the holder
+   * waits for its turn behind it, so neither moves (PostgreSQL sees no deadlock: one side
+   * waits in pgsub). Looked at once the oldest group has been oldest for a while.
+   */
+  async #checkHead(): Promise<void> {
+    const head = this.#committedThrough + 1;
+    if (this.#checking || head > this.#lastSeq || this.#failure !== null) return;
+    const now = Date.now();
+    if (this.#headSince.seq !== head) {
+      this.#headSince = { seq: head, at: now };
+      return;
+    }
+    if (now - this.#headSince.at < WATCH_INTERVAL_MS) return;
+    const lanes = this.#lanes ?? [];
+    const headLane = lanes.find((lane) => lane.seq === head);
+    if (!headLane) return;
+    this.#checking = true;
+    try {
+      this.#watch ??= await this.opts.openConnection('lane_watch');
+      const others = lanes.filter((lane) => lane !== headLane).map((lane) => lane.conn.processId);
+      const [result] = await runAlone(this.#watch, [
+        { text: 'SELECT $1::pg_catalog.int4[] && pg_catalog.pg_blocking_pids($2::pg_catalog.int4)', params: [`{${others.join(',')}}`, String(headLane.conn.processId)], wantRows: true },
+      ]);
+      if (result?.rows[0]?.[0] === 't' && this.#committedThrough + 1 === head) {
+        this.#fail(new ApplyError(`apply lane ${headLane.index + 1} waits on a lock held by a later lane (a uniqueness the row identities do not cover)`, { group: head }), true);
+      }
+    } catch (err) {
+      this.log.warn({ err }, 'apply lane watchdog query failed');
+    } finally {
+      this.#checking = false;
+    }
+  }
+}

@@ -1,0 +1,181 @@
+/**
+ * Apply lanes (apply_workers > 1, src/apply/lanes.ts): a backlog of 3,000 source
+ * transactions mixing independent inserts with dependent changes — hot-row updates, deletes
+ * and key changes of rows inserted by earlier transactions, a keyless table, a TRUNCATE —
+ * is applied by several target connections in parallel, and the target ends equal to the
+ * source with every transaction counted once. A transaction that fails in a lane (a row
+ * already in the target) ends the session; the next applies the lanes' transactions one
+ * by one, where the conflict is found and named, and after the fix the backlog is applied
+ * exactly once. (Exactly once across SIGKILL with lanes: crash.test.ts.)
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { compareTables, spawnPgsub, startCluster, waitFor, waitForCatchUp, type Cluster, type PgsubProcess } from '../harness/index.js';
+
+const SCHEMA = `
+  CREATE TABLE public.item (id bigint PRIMARY KEY, v int NOT NULL, note text);
+  CREATE TABLE public.hot (id int PRIMARY KEY, n bigint NOT NULL);
+  CREATE TABLE public.moved (id int PRIMARY KEY, v text);
+  CREATE TABLE public."lOg ""x""" (n int, t text);
+  INSERT INTO public.hot SELECT g, 0 FROM generate_series(0, 4) g;`;
+const TABLES = ['public.item', 'public.hot', 'public.moved', 'public."lOg ""x"""'];
+let publisher: Cluster;
+let target: Cluster;
+let child: PgsubProcess | null = null;
+
+before(async () => {
+  [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'lanes-pub' }), startCluster({ major: 18, name: 'lanes-tgt' })]);
+  await publisher.createDatabase('src');
+  await target.createDatabase('dst');
+  await publisher.query(`${SCHEMA} CREATE PUBLICATION pub FOR ALL TABLES;`, [], 'src');
+  await target.query(SCHEMA, [], 'dst');
+});
+
+after(async () => {
+  child?.kill('SIGKILL');
+  await child?.exited;
+  await publisher?.stop();
+  await target?.stop();
+});
+
+function start(sub: string): PgsubProcess {
+  child = spawnPgsub({
+    PGSUB_SOURCE: publisher.url('src'),
+    PGSUB_TARGET: target.url('dst'),
+    PGSUB_PUBLICATION: 'pub',
+    PGSUB_SUBSCRIPTION: sub,
+    PGSUB_COPY_DATA: 'false',
+    PGSUB_STATUS_INTERVAL: '1',
+    PGSUB_RETRY_MIN_DELAY: '0.2',
+    PGSUB_RETRY_MAX_DELAY: '0.5',
+    PGSUB_APPLY_WORKERS: '4',
+    PGSUB_SYNCHRONOUS_COMMIT: 'off',
+    // Small groups: many of them, so lanes overlap and depend on each other.
+    PGSUB_GROUP_TRANSACTIONS: '40',
+  });
+  return child;
+}
+
+async function stop(): Promise<string> {
+  child!.kill('SIGTERM');
+  assert.equal(await child!.exited, 0, child!.output().slice(-2000));
+  const output = child!.output();
+  child = null;
+  return output;
+}
+
+const applied = async (sub: string) => Number((await target.query(`SELECT transactions_applied FROM pgsub.origin WHERE subscription = $1`, [sub], 'dst'))[0].transactions_applied);
+
+async function equal(): Promise<void> {
+  const cmp = await compareTables(publisher, 'src', target, 'dst', TABLES);
+  assert.ok(cmp.equal, JSON.stringify(cmp));
+}
+
+/**
+ * Transaction i of the mixed backlog, ids offset by `base`. Hot rows are updated 200
+ * transactions apart (5 groups: committed by then, as lanes run at most 4 groups ahead);
+ * deletes and key changes reach back a few transactions, into the group before or the
+ * same one — often enough to wait, not so often that lanes pause (4 dependent groups in a row).
+ */
+function transaction(i: number, base: number): string {
+  const s = [`INSERT INTO public.item VALUES (${base + i}, ${i}, 'n${i}')`, `INSERT INTO public."lOg ""x""" VALUES (${i}, 'l')`];
+  if (i % 40 === 0) s.push(`UPDATE public.hot SET n = n + ${i} WHERE id = ${(i / 40) % 5}`);
+  if (i % 37 === 0) s.push(`DELETE FROM public.item WHERE id = ${base + i - 5}`);
+  if (i % 31 === 0) s.push(`UPDATE public.item SET id = id + 1000000 WHERE id = ${base + i - 3}`);
+  if (i % 31 === 5 && i > 31) s.push(`UPDATE public.item SET v = -v, note = 'moved' WHERE id = ${base + i - 8 + 1000000}`);
+  if (i % 2 === 0) s.push(`INSERT INTO public.moved VALUES (${base + i}, 'm${i}')`);
+  if (i % 500 === 250) s.push(`TRUNCATE public.moved`);
+  return `BEGIN; ${s.join('; ')}; COMMIT;`;
+}
+
+async function backlog(base: number, n: number, make = transaction): Promise<void> {
+  const statements = [];
+  for (let i = 1; i <= n; i++) statements.push(make(i, base));
+  await publisher.query(statements.join('\n'), [], 'src');
+}
+
+/** The counters pgsub logs when its lanes stop. */
+function laneCounters(output: string): { groups: number; pauses: number; dependencyWaits: number } {
+  const line = output.split('\n').find((l) => l.includes('apply lanes stopped'));
+  assert.ok(line, output.slice(-3000));
+  return JSON.parse(line) as { groups: number; pauses: number; dependencyWaits: number };
+}
+
+test('a backlog of 3,000 mixed transactions is applied by four lanes; the target equals the source', async () => {
+  start('lanes');
+  await child!.waitForLog('streaming started');
+  await waitForCatchUp(publisher, 'src', 'lanes', 60_000);
+  await stop();
+  const before = await applied('lanes');
+  await backlog(0, 3000);
+  start('lanes');
+  await waitForCatchUp(publisher, 'src', 'lanes', 120_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  // Caught up: the next transaction is the main connection's again, with the replication origin back.
+  await publisher.query(`UPDATE public.hot SET n = n + 1 WHERE id = 0`, [], 'src');
+  await waitForCatchUp(publisher, 'src', 'lanes', 60_000);
+  const output = await stop();
+  // One session did it all: no error, no retry.
+  assert.equal(output.split('\n').filter((l) => l.includes('"streaming started"')).length, 1, output.slice(-3000));
+  assert.doesNotMatch(output, /"level":50/);
+  await equal();
+  assert.equal((await applied('lanes')) - before, 3001, 'each source transaction counted once');
+  const counters = laneCounters(output);
+  process.stdout.write(`# lanes: ${counters.groups} groups, ${counters.dependencyWaits} changes waited for an earlier group, ${counters.pauses} pauses\n`);
+  assert.ok(counters.groups >= 8, `groups: ${counters.groups}`);
+  assert.ok(counters.dependencyWaits > 0, `dependency waits: ${counters.dependencyWaits}`);
+  // Hot rows took every update, in order.
+  const [hot] = await target.query(`SELECT sum(n)::bigint AS n FROM public.hot`, [], 'dst');
+  const expected = Array.from({ length: 3000 }, (_, k) => k + 1).filter((i) => i % 40 === 0).reduce((a, b) => a + b, 1);
+  assert.equal(Number(hot.n), expected);
+});
+
+test('a failure in a lane: the lanes’ transactions are re-applied one by one, the conflict is named, then applied exactly once', async () => {
+  const base = 10_000_000;
+  // The target already holds the row of transaction 1,234: a unique violation in a lane.
+  await target.query(`INSERT INTO public.item VALUES (${base + 1234}, -1, 'pre-existing')`, [], 'dst');
+  start('lanes');
+  await child!.waitForLog('streaming started');
+  await waitForCatchUp(publisher, 'src', 'lanes', 60_000);
+  await stop();
+  const before = await applied('lanes');
+  // Independent inserts only: every transaction goes through a lane.
+  await backlog(base, 2000, (i) => `BEGIN; INSERT INTO public.item VALUES (${base + i}, ${i}, 'f'); COMMIT;`);
+  start('lanes');
+  await waitFor(async () => /apply lane failed/.test(child!.output()), { timeoutMs: 60_000, intervalMs: 100, what: 'the lane failure' });
+  // One by one, the transaction is found and logged with its key.
+  await waitFor(async () => (await target.query(`SELECT 1 FROM pgsub.conflict_log WHERE subscription = 'lanes' AND conflict_type = 'insert_exists'`, [], 'dst')).length > 0, {
+    timeoutMs: 60_000,
+    intervalMs: 100,
+    what: 'the conflict log row',
+  });
+  const [logged] = await target.query(`SELECT key::text AS key FROM pgsub.conflict_log WHERE subscription = 'lanes' AND conflict_type = 'insert_exists'`, [], 'dst');
+  assert.match(logged.key, new RegExp(String(base + 1234)));
+  // Nothing after the failing transaction is committed.
+  const [{ n }] = await target.query(`SELECT count(*)::int AS n FROM public.item WHERE id > ${base + 1234} AND id < ${base + 1000000}`, [], 'dst');
+  assert.equal(n, 0);
+  await target.query(`DELETE FROM public.item WHERE id = ${base + 1234}`, [], 'dst');
+  await waitForCatchUp(publisher, 'src', 'lanes', 120_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  await stop();
+  await equal();
+  assert.equal((await applied('lanes')) - before, 2000);
+});
+
+test('every transaction touching one hot row: lanes pause and the serial path applies the rest; the row ends right', async () => {
+  start('lanes');
+  await child!.waitForLog('streaming started');
+  await waitForCatchUp(publisher, 'src', 'lanes', 60_000);
+  await stop();
+  const before = await applied('lanes');
+  const [initial] = await publisher.query(`SELECT n FROM public.hot WHERE id = 4`, [], 'src');
+  await backlog(20_000_000, 3000, (i, base) => `BEGIN; INSERT INTO public.item VALUES (${base + i}, ${i}, 'h'); UPDATE public.hot SET n = n + 1 WHERE id = 4; COMMIT;`);
+  start('lanes');
+  await waitForCatchUp(publisher, 'src', 'lanes', 120_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  const counters = laneCounters(await stop());
+  assert.ok(counters.pauses >= 1, JSON.stringify(counters));
+  // A few groups decide the pause; then 64 groups' worth of transactions go the serial way.
+  assert.ok(counters.groups < 20, JSON.stringify(counters));
+  await equal();
+  const [hot] = await target.query(`SELECT n FROM public.hot WHERE id = 4`, [], 'dst');
+  assert.equal(Number(hot.n), Number(initial.n) + 3000);
+  assert.equal((await applied('lanes')) - before, 3000);
+});
