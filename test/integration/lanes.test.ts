@@ -6,19 +6,23 @@
  * source with every transaction counted once. A transaction that fails in a lane (a row
  * already in the target) ends the session; the next applies the lanes' transactions one
  * by one, where the conflict is found and named, and after the fix the backlog is applied
- * exactly once. (Exactly once across SIGKILL with lanes: crash.test.ts.)
+ * exactly once. When every transaction touches one hot row, lanes pause. When the oldest
+ * group waits on a lock a later lane holds (a unique index only the target has), the
+ * watchdog ends the session instead of waiting forever. (Exactly once across SIGKILL with
+ * lanes: crash.test.ts.)
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { compareTables, spawnPgsub, startCluster, waitFor, waitForCatchUp, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { compareTables, connect, spawnPgsub, startCluster, waitFor, waitForCatchUp, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 const SCHEMA = `
   CREATE TABLE public.item (id bigint PRIMARY KEY, v int NOT NULL, note text);
   CREATE TABLE public.hot (id int PRIMARY KEY, n bigint NOT NULL);
   CREATE TABLE public.moved (id int PRIMARY KEY, v text);
+  CREATE TABLE public.uniq (id int PRIMARY KEY, code int);
   CREATE TABLE public."lOg ""x""" (n int, t text);
   INSERT INTO public.hot SELECT g, 0 FROM generate_series(0, 4) g;`;
-const TABLES = ['public.item', 'public.hot', 'public.moved', 'public."lOg ""x"""'];
+const TABLES = ['public.item', 'public.hot', 'public.moved', 'public.uniq', 'public."lOg ""x"""'];
 let publisher: Cluster;
 let target: Cluster;
 let child: PgsubProcess | null = null;
@@ -178,4 +182,56 @@ test('every transaction touching one hot row: lanes pause and the serial path ap
   const [hot] = await target.query(`SELECT n FROM public.hot WHERE id = 4`, [], 'dst');
   assert.equal(Number(hot.n), Number(initial.n) + 3000);
   assert.equal((await applied('lanes')) - before, 3000);
+});
+
+test('the oldest group waits on a lock a later lane holds (a unique index only the target has): the watchdog ends the session, the serial path reports the violation', async () => {
+  await target.query(`CREATE UNIQUE INDEX uniq_code ON public.uniq (code)`, [], 'dst');
+  start('lanes');
+  await child!.waitForLog('streaming started');
+  await publisher.query(`INSERT INTO public.uniq VALUES (1, 1)`, [], 'src');
+  await waitForCatchUp(publisher, 'src', 'lanes', 60_000);
+  await stop();
+  // Filler first (lanes open only while behind), then T1: an update that will wait on a lock
+  // this test holds, and an insert of code 7; then T2: another insert of code 7.
+  const filler = (base: number) => Array.from({ length: 50 }, (_, i) => `BEGIN; INSERT INTO public.item VALUES (${base + i}, ${i}, 'w'); COMMIT;`);
+  const t1 = `BEGIN; UPDATE public.uniq SET code = 2 WHERE id = 1; INSERT INTO public.uniq VALUES (4, 7); COMMIT;`;
+  const t2 = `BEGIN; INSERT INTO public.uniq VALUES (5, 7); COMMIT;`;
+  await publisher.query([...filler(30_000_000), t1, t2, ...filler(31_000_000)].join('\n'), [], 'src');
+  const blocker = await connect(target, 'dst');
+  try {
+    await blocker.query(`BEGIN; SELECT * FROM public.uniq WHERE id = 1 FOR UPDATE`);
+    child = spawnPgsub({
+      PGSUB_SOURCE: publisher.url('src'),
+      PGSUB_TARGET: target.url('dst'),
+      PGSUB_PUBLICATION: 'pub',
+      PGSUB_SUBSCRIPTION: 'lanes',
+      PGSUB_COPY_DATA: 'false',
+      PGSUB_STATUS_INTERVAL: '1',
+      PGSUB_RETRY_MIN_DELAY: '0.2',
+      PGSUB_RETRY_MAX_DELAY: '0.5',
+      PGSUB_APPLY_WORKERS: '4',
+      // One transaction per group: T1 and T2 go to different lanes.
+      PGSUB_GROUP_TRANSACTIONS: '1',
+    });
+    // T2's lane has inserted code 7 while T1's lane waits on this test's lock.
+    await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE 'pgsub_lanes_lane%' AND wait_event_type = 'Lock'`, [], 'dst'))[0].n > 0, {
+      timeoutMs: 30_000,
+      intervalMs: 50,
+      what: 'a lane waiting on the test lock',
+    }).catch((err) => {
+      throw new Error(`${err}\n${child!.output().slice(0, 6000)}`);
+    });
+    await new Promise((r) => setTimeout(r, 500));
+  } finally {
+    await blocker.query('ROLLBACK');
+    await blocker.end();
+  }
+  await waitFor(async () => /waits on a lock held by a later lane/.test(child!.output()), { timeoutMs: 30_000, intervalMs: 100, what: 'the watchdog' });
+  // One by one, T2 fails on the target's own unique index, as a serial apply would.
+  await waitFor(async () => /uniq_code/.test(child!.output()), { timeoutMs: 30_000, intervalMs: 100, what: 'the unique violation' });
+  await target.query(`DROP INDEX public.uniq_code`, [], 'dst');
+  await waitForCatchUp(publisher, 'src', 'lanes', 60_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  await stop();
+  const cmp = await compareTables(publisher, 'src', target, 'dst', TABLES);
+  assert.ok(cmp.equal, JSON.stringify(cmp));
 });
