@@ -221,7 +221,13 @@ test('the oldest group waits on a lock a later lane holds (a unique index only t
     }).catch((err) => {
       throw new Error(`${err}\n${child!.output().slice(0, 6000)}`);
     });
-    await new Promise((r) => setTimeout(r, 500));
+    // The three other lanes (T2 and two fillers) have written (an xid) and wait for their turn to commit.
+    const written = `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE 'pgsub_lanes_lane%' AND backend_xid IS NOT NULL AND wait_event_type IS DISTINCT FROM 'Lock'`;
+    await waitFor(async () => (await target.query(written, [], 'dst'))[0].n >= 3, {
+      timeoutMs: 30_000,
+      intervalMs: 50,
+      what: 'the later lanes waiting for their turn',
+    });
   } finally {
     await blocker.query('ROLLBACK');
     await blocker.end();
