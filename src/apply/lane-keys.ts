@@ -8,11 +8,9 @@
  * everything before", and the lane's decoder reports them properly. `Writers` keeps, per
  * identity, the last group of transactions that wrote it: the group a change waits for.
  */
+import { TAG } from '../protocol/tags.js';
 import type { RelationMessage } from '../protocol/messages.js';
 
-const TAG_INSERT = 0x49; // 'I'
-const TAG_UPDATE = 0x55; // 'U'
-const TAG_DELETE = 0x44; // 'D'
 const TUPLE_NEW = 0x4e; // 'N'
 const TUPLE_KEY = 0x4b; // 'K'
 const TUPLE_OLD = 0x4f; // 'O'
@@ -96,18 +94,18 @@ export function changeKeys(raw: Buffer, remote: RelationMessage, keys: readonly 
   const tag = raw[0];
   // No key (REPLICA IDENTITY NOTHING, or DEFAULT without a primary key): the publisher
   // sends only inserts, which touch no earlier row.
-  if (keys.length === 0) return tag === TAG_INSERT && remote.replicaIdentity !== 'full' ? 0 : -1;
+  if (keys.length === 0) return tag === TAG.INSERT && remote.replicaIdentity !== 'full' ? 0 : -1;
   const relationId = raw.readUInt32BE(1);
   let at = 5;
-  if (tag === TAG_INSERT || tag === TAG_DELETE) {
+  if (tag === TAG.INSERT || tag === TAG.DELETE) {
     const kind = raw[at];
-    if (tag === TAG_INSERT ? kind !== TUPLE_NEW : kind !== TUPLE_KEY && kind !== TUPLE_OLD) return -1;
+    if (tag === TAG.INSERT ? kind !== TUPLE_NEW : kind !== TUPLE_KEY && kind !== TUPLE_OLD) return -1;
     const hash = hashTuple(raw, at + 1, relationId, keys);
     if (hash < 0) return -1;
     out[0] = hash;
     return 1;
   }
-  if (tag !== TAG_UPDATE) return -1;
+  if (tag !== TAG.UPDATE) return -1;
   let old = -1;
   if (raw[at] === TUPLE_KEY || raw[at] === TUPLE_OLD) {
     old = hashTuple(raw, at + 1, relationId, keys);

@@ -26,6 +26,7 @@
  *    when the oldest group waits on a lock another lane holds (a uniqueness the keys do not
  *    cover): that wait would otherwise last forever, the later lane waiting for its turn.
  */
+import { TAG } from '../protocol/tags.js';
 import { ApplyError } from '../errors.js';
 import { decode } from '../protocol/decoder.js';
 import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
@@ -38,16 +39,6 @@ import { RelationMap } from './relmap.js';
 import { workerState, type ApplyState } from './state.js';
 import { runAlone, type WireConnection } from './target.js';
 
-const TAG_BEGIN = 0x42; // 'B'
-const TAG_COMMIT = 0x43; // 'C'
-const TAG_RELATION = 0x52; // 'R'
-const TAG_TYPE = 0x59; // 'Y'
-const TAG_INSERT = 0x49; // 'I'
-const TAG_UPDATE = 0x55; // 'U'
-const TAG_DELETE = 0x44; // 'D'
-const TAG_TRUNCATE = 0x54; // 'T'
-const TAG_ORIGIN = 0x4f; // 'O'
-const TAG_MESSAGE = 0x4d; // 'M'
 
 /** A group ends after this many changes: lanes take turns at about this grain. */
 const GROUP_CHANGES = 8192;
@@ -160,7 +151,7 @@ export class ApplyLanes {
     const tag = raw[0];
     const group = this.#open;
     if (group === null) {
-      if (tag === TAG_BEGIN) {
+      if (tag === TAG.BEGIN) {
         // Only while behind: a caught-up stream gains nothing from a second connection.
         if (queued === 0 || this.#unavailable || this.opts.lanes < 2) return false;
         if (this.#pausedBegins > 0) {
@@ -170,19 +161,19 @@ export class ApplyLanes {
         return this.#openFor(raw);
       }
       // Every lane's relation map follows the stream, whoever applies the transaction.
-      if ((tag === TAG_RELATION || tag === TAG_TYPE) && this.#lanes !== null) return this.#broadcast(raw).then(() => false);
+      if ((tag === TAG.RELATION || tag === TAG.TYPE) && this.#lanes !== null) return this.#broadcast(raw).then(() => false);
       return false;
     }
     // The rest returns a promise only when a lane's queue is full.
     switch (tag) {
-      case TAG_INSERT:
-      case TAG_UPDATE:
-      case TAG_DELETE: {
+      case TAG.INSERT:
+      case TAG.UPDATE:
+      case TAG.DELETE: {
         group.changes++;
         const waitFor = this.#dependency(group.seq, raw);
         return typeof waitFor === 'number' ? this.#pushed(group, raw, waitFor) : waitFor.then((w) => this.#pushed(group, raw, w));
       }
-      case TAG_BEGIN:
+      case TAG.BEGIN:
         if (!this.#eligible(decode(raw, DECODE_CONTEXT) as BeginMessage)) {
           this.#closeGroup();
           return false;
@@ -190,7 +181,7 @@ export class ApplyLanes {
         this.#noteRouted(raw);
         group.inTransaction = true;
         return this.#pushed(group, raw, 0);
-      case TAG_COMMIT: {
+      case TAG.COMMIT: {
         group.transactions++;
         group.inTransaction = false;
         const ends = group.changes >= GROUP_CHANGES || group.transactions >= this.opts.groupTransactions || queued === 0;
@@ -205,8 +196,8 @@ export class ApplyLanes {
           return true;
         });
       }
-      case TAG_RELATION:
-      case TAG_TYPE: {
+      case TAG.RELATION:
+      case TAG.TYPE: {
         const m = decode(raw, DECODE_CONTEXT);
         if (m.tag === 'relation') {
           this.main.relations.onRelation(m);
@@ -214,14 +205,14 @@ export class ApplyLanes {
         } else if (m.tag === 'type') this.main.relations.onType(m.typeOid, m.namespace, m.name);
         return this.#broadcast(raw).then(() => true);
       }
-      case TAG_TRUNCATE:
+      case TAG.TRUNCATE:
         // TRUNCATE names its relations after a count; it waits for everything before and
         // every later change to those tables waits for it.
         for (let i = 0, n = raw.readInt32BE(1); i < n && 10 + 4 * i <= raw.length; i++) this.#writers.wholeTable(group.seq, raw.readUInt32BE(6 + 4 * i));
         group.changes++;
         return this.#pushed(group, raw, group.seq - 1);
-      case TAG_ORIGIN:
-      case TAG_MESSAGE:
+      case TAG.ORIGIN:
+      case TAG.MESSAGE:
         return this.#pushed(group, raw, 0);
       default:
         // Not valid inside a transaction: the lane's handlers report it.
@@ -422,7 +413,7 @@ export class ApplyLanes {
       }
       if (item.waitFor > this.#committedThrough) await this.#untilCommitted(item.waitFor);
       const raw = item.raw;
-      let pending = raw[0] === TAG_INSERT ? insertAsSent(lane.state, raw) : false;
+      let pending = raw[0] === TAG.INSERT ? insertAsSent(lane.state, raw) : false;
       if (pending === false) pending = dispatch(lane.state, decode(raw, DECODE_CONTEXT), raw);
       if (pending) await pending;
     }

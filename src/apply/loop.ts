@@ -15,6 +15,7 @@
  * dispatches the kept messages again in careful mode, then continues with the queue. A
  * transaction too large to keep is replayed by a new session instead (CarefulReplayError).
  */
+import { TAG } from '../protocol/tags.js';
 import { ConnectionLostError, PgsubError } from '../errors.js';
 import { isConflictSignal } from '../conflict/detect.js';
 import type { ConflictConfig } from '../conflict/types.js';
@@ -71,13 +72,6 @@ export class CarefulReplayError extends PgsubError {
     super(`conflict in a remote transaction larger than the replay buffer; re-applying it carefully from ${formatLsn(finishLsn)}`, { finishLsn: formatLsn(finishLsn) }, { cause });
   }
 }
-const TAG_BEGIN = 0x42; // 'B'
-const TAG_COMMIT = 0x43; // 'C'
-const TAG_BEGIN_PREPARE = 0x62; // 'b'
-const TAG_PREPARE = 0x50; // 'P'
-const TAG_INSERT = 0x49; // 'I'
-const TAG_STREAM_START = 0x53; // 'S'
-const TAG_STREAM_STOP = 0x45; // 'E'
 
 export interface ApplyLoopOptions {
   subscription: string;
@@ -257,8 +251,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         }
         // The tag byte is all the receiver needs: keepalives between transactions are positions.
         const tag = item[0];
-        if (tag === TAG_BEGIN || tag === TAG_BEGIN_PREPARE) inTransaction = true;
-        else if (tag === TAG_COMMIT || tag === TAG_PREPARE) inTransaction = false;
+        if (tag === TAG.BEGIN || tag === TAG.BEGIN_PREPARE) inTransaction = true;
+        else if (tag === TAG.COMMIT || tag === TAG.PREPARE) inTransaction = false;
         if (!(await enqueue(item, item.length))) return;
       }
     }
@@ -349,8 +343,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         const raw = item;
         const tag = raw[0];
         // Stream Start opens a stream block and Stream Stop closes it (neither is inside it).
-        if (tag === TAG_STREAM_START) decodeContext.inStream = true;
-        else if (tag === TAG_STREAM_STOP) decodeContext.inStream = false;
+        if (tag === TAG.STREAM_START) decodeContext.inStream = true;
+        else if (tag === TAG.STREAM_STOP) decodeContext.inStream = false;
         // Keep what a careful replay would need: a transaction from its first message,
         // or the single STREAM COMMIT / STREAM PREPARE that replays a spooled one.
         if (opts.conflicts.detect && !decodeContext.inStream) {
@@ -372,7 +366,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         }
         // An insert that joins a COPY as sent is never decoded (its failures come as the
         // batch's); most other changes complete without waiting (batched): no promise then.
-        let pending = tag === TAG_INSERT && !decodeContext.inStream ? insertAsSent(state, raw) : false;
+        let pending = tag === TAG.INSERT && !decodeContext.inStream ? insertAsSent(state, raw) : false;
         const message = pending === false ? decode(raw, decodeContext) : null;
         try {
           if (message !== null) pending = dispatch(state, message, raw);

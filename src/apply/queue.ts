@@ -28,12 +28,7 @@ export class BoundedQueue<T> {
 
   /** Queue at once if there is room (no promise); false when full or closed. */
   tryPut(item: T, size = 0): boolean {
-    if (this.full || this.closed) return false;
-    this.items.push(item);
-    this.sizes.push(size);
-    this.bytes += size;
-    this.wake('take');
-    return true;
+    return !this.full && this.putAlways(item, size);
   }
 
   /** Queue even when full (a small marker that must not wait behind a waiting put); false if closed. */
@@ -55,12 +50,7 @@ export class BoundedQueue<T> {
   /** Resolves once the item is queued; false if the queue was closed. */
   async put(item: T, size = 0): Promise<boolean> {
     while (this.full && !this.closed) await new Promise<void>((resolve) => (this.waitingPut = resolve));
-    if (this.closed) return false;
-    this.items.push(item);
-    this.sizes.push(size);
-    this.bytes += size;
-    this.wake('take');
-    return true;
+    return this.putAlways(item, size);
   }
 
   /** The next item, or undefined once closed. */
