@@ -8,8 +8,9 @@
  * by one, where the conflict is found and named, and after the fix the backlog is applied
  * exactly once. When every transaction touches one hot row, lanes pause. When the oldest
  * group waits on a lock a later lane holds (a unique index only the target has), the
- * watchdog ends the session instead of waiting forever. (Exactly once across SIGKILL with
- * lanes: crash.test.ts.)
+ * watchdog ends the session instead of waiting forever. Streamed (parallel) and prepared
+ * transactions in the backlog take the serial path between lane groups. (Exactly once
+ * across SIGKILL with lanes: crash.test.ts.)
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -240,4 +241,54 @@ test('the oldest group waits on a lock a later lane holds (a unique index only t
   await stop();
   const cmp = await compareTables(publisher, 'src', target, 'dst', TABLES);
   assert.ok(cmp.equal, JSON.stringify(cmp));
+});
+
+test('lanes beside streamed (parallel) and prepared transactions: the serial path takes them in order, with the origin back on the main connection', async () => {
+  const env = {
+    PGSUB_SOURCE: publisher.url('src'),
+    PGSUB_TARGET: target.url('dst'),
+    PGSUB_PUBLICATION: 'pub',
+    PGSUB_SUBSCRIPTION: 'lanes2',
+    PGSUB_COPY_DATA: 'false',
+    PGSUB_STATUS_INTERVAL: '1',
+    PGSUB_APPLY_WORKERS: '3',
+    PGSUB_GROUP_TRANSACTIONS: '20',
+    PGSUB_STREAMING: 'parallel',
+    PGSUB_TWO_PHASE: 'true',
+    PGSUB_SYNCHRONOUS_COMMIT: 'off',
+  };
+  // Its own slot (two_phase is chosen when the slot is created).
+  child = spawnPgsub(env);
+  await child.waitForLog('streaming started');
+  await waitForCatchUp(publisher, 'src', 'lanes2', 60_000);
+  await stop();
+  // Small enough that the big transaction below is streamed.
+  await publisher.query(`ALTER SYSTEM SET logical_decoding_work_mem = '64kB'`, [], 'src');
+  await publisher.query(`SELECT pg_reload_conf()`, [], 'src');
+  const before = await applied('lanes2');
+  const small = (from: number) => Array.from({ length: 200 }, (_, i) => `BEGIN; INSERT INTO public.item VALUES (${from + i}, ${i}, 's'); COMMIT;`);
+  const big = `BEGIN; INSERT INTO public.item SELECT g, g, repeat('x', 100) FROM generate_series(40100000, 40104999) g; UPDATE public.item SET v = v + 1 WHERE id BETWEEN 40000000 AND 40000099; COMMIT;`;
+  const prepare = `BEGIN; UPDATE public.item SET note = 'prepared' WHERE id BETWEEN 40200000 AND 40200009; PREPARE TRANSACTION 'lanes_gid';`;
+  await publisher.query([...small(40_000_000), big, ...small(40_200_000), prepare, ...small(40_300_000)].join('\n'), [], 'src');
+  // COMMIT PREPARED cannot share a query string (an implicit transaction block).
+  await publisher.query(`COMMIT PREPARED 'lanes_gid'`, [], 'src');
+  await publisher.query(small(40_400_000).join('\n'), [], 'src');
+  child = spawnPgsub(env);
+  await waitForCatchUp(publisher, 'src', 'lanes2', 120_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  const output = await stop();
+  await publisher.query(`ALTER SYSTEM RESET logical_decoding_work_mem`, [], 'src');
+  await publisher.query(`SELECT pg_reload_conf()`, [], 'src');
+  assert.doesNotMatch(output, /"level":50/, output.slice(-3000));
+  assert.ok(laneCounters(output).groups >= 4, output.slice(-3000));
+  // The big transaction was streamed, so it took the streaming path, not a lane.
+  await waitFor(async () => Number((await publisher.query(`SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = 'lanes2'`, [], 'src'))[0]?.stream_txns ?? 0) > 0, {
+    timeoutMs: 10_000,
+    intervalMs: 200,
+    what: 'a streamed transaction in the slot statistics',
+  });
+  await equal();
+  // 800 small, the streamed one and the prepared one, each counted once.
+  assert.equal((await applied('lanes2')) - before, 802);
+  const [{ n }] = await target.query(`SELECT count(*)::int AS n FROM pg_prepared_xacts`, [], 'dst');
+  assert.equal(n, 0);
 });
