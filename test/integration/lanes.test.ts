@@ -43,7 +43,7 @@ after(async () => {
   await target?.stop();
 });
 
-function start(sub: string): PgsubProcess {
+function start(sub: string, extra: Record<string, string> = {}): PgsubProcess {
   child = spawnPgsub({
     PGSUB_SOURCE: publisher.url('src'),
     PGSUB_TARGET: target.url('dst'),
@@ -57,6 +57,7 @@ function start(sub: string): PgsubProcess {
     PGSUB_SYNCHRONOUS_COMMIT: 'off',
     // Small groups: many of them, so lanes overlap and depend on each other.
     PGSUB_GROUP_TRANSACTIONS: '40',
+    ...extra,
   });
   return child;
 }
@@ -201,19 +202,8 @@ test('the oldest group waits on a lock a later lane holds (a unique index only t
   const blocker = await connect(target, 'dst');
   try {
     await blocker.query(`BEGIN; SELECT * FROM public.uniq WHERE id = 1 FOR UPDATE`);
-    child = spawnPgsub({
-      PGSUB_SOURCE: publisher.url('src'),
-      PGSUB_TARGET: target.url('dst'),
-      PGSUB_PUBLICATION: 'pub',
-      PGSUB_SUBSCRIPTION: 'lanes',
-      PGSUB_COPY_DATA: 'false',
-      PGSUB_STATUS_INTERVAL: '1',
-      PGSUB_RETRY_MIN_DELAY: '0.2',
-      PGSUB_RETRY_MAX_DELAY: '0.5',
-      PGSUB_APPLY_WORKERS: '4',
-      // One transaction per group: T1 and T2 go to different lanes.
-      PGSUB_GROUP_TRANSACTIONS: '1',
-    });
+    // One transaction per group: T1 and T2 go to different lanes.
+    start('lanes', { PGSUB_GROUP_TRANSACTIONS: '1', PGSUB_SYNCHRONOUS_COMMIT: 'on' });
     // T2's lane has inserted code 7 while T1's lane waits on this test's lock.
     await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE 'pgsub_lanes_lane%' AND wait_event_type = 'Lock'`, [], 'dst'))[0].n > 0, {
       timeoutMs: 30_000,
@@ -244,22 +234,10 @@ test('the oldest group waits on a lock a later lane holds (a unique index only t
 });
 
 test('lanes beside streamed (parallel) and prepared transactions: the serial path takes them in order, with the origin back on the main connection', async () => {
-  const env = {
-    PGSUB_SOURCE: publisher.url('src'),
-    PGSUB_TARGET: target.url('dst'),
-    PGSUB_PUBLICATION: 'pub',
-    PGSUB_SUBSCRIPTION: 'lanes2',
-    PGSUB_COPY_DATA: 'false',
-    PGSUB_STATUS_INTERVAL: '1',
-    PGSUB_APPLY_WORKERS: '3',
-    PGSUB_GROUP_TRANSACTIONS: '20',
-    PGSUB_STREAMING: 'parallel',
-    PGSUB_TWO_PHASE: 'true',
-    PGSUB_SYNCHRONOUS_COMMIT: 'off',
-  };
+  const env = { PGSUB_APPLY_WORKERS: '3', PGSUB_GROUP_TRANSACTIONS: '20', PGSUB_STREAMING: 'parallel', PGSUB_TWO_PHASE: 'true' };
   // Its own slot (two_phase is chosen when the slot is created).
-  child = spawnPgsub(env);
-  await child.waitForLog('streaming started');
+  start('lanes2', env);
+  await child!.waitForLog('streaming started');
   await waitForCatchUp(publisher, 'src', 'lanes2', 60_000);
   await stop();
   // Small enough that the big transaction below is streamed.
@@ -273,7 +251,7 @@ test('lanes beside streamed (parallel) and prepared transactions: the serial pat
   // COMMIT PREPARED cannot share a query string (an implicit transaction block).
   await publisher.query(`COMMIT PREPARED 'lanes_gid'`, [], 'src');
   await publisher.query(small(40_400_000).join('\n'), [], 'src');
-  child = spawnPgsub(env);
+  start('lanes2', env);
   await waitForCatchUp(publisher, 'src', 'lanes2', 120_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
   const output = await stop();
   await publisher.query(`ALTER SYSTEM RESET logical_decoding_work_mem`, [], 'src');
