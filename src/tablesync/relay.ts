@@ -113,11 +113,14 @@ export class CopyOutRelay extends Readable {
     }
     let pos = 0;
     let runStart = 0;
+    // Pushes the run of rows before `end`, once: a message cut at the chunk's end that is
+    // not a row (a NoticeResponse) stops the walk after this, and the tail flushes again.
     const flush = (end: number) => {
       if (end > runStart && !this.discarding) {
         pushed += end - runStart;
         more = this.push(buf.subarray(runStart, end));
       }
+      runStart = end;
     };
     let finished = false;
     while (pos + HEADER <= buf.length) {

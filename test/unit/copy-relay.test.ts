@@ -3,8 +3,8 @@
  * byte sequence — CopyOutResponse, CopyData rows with a NoticeResponse among them,
  * CopyDone, CommandComplete, ReadyForQuery — split into chunks at every offset (and at
  * every pair of offsets), must come out as exactly the CopyData messages, in order, each
- * chunk ending at a message boundary; pg's own handler must get back everything from
- * CopyDone on. An ErrorResponse mid-copy goes to pg's handler the same way.
+ * chunk ending at a message boundary, each row once (also when a NoticeResponse is cut
+ * after complete rows); pg's own handler must get back everything from CopyDone on. An ErrorResponse mid-copy goes to pg's handler the same way.
  */
 import assert from 'node:assert/strict';
 import { Readable, Writable } from 'node:stream';
@@ -30,19 +30,27 @@ const wantOut = Buffer.concat(data);
 /** A socket as pg leaves it: one 'data' listener (pg's parser), here collecting bytes. */
 function fakeConnection(chunks: Buffer[]) {
   const handedBack: Buffer[] = [];
+  let allPushed!: () => void;
+  const pushed = new Promise<void>((resolve) => (allPushed = resolve));
   const stream = new Readable({ read() {} });
   stream.on('data', (b: Buffer) => handedBack.push(b));
+  // One chunk per socket read: read() would return every chunk pushed so far as one.
   const connection = {
     stream,
     query: () => {
-      for (const c of chunks) stream.push(c);
+      const next = (i: number) => {
+        if (i >= chunks.length) return allPushed();
+        stream.push(chunks[i]);
+        setImmediate(() => next(i + 1));
+      };
+      next(0);
     },
   };
-  return { connection, handedBack };
+  return { connection, handedBack, pushed };
 }
 
 async function relay(chunks: Buffer[]): Promise<{ out: Buffer[]; handedBack: Buffer; messages: number }> {
-  const { connection, handedBack } = fakeConnection(chunks);
+  const { connection, handedBack, pushed } = fakeConnection(chunks);
   const reader = new CopyOutRelay('COPY t TO STDOUT');
   reader.submit(connection as never);
   const out: Buffer[] = [];
@@ -55,6 +63,7 @@ async function relay(chunks: Buffer[]): Promise<{ out: Buffer[]; handedBack: Buf
       },
     }),
   );
+  await pushed;
   await new Promise((r) => setImmediate(r));
   return { out, handedBack: Buffer.concat(handedBack), messages: reader.messages };
 }
