@@ -134,7 +134,7 @@ export function beginTransaction(state: ApplyState, xact: RemoteTransaction): vo
 /** The skipped transaction's end: the origin moves past it, with a log row, and the skip LSN is cleared. */
 async function finishSkipped(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint): Promise<void> {
   // The transactions grouped before it commit on their own; the skip is a transaction of its own.
-  await commitGroup(state);
+  await settleTarget(state);
   await state.pipeline.push(state.conn.execute('BEGIN'));
   await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
   await sendStatement(state, idleProgressStatement(state.subscription, endLsn));
@@ -258,13 +258,15 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   const walAfter = state.asyncCommit && !prepare ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
   if (walAfter) await state.pipeline.push(walAfter);
   if (turn) await state.pipeline.push(state.conn.execute('SELECT pg_catalog.pg_replication_origin_session_reset()'));
-  // Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
-  const synced = state.conn.sync();
-  await state.pipeline.push(synced);
   // In the middle of a backlog the next transaction is applied while this commit is under
-  // way: waiting for it would leave the target idle for a round trip per commit. Its
-  // outcome is checked in order when it arrives; the position moves only then.
+  // way: waiting for it would leave the target idle for a round trip per commit. No Sync
+  // follows such a COMMIT: should it fail, the server skips everything after it up to the
+  // next Sync, so no later transaction can commit past the failed one. Its outcome is
+  // checked in order when it arrives; the position moves only then.
   const pipelined = ending.kind === 'commit' && ending.mayPipeline === true && !xact.behind && xact.syncTouched.size === 0 && promoted.length === 0 && !state.careful && state.canPipelineCommit(endLsn);
+  // Otherwise Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
+  const synced = pipelined ? null : state.conn.sync();
+  if (synced) await state.pipeline.push(synced);
   const settled = settleCommit(state, xact, commit, synced, walAfter, { endLsn, expected, transactions, groupChanges: group?.changes ?? 0, promoted });
   settled.catch(() => {});
   if (pipelined) {
@@ -282,6 +284,19 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   endTarget(state);
 }
 
+/**
+ * Before a step that sends a Sync of its own (runAlone, a two-phase step, the replication
+ * origin handed to another connection): the open group commits and every pipelined commit
+ * is answered — and known to have succeeded — then the segment they share ends. A Sync sent
+ * earlier would let the server run what follows it after a commit that failed.
+ */
+export async function settleTarget(state: ApplyState): Promise<void> {
+  await commitGroup(state);
+  if (state.unconfirmed !== null || state.pipeline.size > 0) await state.pipeline.drain();
+  state.unconfirmed = null;
+  if (state.conn.unsynced) await state.conn.sync();
+}
+
 function endTarget(state: ApplyState): void {
   state.xact = null;
   state.group = null;
@@ -294,13 +309,14 @@ async function settleCommit(
   state: ApplyState,
   xact: RemoteTransaction,
   commit: Promise<WireResult>,
-  synced: Promise<TxStatus>,
+  synced: Promise<TxStatus> | null,
   walAfter: Promise<WireResult> | null,
   c: { endLsn: Lsn; expected: string; transactions: number; groupChanges: number; promoted: TableSync[] },
 ): Promise<void> {
   // COMMIT of a failed transaction answers ROLLBACK without an error; never count that.
   const { command } = await commit;
-  const status = await synced;
+  // Without a Sync (pipelined) the COMMIT ran in its segment only if nothing before it failed.
+  const status = synced === null ? 'I' : await synced;
   if (command !== c.expected || status !== 'I') {
     throw new ApplyError(`target answered ${command} (status ${status}) to ${c.expected} of remote xid ${xact.xid}`, { remoteXid: xact.xid });
   }

@@ -32,7 +32,7 @@ import { decode } from '../protocol/decoder.js';
 import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import type { BeginMessage, RelationMessage } from '../protocol/messages.js';
 import type { Logger } from '../log.js';
-import { commitGroup, dispatch, insertAsSent } from './handlers.js';
+import { commitGroup, dispatch, insertAsSent, settleTarget } from './handlers.js';
 import { Writers } from './lane-keys.js';
 import { BoundedQueue } from './queue.js';
 import { RelationMap } from './relmap.js';
@@ -274,9 +274,7 @@ export class ApplyLanes {
     // Tables still syncing have per-table positions the lanes do not keep.
     if (main.sync.all().some((t) => t.state !== 'r')) return false;
     // What the main connection has under way commits first (its errors are the loop's).
-    if (main.group) await commitGroup(main);
-    if (main.unconfirmed !== null || main.pipeline.size > 0) await main.pipeline.drain();
-    main.unconfirmed = null;
+    await settleTarget(main);
     if (this.#originOnMain) {
       await runAlone(main.conn, [{ text: ORIGIN_RESET, params: [] }]);
       this.#originOnMain = false;

@@ -25,7 +25,7 @@ import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import type { ReplicationStream } from '../protocol/replication.js';
 import { flushBarrierStatements, idleProgressStatement } from '../origin/store.js';
 import type { Progress } from '../origin/progress.js';
-import { commitGroup, dispatch, insertAsSent } from './handlers.js';
+import { commitGroup, dispatch, insertAsSent, settleTarget } from './handlers.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from './relmap.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../tablesync/state.js';
@@ -402,7 +402,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       ) {
         try {
           // A commit still unanswered must be known to have succeeded before a later position is recorded.
-          if (state.unconfirmed !== null) await pipeline.drain();
+          await settleTarget(state);
           await recordIdlePosition();
         } catch (err) {
           throw groupFailure(err);

@@ -9,7 +9,7 @@ import { ProtocolError } from '../errors.js';
 import { decode } from '../protocol/decoder.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamPrepareMessage, StreamStartMessage, StreamStopMessage } from '../protocol/messages.js';
-import { beginTransaction, commitGroup, dispatch, finishTransaction } from './handlers.js';
+import { beginTransaction, dispatch, finishTransaction, settleTarget } from './handlers.js';
 import type { RemoteTransaction } from './state.js';
 import { advanceOrigin, isPrepared, prepareOnTarget, targetGid } from './twophase.js';
 import type { ApplyState } from './state.js';
@@ -19,7 +19,7 @@ export async function onStreamStart(state: ApplyState, m: StreamStartMessage): P
   if (state.streamXid !== null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM START of xid ${m.xid} inside the stream of xid ${state.streamXid}`);
   // The leader holds no locks while a streamed block is applied in parallel, nor while a
   // streamed transaction's end waits (below).
-  await commitGroup(state);
+  await settleTarget(state);
   state.spool.start(m.xid, m.firstSegment);
   state.streamXid = m.xid;
   await state.parallel?.onStreamStart(m.xid, m.firstSegment);
@@ -70,7 +70,7 @@ async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: 
 
 export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage): Promise<void> {
   if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM COMMIT of xid ${m.xid} inside another transaction`);
-  await commitGroup(state);
+  await settleTarget(state);
   // The transaction `pgsub skip` names is never committed eagerly: the spool path skips it.
   if (state.skipLsn === m.commitLsn) await state.parallel?.abandon(m.xid);
   if (state.parallel?.isEager(m.xid) && (await state.parallel.commit(m))) {
@@ -85,7 +85,7 @@ export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage):
 
 /** STREAM PREPARE (streaming with two_phase): the spooled transaction becomes a prepared one. */
 export async function onStreamPrepare(state: ApplyState, m: StreamPrepareMessage): Promise<void> {
-  await commitGroup(state);
+  await settleTarget(state);
   if (await isPrepared(state, targetGid(state.subscription, m.xid))) {
     // Resent after a restart: prepared already.
     await state.parallel?.abandon(m.xid);

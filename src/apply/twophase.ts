@@ -18,7 +18,7 @@ import { finishPreparedStatements, idleProgressStatement } from '../origin/store
 import { quoteLiteral } from '../quote.js';
 import { faultPoint } from '../service/faults.js';
 import { ProtocolError } from '../errors.js';
-import { beginTransaction, commitGroup, finishTransaction, requireTransaction } from './handlers.js';
+import { beginTransaction, finishTransaction, requireTransaction, settleTarget } from './handlers.js';
 import type { ApplyState } from './state.js';
 import { runAlone } from './target.js';
 
@@ -35,7 +35,7 @@ export async function isPrepared(state: ApplyState, gid: string): Promise<boolea
 export async function onBeginPrepare(state: ApplyState, m: BeginPrepareMessage): Promise<void> {
   if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN PREPARE of xid ${m.xid} while xid ${state.xact.xid} is still open`);
   // A prepared transaction is a target transaction of its own.
-  await commitGroup(state);
+  await settleTarget(state);
   const alreadyPrepared = await isPrepared(state, targetGid(state.subscription, m.xid));
   if (alreadyPrepared) state.log.info({ xid: m.xid, gid: m.gid }, 'transaction already prepared on the target; body skipped');
   const behind = m.prepareLsn < state.progress.durable;
@@ -62,7 +62,7 @@ export async function prepareOnTarget(state: ApplyState, xid: number, endLsn: Ls
 
 export async function onCommitPrepared(state: ApplyState, m: CommitPreparedMessage): Promise<void> {
   if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `COMMIT PREPARED of xid ${m.xid} inside transaction ${state.xact.xid}`);
-  await commitGroup(state);
+  await settleTarget(state);
   const gid = targetGid(state.subscription, m.xid);
   if (await isPrepared(state, gid)) {
     await runAlone(state.conn, [{ text: `COMMIT PREPARED ${quoteLiteral(gid)}`, params: [] }]);
@@ -74,7 +74,7 @@ export async function onCommitPrepared(state: ApplyState, m: CommitPreparedMessa
 
 export async function onRollbackPrepared(state: ApplyState, m: RollbackPreparedMessage): Promise<void> {
   if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `ROLLBACK PREPARED of xid ${m.xid} inside transaction ${state.xact.xid}`);
-  await commitGroup(state);
+  await settleTarget(state);
   const gid = targetGid(state.subscription, m.xid);
   // Its pgsub.prepared row goes with it.
   if (await isPrepared(state, gid)) await runAlone(state.conn, [{ text: `ROLLBACK PREPARED ${quoteLiteral(gid)}`, params: [] }]);

@@ -123,6 +123,8 @@ export class WireConnection {
   }
 
   get pending(): number { return this.#pending; }
+  /** Statements were sent since the last Sync: the server has not ended their segment. */
+  get unsynced(): boolean { return this.#unsynced; }
   /** Transaction status from the last ReadyForQuery. */
   get txStatus(): TxStatus { return this.#txStatus; }
   parameter(name: string): string | undefined { return this.#params.get(name); }
