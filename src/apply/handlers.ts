@@ -63,7 +63,11 @@ function applies(state: ApplyState, xact: RemoteTransaction, relationId: number)
   if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name)));
   const entry = state.sync.getByKey(key);
   if (!entry) state.onUnknownTable(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name);
-  if (!state.sync.entryApplies(entry, xact.finalLsn, state.progress.durable)) return false;
+  // Not behind yet below the origin: a prepare decoded late, at its COMMIT PREPARED
+  // (twophase.ts onBeginPrepare), which every ready table takes as at the origin.
+  const durable = state.progress.durable;
+  const lsn = xact.behind || xact.finalLsn >= durable ? xact.finalLsn : durable;
+  if (!state.sync.entryApplies(entry, lsn, durable)) return false;
   if (entry && entry.state !== 'r') xact.syncTouched.add(entry);
   return true;
 }
@@ -251,11 +255,16 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
     await sendStatement(state, setStateStatement(state.subscription, t, 'r', null));
     await sendStatement(state, clearSyncProgressStatement(state.subscription, t));
   }
+  // A table catching up, or becoming ready, moves the feedback hold (tablesync/state.ts
+  // heldLsn) once its commit is answered, without the flush tracking origin positions get:
+  // that commit must be on disk when answered, so it is synchronous (the session's default).
+  const synchronous = state.asyncCommit && !prepare && (xact.syncTouched.size > 0 || promoted.length > 0);
+  if (synchronous) await state.pipeline.push(state.conn.execute('SET LOCAL synchronous_commit TO DEFAULT'));
   const expected = prepare ? 'PREPARE TRANSACTION' : 'COMMIT';
   const commit = state.conn.execute(prepare ? `PREPARE TRANSACTION ${quoteLiteral(ending.gid)}` : 'COMMIT');
   await state.pipeline.push(commit);
   // Where the target's WAL stood right after the asynchronous commit: flushed past this, it is safe.
-  const walAfter = state.asyncCommit && !prepare ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
+  const walAfter = state.asyncCommit && !prepare && !synchronous ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
   if (walAfter) await state.pipeline.push(walAfter);
   if (turn) await state.pipeline.push(state.conn.execute('SELECT pg_catalog.pg_replication_origin_session_reset()'));
   // In the middle of a backlog the next transaction is applied while this commit is under

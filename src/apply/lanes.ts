@@ -132,6 +132,11 @@ export class ApplyLanes {
     private readonly log: Logger,
   ) {}
 
+  /** The lanes' backends (the parallel apply watchdog looks at what they wait for). */
+  pids(): number[] {
+    return (this.#lanes ?? []).map((lane) => lane.conn.processId);
+  }
+
   /** Groups routed and not yet committed, or one still open. */
   get busy(): boolean {
     return this.#open !== null || this.#committedThrough < this.#lastSeq;

@@ -201,7 +201,9 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     },
   };
 
-  if (opts.parallel) parallelHolder.value = new ParallelApply(state, opts.parallel);
+  // The leader waits for every lane before a stream message: a lane waiting on the eager
+  // transaction stops it as surely as its own wait would.
+  if (opts.parallel) parallelHolder.value = new ParallelApply(state, { ...opts.parallel, waiters: () => [opts.conn.processId, ...(lanes?.pids() ?? [])] });
   const lanes =
     opts.lanes && opts.lanes.lanes > 1
       ? new ApplyLanes(

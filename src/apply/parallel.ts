@@ -11,10 +11,10 @@
  * rolls it back) and the transaction is applied from the spool at its commit, like
  * native's fallback to serialization:
  *  - a change for a table that is not ready (still syncing, unknown), or any error;
- *  - the leader waits for a lock the eager transaction holds: the eager transaction can
- *    only commit after the leader gets past that wait, so PostgreSQL would never see the
- *    deadlock (one side waits in pgsub, not on a lock) — a watchdog on a third,
- *    always-idle connection asks pg_blocking_pids;
+ *  - the leader, or an apply lane the leader waits for, waits for a lock the eager
+ *    transaction holds: the eager transaction can only commit after the leader gets past
+ *    that wait, so PostgreSQL would never see the deadlock (one side waits in pgsub, not
+ *    on a lock) — a watchdog on a third, always-idle connection asks pg_blocking_pids;
  *  - the eager connection has waited on a lock for longer than LOCK_WAIT_LIMIT_MS (e.g.
  *    behind a transaction prepared on the target, whose COMMIT PREPARED is still queued).
  * One streamed transaction is applied eagerly at a time; others are spooled (native's
@@ -48,6 +48,11 @@ export interface ParallelApplyOptions {
   targetVersionNum: number;
   binary: boolean;
   maxInFlight: number;
+  /**
+   * Backends whose wait on the eager transaction stops the leader: its own connection and
+   * the apply lanes' (the leader waits for every lane before the next stream message).
+   */
+  waiters?(): number[];
 }
 
 interface Worker {
@@ -366,18 +371,19 @@ export class ParallelApply {
     this.#checking = true;
     try {
       const watch = await this.#ensureWatch();
+      const waiters = this.opts.waiters?.() ?? [this.leader.conn.processId];
       const [result] = await runAlone(watch, [
         {
-          text: `SELECT $2::pg_catalog.int4 = ANY (pg_catalog.pg_blocking_pids($1::pg_catalog.int4)),
+          text: `SELECT COALESCE((SELECT bool_or($2::pg_catalog.int4 = ANY (pg_catalog.pg_blocking_pids(w))) FROM pg_catalog.unnest($1::pg_catalog.int4[]) AS w), false),
                         (SELECT wait_event_type = 'Lock' FROM pg_catalog.pg_stat_activity WHERE pid = $2::pg_catalog.int4)`,
-          params: [String(this.leader.conn.processId), String(worker.conn.processId)],
+          params: [`{${waiters.join(',')}}`, String(worker.conn.processId)],
           wantRows: true,
         },
       ]);
       const [leaderBlocked, eagerWaitsOnLock] = result?.rows[0] ?? [];
       if (this.#eager !== eager || eager.finishing) return;
       if (leaderBlocked === 't') {
-        await this.#fallBack(eager, 'the leader waits for a lock the parallel transaction holds');
+        await this.#fallBack(eager, 'the leader or an apply lane waits for a lock the parallel transaction holds');
       } else if (eagerWaitsOnLock === 't' && eager.busySince !== null && Date.now() - eager.busySince > LOCK_WAIT_LIMIT_MS) {
         await this.#fallBack(eager, `the parallel transaction has waited on a lock for over ${LOCK_WAIT_LIMIT_MS / 1000} s`);
       }

@@ -14,7 +14,7 @@
  */
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { BeginPrepareMessage, CommitPreparedMessage, PrepareMessage, RollbackPreparedMessage } from '../protocol/messages.js';
-import { finishPreparedStatements, idleProgressStatement } from '../origin/store.js';
+import { finishPreparedStatements, forgetPreparedStatement, idleProgressStatement } from '../origin/store.js';
 import { quoteLiteral } from '../quote.js';
 import { faultPoint } from '../service/faults.js';
 import { ProtocolError } from '../errors.js';
@@ -32,13 +32,33 @@ export async function isPrepared(state: ApplyState, gid: string): Promise<boolea
   return (result?.rows.length ?? 0) > 0;
 }
 
+/** Whether `gid` is prepared on the target, or was committed there with its origin update still to come. */
+async function preparedState(state: ApplyState, gid: string): Promise<{ prepared: boolean; committed: boolean }> {
+  const [result] = await runAlone(state.conn, [
+    {
+      text: `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1),
+                    EXISTS (SELECT 1 FROM "pgsub"."prepared" WHERE "subscription" = $2 AND "gid" = $1)`,
+      params: [gid, state.subscription],
+      wantRows: true,
+    },
+  ]);
+  const row = result?.rows[0];
+  return { prepared: row?.[0] === 't', committed: row?.[1] === 't' };
+}
+
 export async function onBeginPrepare(state: ApplyState, m: BeginPrepareMessage): Promise<void> {
   if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN PREPARE of xid ${m.xid} while xid ${state.xact.xid} is still open`);
   // A prepared transaction is a target transaction of its own.
   await settleTarget(state);
-  const alreadyPrepared = await isPrepared(state, targetGid(state.subscription, m.xid));
-  if (alreadyPrepared) state.log.info({ xid: m.xid, gid: m.gid }, 'transaction already prepared on the target; body skipped');
-  const behind = m.prepareLsn < state.progress.durable;
+  const known = await preparedState(state, targetGid(state.subscription, m.xid));
+  const alreadyPrepared = known.prepared || known.committed;
+  if (alreadyPrepared) state.log.info({ xid: m.xid, gid: m.gid, committed: known.committed }, 'transaction already prepared on the target; body skipped');
+  // A prepare below the origin that the target never saw is one prepared before two_phase
+  // was enabled on the slot: the walsender sends it whole at its COMMIT PREPARED
+  // (reorderbuffer.c ReorderBufferFinishPrepared), and every table takes it. While tables
+  // catch up below the origin, two_phase is not enabled (session.ts), so no other prepare
+  // below the origin can arrive.
+  const behind = m.prepareLsn < state.progress.durable && alreadyPrepared;
   state.xact = { xid: m.xid, finalLsn: m.prepareLsn, commitTime: m.prepareTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared };
   beginTransaction(state, state.xact);
 }
@@ -69,7 +89,9 @@ export async function onCommitPrepared(state: ApplyState, m: CommitPreparedMessa
     faultPoint('after-commit-prepared');
     state.counters.transactionsApplied++;
   }
-  await advanceOrigin(state, m.endLsn, finishPreparedStatements(state.subscription, gid, m.endLsn, m.commitTime));
+  // Resent below the origin (a re-streamed range): the origin stays, the row still goes.
+  if (m.endLsn <= state.progress.durable) await runAlone(state.conn, [forgetPreparedStatement(state.subscription, gid)]);
+  else await advanceOrigin(state, m.endLsn, finishPreparedStatements(state.subscription, gid, m.endLsn, m.commitTime));
 }
 
 export async function onRollbackPrepared(state: ApplyState, m: RollbackPreparedMessage): Promise<void> {

@@ -13,7 +13,9 @@ import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
 import type { Config } from '../config/config.js';
-import { requestRefresh } from '../tablesync/launcher.js';
+import { markReadyWithoutCopy, requestRefresh } from '../tablesync/launcher.js';
+import { listPublishedTables } from '../tablesync/catalog.js';
+import { ReplicationConnection } from '../protocol/replication.js';
 import { enableSubscription, requestSkip } from '../conflict/control.js';
 import { migrateTarget } from '../origin/store.js';
 import { formatLsn, parseLsn } from '../protocol/lsn.js';
@@ -54,8 +56,15 @@ program
   .command('refresh')
   .description('pick up tables added to or dropped from the publications now (a running pgsub is woken; otherwise at its next start)')
   .option('-c, --config <file>', 'YAML or JSON config file')
-  .action(async (opts: { config?: string }) => {
+  .option('--no-copy', 'mark published tables not copied yet as ready without copying them (ALTER SUBSCRIPTION … REFRESH PUBLICATION WITH (copy_data = false))')
+  .action(async (opts: { config?: string; copy: boolean }) => {
     const config = loadConfig({ file: opts.config });
+    if (!opts.copy) {
+      await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
+      const tables = await withSource(config, (replication) => listPublishedTables(replication, config.publications));
+      const marked = await withMaintenance(config, (sql) => markReadyWithoutCopy(sql, config.subscription, tables));
+      process.stdout.write(`${marked.length} table(s) marked ready without a copy${marked.length > 0 ? `: ${marked.join(', ')}` : ''}\n`);
+    }
     await withMaintenance(config, (sql) => requestRefresh(sql, config.subscription));
     process.stdout.write(`refresh requested for subscription ${config.subscription}\n`);
   });
@@ -70,6 +79,10 @@ program
     const dot = table.indexOf('.');
     if (dot <= 0) throw new ConfigError(`resync: give the table as schema.table, not ${JSON.stringify(table)}`, { key: 'table' });
     const target = { schema: table.slice(0, dot), table: table.slice(dot + 1) };
+    if (config.twoPhase && (await withSource(config, (replication) => replication.getSlot(config.slotName)))?.twoPhase) {
+      // Native refuses REFRESH PUBLICATION with copy_data while two_phase is enabled, for the same reason (launcher.ts).
+      throw new ConfigError(`resync: two_phase is enabled on slot ${config.slotName}, so ${table} cannot be copied again: a transaction prepared during the copy would lack its changes. Re-create the subscription to copy it again`, { key: 'table' });
+    }
     const ok = await withMaintenance(config, (sql) => requestRefresh(sql, config.subscription, target));
     if (!ok) throw new ConfigError(`resync: ${table} is not a table of subscription ${config.subscription} (see pgsub status)`, { key: 'table' });
     process.stdout.write(`resync of ${table} requested for subscription ${config.subscription}\n`);
@@ -135,6 +148,15 @@ program
       clients: Number(opts.clients),
     });
   });
+
+async function withSource<T>(config: Config, fn: (replication: ReplicationConnection) => Promise<T>): Promise<T> {
+  const replication = await ReplicationConnection.open(config.source, `pgsub_${config.subscription}_cli`);
+  try {
+    return await fn(replication);
+  } finally {
+    await replication.close();
+  }
+}
 
 async function withMaintenance<T>(config: Config, fn: (sql: Sql) => Promise<T>): Promise<T> {
   const sql = openMaintenance(config.target, `pgsub_${config.subscription}_cli`);

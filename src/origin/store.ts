@@ -161,5 +161,10 @@ export function finishPreparedStatements(subscription: string, gid: string, endL
   const origin = commitTime === null
     ? idleProgressStatement(subscription, endLsn)
     : commitProgressStatement(subscription, endLsn, commitTime);
-  return [origin, { text: 'DELETE FROM "pgsub"."prepared" WHERE "subscription" = $1 AND "gid" = $2', params: [subscription, gid] }];
+  return [origin, forgetPreparedStatement(subscription, gid)];
+}
+
+/** The prepared row of a transaction committed or rolled back on the target. */
+export function forgetPreparedStatement(subscription: string, gid: string): { text: string; params: string[] } {
+  return { text: 'DELETE FROM "pgsub"."prepared" WHERE "subscription" = $1 AND "gid" = $2', params: [subscription, gid] };
 }

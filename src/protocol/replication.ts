@@ -28,6 +28,8 @@ export interface SlotInfo {
   database: string | null;
   active: boolean;
   confirmedFlushLsn: Lsn | null;
+  /** Prepared transactions are decoded at PREPARE (set by the first START_REPLICATION asking two_phase; PG14+ slots). */
+  twoPhase: boolean;
 }
 
 export interface StartOptions {
@@ -98,8 +100,9 @@ export class ReplicationConnection {
   }
 
   async getSlot(name: string): Promise<SlotInfo | null> {
-    const rows = await this.sql<{ plugin: string | null; slot_type: string; database: string | null; active: boolean; confirmed_flush_lsn: string | null }>(
-      `SELECT plugin, slot_type, database, active, confirmed_flush_lsn::text AS confirmed_flush_lsn
+    const twoPhase = this.serverVersionNum >= 140000 ? 'two_phase' : 'false AS two_phase';
+    const rows = await this.sql<{ plugin: string | null; slot_type: string; database: string | null; active: boolean; confirmed_flush_lsn: string | null; two_phase: boolean }>(
+      `SELECT plugin, slot_type, database, active, confirmed_flush_lsn::text AS confirmed_flush_lsn, ${twoPhase}
          FROM pg_catalog.pg_replication_slots WHERE slot_name = ${quoteLiteral(name)}`,
     );
     const row = rows[0];
@@ -110,6 +113,7 @@ export class ReplicationConnection {
       database: row.database,
       active: row.active,
       confirmedFlushLsn: row.confirmed_flush_lsn ? parseLsn(row.confirmed_flush_lsn) : null,
+      twoPhase: row.two_phase === true || (row.two_phase as unknown) === 't',
     };
   }
 

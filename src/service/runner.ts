@@ -176,7 +176,19 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
         // A copy that finished while this session was starting waits for the next one.
         else restartForFinishedCopies();
         const startedAt = Date.now();
-        await session.done;
+        const current = session;
+        // The stream that enables two_phase starts once every table is ready (session.ts).
+        const twoPhaseTimer = current.twoPhasePending
+          ? setInterval(() => {
+              if (sync.all().every((t) => t.state === 'r') && !launcher.busy && session === current) {
+                log.info({}, 'every table is ready; restarting the stream to enable two_phase');
+                current.stop();
+              }
+            }, 250)
+          : null;
+        await session.done.finally(() => {
+          if (twoPhaseTimer) clearInterval(twoPhaseTimer);
+        });
         if (stopped) return;
         // A session that ran a while before failing resets the backoff.
         if (Date.now() - startedAt > config.retryMaxDelayMs) delay = config.retryMinDelayMs;

@@ -30,6 +30,8 @@ export interface SessionHandle {
   progress: Progress;
   /** After `done` rejected: the remote transaction being applied, if any. */
   failedTransaction(): { finishLsn: Lsn; xid: number } | null;
+  /** two_phase is configured but not enabled yet: some table was not ready at the start. */
+  twoPhasePending: boolean;
 }
 
 export interface SessionEvents {
@@ -113,6 +115,15 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     } finally {
       await maintenance.end({ timeout: 5 });
     }
+    // two_phase stays pending until every table is ready, as native's (worker.c, "TWO_PHASE
+    // TRANSACTIONS"): a transaction prepared while a table syncs would be prepared without
+    // that table's changes. Until then prepared transactions arrive at COMMIT PREPARED as
+    // ordinary ones; the runner restarts the stream once every table is ready.
+    const notReady = deps.sync.all().filter((t) => t.state !== 'r');
+    const twoPhase = config.twoPhase && notReady.length === 0;
+    if (config.twoPhase && !twoPhase) {
+      log.info({ tables: notReady.length }, 'two_phase pending until every table is ready; prepared transactions are applied at COMMIT PREPARED meanwhile');
+    }
     const startLsn = deps.sync.streamStart(originLsn);
     if (startLsn < originLsn) {
       // A table catching up needs the stream from before the origin: the slot must still have it.
@@ -138,7 +149,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       publications: config.publications,
       origin: config.origin === 'none' ? 'none' : undefined,
       streaming: config.streaming,
-      twoPhase: config.twoPhase,
+      twoPhase,
       messages: config.messages,
       binary: config.binary,
     });
@@ -210,7 +221,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       await applyConn.close().catch(() => {});
       await tracker?.close().catch(() => {});
     });
-    return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction() };
+    return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction(), twoPhasePending: config.twoPhase && !twoPhase };
   } catch (err) {
     await replication?.close();
     await conn?.close().catch(() => {});

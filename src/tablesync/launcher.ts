@@ -44,6 +44,8 @@ export class Launcher {
   private publisherVersion = 0;
   /** Lane pools of batches that still have tables to start. */
   private readonly lanePools = new Set<LanePool>();
+  /** Tables not copied, and why (logged once). */
+  private readonly refused = new Map<string, string>();
 
   constructor(
     private readonly config: Config,
@@ -72,7 +74,10 @@ export class Launcher {
       [this.config.subscription],
     );
     const keep = (schema: string, table: string) => runningBefore.has(`${schema}.${table}`) || this.running.has(`${schema}.${table}`);
+    const waiting = new Set(this.states.all().filter((t) => t.state === 'i').map((t) => `${t.schema}.${t.table}`));
     this.states.load(rows.map(rowToSync), { since, keep });
+    const taken = this.states.all().filter((t) => t.state === 'r' && waiting.has(`${t.schema}.${t.table}`));
+    if (taken.length > 0) this.log.info({ tables: taken.map((t) => `${t.schema}.${t.table}`) }, 'tables applied from now on without a copy (pgsub refresh --no-copy)');
   }
 
   /** Periodic refresh, and on demand: `pgsub refresh` / `pgsub resync` NOTIFY this channel. */
@@ -99,9 +104,11 @@ export class Launcher {
   private async doRefresh(): Promise<void> {
     const replication = await ReplicationConnection.open(this.config.source, `pgsub_${this.config.subscription}_refresh`);
     let tables: PublishedTable[];
+    let twoPhaseEnabled = false;
     try {
       tables = await listPublishedTables(replication, this.config.publications);
       this.publisherVersion = replication.serverVersionNum;
+      if (this.config.twoPhase) twoPhaseEnabled = (await replication.getSlot(this.config.slotName))?.twoPhase ?? false;
     } finally {
       await replication.close();
     }
@@ -134,6 +141,13 @@ export class Launcher {
     const size = (t: TableSync) => this.published.get(`${t.schema}.${t.table}`)?.estimatedBytes ?? 0;
     const due = this.states.copying().filter((t) => this.published.has(`${t.schema}.${t.table}`) && !this.running.has(`${t.schema}.${t.table}`));
     if (due.length === 0 || this.stopped) return;
+    if (twoPhaseEnabled) {
+      // As native refuses REFRESH PUBLICATION with copy_data once two_phase is enabled: a
+      // transaction prepared while a table is copied would be prepared without that table's
+      // changes, and COMMIT PREPARED would commit it so (worker.c, "TWO_PHASE TRANSACTIONS").
+      for (const t of due) await this.refuseCopy(t, TWO_PHASE_REFUSAL);
+      return;
+    }
     // Feedback held for every table of the batch before any of its lanes takes a snapshot
     // (lanes.ts), then the batch shares them.
     for (const t of due) this.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn: ZERO_LSN });
@@ -182,7 +196,9 @@ export class Launcher {
         if (done) this.events.onCopyFinished?.(done);
       } catch (err) {
         this.failures++;
-        this.log.error({ table: k, err: { code: (err as { code?: string }).code, message: redactSecrets(String((err as Error).message)) } }, 'table copy failed; will retry');
+        const message = redactSecrets(String((err as Error).message));
+        this.log.error({ table: k, err: { code: (err as { code?: string }).code, message } }, 'table copy failed; will retry');
+        await this.recordError(t, message);
         // Retry with backoff; the table stays in init/datasync and is picked up again.
         const delay = Math.min(this.config.retryMinDelayMs * 2 ** Math.min(this.failures, 10), this.config.retryMaxDelayMs);
         setTimeout(() => {
@@ -193,6 +209,25 @@ export class Launcher {
         if (!lanes.active) this.lanePools.delete(lanes);
       }
     });
+  }
+
+  /** Why a table is not copied (status shows it); logged once per table and reason. */
+  private async refuseCopy(t: TableSync, reason: string): Promise<void> {
+    const k = `${t.schema}.${t.table}`;
+    if (this.refused.get(k) !== reason) this.log.error({ table: k }, reason);
+    this.refused.set(k, reason);
+    await this.recordError(t, reason);
+  }
+
+  /** The copy's last failure in subscription_rel (pgsub status); the copy's end clears it. */
+  private async recordError(t: TableSync, message: string): Promise<void> {
+    await this.sql
+      .unsafe(
+        `UPDATE "pgsub"."subscription_rel" SET last_error = $4, last_error_at = now(), error_count = error_count + 1
+          WHERE subscription = $1 AND schema_name = $2 AND table_name = $3`,
+        [this.config.subscription, t.schema, t.table, message],
+      )
+      .catch((err: unknown) => this.log.debug({ err: redactSecrets(String(err)) }, 'cannot record the copy error in the target'));
   }
 
   /** Resolves when no copy is running or waiting. */
@@ -215,6 +250,9 @@ export class Launcher {
   }
 }
 
+export const TWO_PHASE_REFUSAL =
+  'not copied: two_phase is enabled on the slot, and a transaction prepared during the copy would lack this table\'s changes. Mark the table copied by hand with pgsub refresh --no-copy (as ALTER SUBSCRIPTION ... REFRESH PUBLICATION WITH (copy_data = false)), or re-create the subscription';
+
 /** The target-side channel a running pgsub listens on for refresh requests. */
 export function notifyChannel(subscription: string): string {
   return `pgsub_${subscription}`.slice(0, 63);
@@ -231,4 +269,28 @@ export async function requestRefresh(sql: Sql, subscription: string, resync?: { 
   }
   await sql.notify(notifyChannel(subscription), resync ? `resync ${resync.schema}.${resync.table}` : 'refresh');
   return true;
+}
+
+/**
+ * `pgsub refresh --no-copy`: every published table not copied yet (new, or waiting in init)
+ * is taken as it is on the target, ready from the subscription's origin on — the
+ * operator's promise that it holds what the source held there.
+ */
+export async function markReadyWithoutCopy(sql: Sql, subscription: string, tables: { schema: string; table: string }[]): Promise<string[]> {
+  const marked: string[] = [];
+  await sql.begin(async (tx) => {
+    for (const t of tables) {
+      const rows = await tx.unsafe(
+        `INSERT INTO "pgsub"."subscription_rel" AS r (subscription, schema_name, table_name, state, ready_at)
+         VALUES ($1, $2, $3, 'r', now())
+         ON CONFLICT (subscription, schema_name, table_name) DO UPDATE
+            SET state = 'r', sync_lsn = NULL, ready_at = now(), updated_at = now(), last_error = NULL, error_count = 0
+          WHERE r.state = 'i'
+         RETURNING 1`,
+        [subscription, t.schema, t.table],
+      );
+      if (rows.length > 0) marked.push(`${t.schema}.${t.table}`);
+    }
+  });
+  return marked;
 }

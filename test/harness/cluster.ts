@@ -48,8 +48,12 @@ export interface Cluster {
   createDatabase(name: string): Promise<void>;
   /** Fast shutdown, then remove the cluster's directories. Idempotent. */
   stop(): Promise<void>;
-  /** pg_ctl restart (fast), keeping data and settings. */
-  restart(): Promise<void>;
+  /** pg_ctl restart, keeping data and settings; `immediate` is a crash (no shutdown checkpoint, unflushed WAL lost). */
+  restart(mode?: 'fast' | 'smart' | 'immediate'): Promise<void>;
+  /** pg_ctl stop with this mode, keeping the data directory for startServer(). */
+  stopServer(mode?: 'fast' | 'smart' | 'immediate'): Promise<void>;
+  /** Start a server stopped by stopServer(), on the same port. */
+  startServer(): Promise<void>;
 }
 
 /** Settings applied to every cluster unless overridden by ClusterOptions.settings. */
@@ -412,14 +416,26 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
     async createDatabase(db: string) {
       await cluster.query(`CREATE DATABASE ${quoteIdent(db)}`);
     },
-    async restart() {
+    async restart(mode: 'fast' | 'smart' | 'immediate' = 'fast') {
       if (stopping) throw new Error(`cluster ${name} is stopped`);
-      const r = await run(pgCtl, ['restart', '-D', dataDir, '-l', logFile, '-m', 'fast', '-w', '-t', String(PG_CTL_TIMEOUT_S)]);
+      const r = await run(pgCtl, ['restart', '-D', dataDir, '-l', logFile, '-m', mode, '-w', '-t', String(PG_CTL_TIMEOUT_S)]);
       if (r.code !== 0) {
         throw new Error(
           `PostgreSQL ${major} restart failed (exit ${r.code}).\n${r.stdout}${r.stderr}\n` +
             `--- tail of ${logFile} ---\n${await tail(logFile)}`,
         );
+      }
+    },
+    async stopServer(mode: 'fast' | 'smart' | 'immediate' = 'fast') {
+      if (stopping) throw new Error(`cluster ${name} is stopped`);
+      const r = await run(pgCtl, ['stop', '-D', dataDir, '-m', mode, '-w', '-t', String(PG_CTL_TIMEOUT_S)]);
+      if (r.code !== 0) throw new Error(`PostgreSQL ${major} stop -m ${mode} failed (exit ${r.code}).\n${r.stdout}${r.stderr}`);
+    },
+    async startServer() {
+      if (stopping) throw new Error(`cluster ${name} is stopped`);
+      const r = await run(pgCtl, ['start', '-D', dataDir, '-l', logFile, '-w', '-t', String(PG_CTL_TIMEOUT_S)]);
+      if (r.code !== 0) {
+        throw new Error(`PostgreSQL ${major} start failed (exit ${r.code}).\n${r.stdout}${r.stderr}\n--- tail of ${logFile} ---\n${await tail(logFile)}`);
       }
     },
     stop() {

@@ -270,3 +270,47 @@ test('lanes beside streamed (parallel) and prepared transactions: the serial pat
   const [{ n }] = await target.query(`SELECT count(*)::int AS n FROM pg_prepared_xacts`, [], 'dst');
   assert.equal(n, 0);
 });
+
+test('a lane waiting on a lock the parallel transaction holds (a trigger only the target has): the parallel apply falls back, nothing hangs', async () => {
+  const env = { PGSUB_APPLY_WORKERS: '3', PGSUB_GROUP_TRANSACTIONS: '10', PGSUB_STREAMING: 'parallel' };
+  start('lanes3', env);
+  await child!.waitForLog('streaming started');
+  await waitForCatchUp(publisher, 'src', 'lanes3', 60_000);
+  await stop();
+  // Every row of public.moved applied on the target bumps one counter row: the eager
+  // transaction holds its lock until it commits, and each lane's insert waits for it.
+  await target.query(
+    `CREATE TABLE public.counter (id int PRIMARY KEY, n bigint NOT NULL); INSERT INTO public.counter VALUES (1, 0);
+     CREATE FUNCTION public.bump() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN UPDATE public.counter SET n = n + 1 WHERE id = 1; RETURN NULL; END $$;
+     CREATE TRIGGER moved_bump AFTER INSERT ON public.moved FOR EACH ROW EXECUTE FUNCTION public.bump();
+     ALTER TABLE public.moved ENABLE ALWAYS TRIGGER moved_bump;`,
+    [],
+    'dst',
+  );
+  await publisher.query(`ALTER SYSTEM SET logical_decoding_work_mem = '64kB'`, [], 'src');
+  await publisher.query(`SELECT pg_reload_conf()`, [], 'src');
+  // One transaction streamed in two blocks with 300 small ones committing between them.
+  const big = await connect(publisher, 'src');
+  try {
+    await big.query('BEGIN');
+    await big.query(`INSERT INTO public.moved SELECT g, repeat('x', 200) FROM generate_series(50000000, 50002999) g`);
+    const small = Array.from({ length: 300 }, (_, i) => `BEGIN; INSERT INTO public.moved VALUES (${51_000_000 + i}, 's'); COMMIT;`);
+    await publisher.query(small.join('\n'), [], 'src');
+    await big.query(`INSERT INTO public.moved SELECT g, repeat('y', 200) FROM generate_series(50003000, 50005999) g`);
+    await big.query('COMMIT');
+  } finally {
+    await big.end();
+  }
+  start('lanes3', env);
+  await waitForCatchUp(publisher, 'src', 'lanes3', 120_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  const output = await stop();
+  await publisher.query(`ALTER SYSTEM RESET logical_decoding_work_mem`, [], 'src');
+  await publisher.query(`SELECT pg_reload_conf()`, [], 'src');
+  assert.match(output, /"reason":"the leader or an apply lane waits for a lock the parallel transaction holds","msg":"parallel apply fell back to the spool"/, output.slice(-3000));
+  assert.match(output, /"msg":"apply lanes started"/);
+  await equal();
+  // Each applied row fired the trigger once: the eager rows were rolled back with their bumps.
+  const [{ rows, n }] = await target.query(`SELECT (SELECT count(*) FROM public.moved WHERE id >= 50000000)::int AS rows, (SELECT n FROM public.counter)::int AS n`, [], 'dst');
+  assert.equal(rows, 6300);
+  assert.equal(n, 6300);
+});
