@@ -5,9 +5,12 @@
  * has no unique constraint, so a transaction applied twice would show as extra rows.
  * Throughout, the slot's confirmed_flush_lsn is sampled and must never exceed the origin
  * LSN committed in the target (read after it, so the comparison is conservative).
- * Run three times: with the defaults, with the fastest configuration (binary, asynchronous
- * commit with flush tracking, grouping and multi-row inserts), and with apply lanes
- * (apply_workers = 3), each into its own database.
+ * Run five times: with the defaults, with the fastest configuration (binary, asynchronous
+ * commit with flush tracking, grouping and multi-row inserts), with apply lanes
+ * (apply_workers = 3), and with the fastest configuration, without and with lanes, where
+ * a backlog of 4,000 more one-row transactions is then applied while the target itself fails
+ * commits at random — a deferred constraint trigger, ENABLE ALWAYS, raises at COMMIT for
+ * about one ledger row in 1,000 until a flag is cleared — each into its own database.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -17,6 +20,8 @@ const SEED = Number(process.env.PGSUB_CRASH_SEED ?? Date.now() % 100_000);
 const CLIENTS = 4;
 const TRANSACTIONS_PER_CLIENT = 2600;
 const MIN_KILLS = 5;
+/** Transactions of the backlog applied while the target fails commits (fault runs). */
+const FAULT_BACKLOG = 4000;
 
 let publisher: Cluster;
 let target: Cluster;
@@ -26,7 +31,27 @@ const RUNS = [
   { name: 'fastest configuration', sub: 'crashfast', db: 'crashfast', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off' } as Record<string, string> },
   // Lanes commit in source order from several connections; small groups keep them all busy after each restart.
   { name: 'apply lanes', sub: 'crashlanes', db: 'crashlanes', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_APPLY_WORKERS: '3', PGSUB_GROUP_TRANSACTIONS: '32' } as Record<string, string> },
+  // Commits pipelined on the apply connection, grouped, batched and COPY'd, asynchronous.
+  { name: 'target commits failing at random', sub: 'crashfault', db: 'crashfault', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_RETRY_MAX_DELAY: '0.5' } as Record<string, string>, faults: true },
+  {
+    name: 'target commits failing at random, apply lanes',
+    sub: 'crashfaultl',
+    db: 'crashfaultl',
+    env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_APPLY_WORKERS: '3', PGSUB_GROUP_TRANSACTIONS: '32', PGSUB_RETRY_MAX_DELAY: '0.5' } as Record<string, string>,
+    faults: true,
+  },
 ];
+
+/** Fails a target commit for about one ledger row in 1,000 while public.fault says so. */
+const FAULTS = `
+  CREATE TABLE public.fault (on_ boolean NOT NULL); INSERT INTO public.fault VALUES (false);
+  CREATE FUNCTION app.flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+  BEGIN
+    IF (SELECT on_ FROM public.fault) AND pg_catalog.random() < 0.001 THEN RAISE EXCEPTION 'injected commit failure'; END IF;
+    RETURN NULL;
+  END $$;
+  CREATE CONSTRAINT TRIGGER ledger_flaky AFTER INSERT ON app.ledger DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION app.flaky();
+  ALTER TABLE app.ledger ENABLE ALWAYS TRIGGER ledger_flaky;`;
 
 before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'crash-pub' }), startCluster({ major: 18, name: 'crash-tgt' })]);
@@ -35,6 +60,7 @@ before(async () => {
     await target.createDatabase(run.db);
     await publisher.query(`${LEDGER_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`, [], run.db);
     await target.query(LEDGER_SCHEMA, [], run.db);
+    if (run.faults) await target.query(FAULTS, [], run.db);
   }
 });
 
@@ -101,6 +127,31 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
     children.push(current);
   }
   await workload;
+  let expected = CLIENTS * TRANSACTIONS_PER_CLIENT;
+  if (run.faults) {
+    // A backlog written while pgsub is down is applied the fast way — grouped, pipelined,
+    // batched — while the target fails commits at random (each failure retried), with one
+    // more SIGKILL in the middle; then the target takes everything.
+    current.kill('SIGKILL');
+    await current.exited;
+    // One-row transactions, as many as fit in flight: the pipelining at its deepest.
+    const backlog = Array.from({ length: FAULT_BACKLOG }, (_, seq) => `BEGIN; INSERT INTO app.ledger VALUES (${CLIENTS}, ${seq}, ${1 + (seq % 997)}, 'backlog ${seq}'); COMMIT;`);
+    await publisher.query(backlog.join('\n'), [], run.db);
+    expected += FAULT_BACKLOG;
+    await target.query(`UPDATE public.fault SET on_ = true`, [], run.db);
+    current = spawnPgsub(env);
+    children.push(current);
+    await current.waitForLog('streaming started');
+    await new Promise((r) => setTimeout(r, 500 + Math.floor(rand() * 1500)));
+    current.kill('SIGKILL');
+    await current.exited;
+    kills++;
+    current = spawnPgsub(env);
+    children.push(current);
+    const end = await currentWalLsn(publisher, run.db);
+    await waitFor(async () => ((await slotConfirmedLsn(publisher, run.sub)) ?? 0n) >= end, { timeoutMs: 300_000, intervalMs: 200, what: 'catch-up while commits fail' });
+    await target.query(`UPDATE public.fault SET on_ = false`, [], run.db);
+  }
 
   // Last run: let it catch up, then stop it cleanly (once it runs: a process still loading
   // has no signal handler yet, and the killed one may have confirmed everything already).
@@ -113,6 +164,11 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
   await sampler;
 
   assert.ok(kills >= MIN_KILLS, `only ${kills} kills`);
+  const injected = children.reduce((n, c) => n + (c.output().match(/injected commit failure/g) ?? []).length, 0);
+  if (run.faults) {
+    assert.ok(injected > 0, 'no commit failed');
+    process.stdout.write(`# crash test (${run.name}): ${injected} log lines of injected commit failures\n`);
+  }
   if (run.env.PGSUB_APPLY_WORKERS) {
     // Lanes run while behind: after a restart there is always a backlog.
     const withLanes = children.filter((c) => c.output().includes('apply lanes started')).length;
@@ -123,12 +179,12 @@ test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} tran
   assert.ok(samples > 50, `only ${samples} samples of the flush invariant`);
 
   const ledger = await checkLedger(publisher, run.db, target, run.db);
-  assert.equal(ledger.sourceRows, CLIENTS * TRANSACTIONS_PER_CLIENT);
+  assert.equal(ledger.sourceRows, expected);
   assert.deepEqual(ledger.duplicates, [], 'duplicated transactions in the target');
   assert.equal(ledger.targetRows, ledger.sourceRows, 'lost transactions in the target');
   assert.ok(ledger.equal, 'target differs from source');
   const [applied] = await target.query(`SELECT transactions_applied::int AS n FROM pgsub.origin WHERE subscription = $1`, [run.sub], run.db);
-  assert.equal(applied.n, CLIENTS * TRANSACTIONS_PER_CLIENT, 'each source transaction counted exactly once in the origin row');
+  assert.equal(applied.n, expected, 'each source transaction counted exactly once in the origin row');
   process.stdout.write(`# crash test (${run.name}): seed ${SEED}, ${kills} kills, ${samples} invariant samples, ${ledger.targetRows} ledger rows\n`);
 });
 }

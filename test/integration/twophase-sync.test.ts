@@ -147,5 +147,6 @@ test('with two_phase enabled a table added later is not copied (a transaction pr
   await waitForCatchUp(publisher, 'src', 'tps');
   await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM public.c`, [], 'dst1'))[0].n === 300002, { timeoutMs: 30_000, what: 'public.c streaming' });
   await equal('dst1', ['public.a', 'public.b', 'public.c']);
+  assert.equal((await target.query(`SELECT count(*)::int AS n FROM pgsub.prepared`, [], 'dst1'))[0].n, 0);
   await stop(p);
 });

@@ -131,6 +131,8 @@ test('SIGKILL between COMMIT PREPARED and the origin update: committed once, cou
   await caughtUp();
   assert.equal((await target.query(`SELECT count(*)::int AS n FROM public.t WHERE id = 30`, [], 'dst'))[0].n, 1);
   assert.equal(await applied(), before + 1);
+  // The row that told "committed" from "never prepared" goes with the origin update.
+  assert.equal((await target.query(`SELECT count(*)::int AS n FROM pgsub.prepared`, [], 'dst'))[0].n, 0);
   await stop(p);
 });
 
