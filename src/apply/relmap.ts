@@ -199,7 +199,8 @@ export class RelationMap {
     }
     const mapped: MappedRelation = {
       remote,
-      ordered: await firesInReplicaMode(conn, schema, remote.name),
+      // A table without columns has only DEFAULT VALUES inserts, one statement each.
+      ordered: remote.columns.length === 0 || (await firesInReplicaMode(conn, schema, remote.name)),
       rowSecurity: rows[0]!.rls === 'true',
       qualifiedName: quoteQualified(schema, remote.name),
       displayName,

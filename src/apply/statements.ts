@@ -146,6 +146,7 @@ export function target(rel: MappedRelation): string {
 export function insertStatement(rel: MappedRelation, tuple: Tuple): Statement {
   checkWidth(rel, tuple);
   const text = cached(rel, 'I', () => {
+    if (rel.targetColumns.length === 0) return `INSERT INTO ${rel.qualifiedName} DEFAULT VALUES`;
     const cols = rel.targetColumns.map((_, i) => column(rel, i)).join(', ');
     const values = rel.targetColumns.map((_, i) => param(rel, i, i + 1)).join(', ');
     return `INSERT INTO ${rel.qualifiedName} (${cols}) VALUES (${values})`;

@@ -22,12 +22,16 @@ export interface PublishedTable {
   estimatedBytes: number;
   /** Heap pages, for splitting a plain table into ctid ranges. */
   pages: number;
+  /** A published column is generated on the publisher (PG18): COPY must read it through a query. */
+  generated: boolean;
 }
 
 export async function listPublishedTables(replication: ReplicationConnection, publications: string[]): Promise<PublishedTable[]> {
   const v = replication.serverVersionNum;
   const pubs = publications.map(quoteLiteral).join(', ');
   const hasColumnLists = v >= 150000;
+  // PostgreSQL 18 publishes generated columns (publish_generated_columns, or a column list).
+  const hasGeneratedColumns = v >= 180000;
   const rows = await replication.sql<{
     schemaname: string;
     tablename: string;
@@ -38,6 +42,7 @@ export async function listPublishedTables(replication: ReplicationConnection, pu
     reltuples: string;
     bytes: string;
     pages: string;
+    generated: string;
   }>(
     `SELECT pt.schemaname::text, pt.tablename::text,
             ${hasColumnLists ? `(pg_catalog.json_agg(pt.attnames) -> 0)::text` : 'NULL::text'} AS attnames,
@@ -45,11 +50,12 @@ export async function listPublishedTables(replication: ReplicationConnection, pu
             ${hasColumnLists ? `bool_or(pt.rowfilter IS NULL)::text` : `'true'`} AS unfiltered,
             c.relkind::text, GREATEST(c.reltuples, 0)::bigint::text AS reltuples,
             pg_catalog.pg_total_relation_size(c.oid)::text AS bytes,
-            (pg_catalog.pg_relation_size(c.oid) / pg_catalog.current_setting('block_size')::int)::text AS pages
+            (pg_catalog.pg_relation_size(c.oid) / pg_catalog.current_setting('block_size')::int)::text AS pages,
+            ${hasGeneratedColumns ? `bool_or(EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attgenerated <> '' AND a.attname = ANY (pt.attnames)))::text` : `'false'`} AS generated
        FROM pg_catalog.pg_publication_tables pt
        JOIN pg_catalog.pg_namespace n ON n.nspname = pt.schemaname
        JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-      WHERE pt.pubname IN (${pubs})
+      WHERE pt.pubname IN (${pubs})${v >= 130000 ? viaAncestor(pubs) : ''}
       GROUP BY pt.schemaname, pt.tablename, c.oid, c.relkind, c.reltuples
       ORDER BY pt.schemaname, pt.tablename`,
   );
@@ -76,7 +82,25 @@ export async function listPublishedTables(replication: ReplicationConnection, pu
       estimatedRows: Number(r.reltuples),
       estimatedBytes: Number(r.bytes),
       pages: Number(r.pages),
+      generated: r.generated === 'true',
     });
   }
   return out;
+}
+
+/**
+ * A partition whose ancestor one of these publications publishes with
+ * publish_via_partition_root is published only through that ancestor, whatever else
+ * names the partition itself (pg_get_publication_tables, pgoutput's get_rel_sync_entry):
+ * its rows are copied and streamed as the ancestor's.
+ */
+function viaAncestor(pubs: string): string {
+  return `
+        AND NOT (c.relispartition AND EXISTS (
+              SELECT 1 FROM pg_catalog.pg_partition_ancestors(c.oid) AS anc
+                JOIN pg_catalog.pg_class ac ON ac.oid = anc.relid
+                JOIN pg_catalog.pg_namespace an ON an.oid = ac.relnamespace
+                JOIN pg_catalog.pg_publication_tables apt ON apt.schemaname = an.nspname AND apt.tablename = ac.relname
+                JOIN pg_catalog.pg_publication p ON p.pubname = apt.pubname
+               WHERE anc.relid <> c.oid AND p.pubviaroot AND apt.pubname IN (${pubs})))`;
 }

@@ -39,12 +39,18 @@ export async function openCopyClient(info: ConnInfo, applicationName: string, ro
   return client;
 }
 
+/** `(a, b)`, or nothing for a table without columns (COPY takes no empty list). */
+function columnList(t: PublishedTable): string {
+  return t.columns.length === 0 ? '' : ` (${t.columns.map(quoteIdent).join(', ')})`;
+}
+
 export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boolean): string {
   const cols = t.columns.map(quoteIdent).join(', ');
   // A whole plain table without a row filter: COPY reads the heap directly, as native's
   // tablesync does, without a query's executor overhead (COPY TO never includes children).
-  if (t.relkind === 'r' && !t.rowFilter && range.fromPage === null && range.toPage === null) {
-    return `COPY ${quoteQualified(t.schema, t.table)} (${cols}) TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+  // Generated columns (PG18) are read only by a query, as native's copy does.
+  if (t.relkind === 'r' && !t.rowFilter && !t.generated && range.fromPage === null && range.toPage === null) {
+    return `COPY ${quoteQualified(t.schema, t.table)}${columnList(t)} TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
   }
   // COPY of a partitioned root must read its partitions; of a plain table only itself.
   const from = `${t.relkind === 'p' ? '' : 'ONLY '}${quoteQualified(t.schema, t.table)}`;
@@ -59,7 +65,7 @@ export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boole
 /** `freeze`: the table was created or emptied in the COPY's own transaction (see job.ts). */
 export function targetCopySql(t: PublishedTable, binary: boolean, freeze = false): string {
   const options = [...(binary ? ['FORMAT binary'] : []), ...(freeze ? ['FREEZE'] : [])];
-  return `COPY ${quoteQualified(t.schema, t.table)} (${t.columns.map(quoteIdent).join(', ')}) FROM STDIN${options.length > 0 ? ` (${options.join(', ')})` : ''}`;
+  return `COPY ${quoteQualified(t.schema, t.table)}${columnList(t)} FROM STDIN${options.length > 0 ? ` (${options.join(', ')})` : ''}`;
 }
 
 /** A `COPY … FROM STDIN` the target has started (startCopyIn). */

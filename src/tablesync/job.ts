@@ -248,7 +248,8 @@ async function copyInto(ctx: SyncJobContext, t: PublishedTable, range: CopyRange
       writer = await startCopyIn(target, t, { binary: config.binary, freeze: frozen });
     } catch (err) {
       // A COPY FREEZE the target refused (nothing was read on the publisher): copy plainly.
-      if (!frozen) throw err;
+      // Any other refusal (a missing column, a syntax error) is the copy's own error.
+      if (!frozen || !isFreezeRefusal(err)) throw err;
       ctx.log.info({ table: `${t.schema}.${t.table}`, reason: (err as Error).message }, 'COPY FREEZE refused; copying without it');
       await target.query('ROLLBACK');
       frozen = await beginCopyTarget(target, t, false, ctx.log);
@@ -305,4 +306,10 @@ async function beginCopyTarget(target: pg.Client, t: PublishedTable, freeze: boo
     await target.query('BEGIN ISOLATION LEVEL READ COMMITTED');
     return false;
   }
+}
+
+/** COPY FREEZE's own refusals: prerequisite state (prior transaction activity, not created or truncated here) or unsupported (a partitioned or foreign table). */
+function isFreezeRefusal(err: unknown): boolean {
+  const e = err as { code?: string; message?: string };
+  return (e.code === '55000' || e.code === '0A000') && /FREEZE/.test(e.message ?? '');
 }
