@@ -92,7 +92,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     for (const result of [a, r, t]) if (result.status === 'rejected') throw result.reason;
     const applyConn = conn!;
     await setupSessionOrigin((text, params) => runAlone(applyConn, [{ text, params }]), replicationOriginName(config.subscription));
-    if (config.twoPhase) await checkPreparedTransactions(applyConn);
+    if (config.twoPhase) await checkPreparedTransactions(applyConn, log);
     const originId = config.conflicts.detect ? await trackedOriginId(applyConn, replicationOriginName(config.subscription)) : null;
     replication = replication!;
     const protoVersion = protoVersionFor(replication.serverVersionNum);
@@ -304,16 +304,18 @@ async function checkPublications(config: Config, replication: ReplicationConnect
   }
 }
 
-/** two_phase prepares transactions on the target: it must allow some. */
-async function checkPreparedTransactions(conn: WireConnection): Promise<void> {
+/**
+ * two_phase prepares transactions on the target, which must allow some. As native, that is
+ * a warning here and an apply error (retried, in status) at the first PREPARE: ordinary
+ * transactions before it are applied, and a fixed target is used at the next attempt.
+ */
+async function checkPreparedTransactions(conn: WireConnection, log: Logger): Promise<void> {
   const [result] = await runAlone(conn, [{ text: `SELECT pg_catalog.current_setting('max_prepared_transactions')`, params: [], wantRows: true }]);
-  const value = Number(result?.rows[0]?.[0] ?? 0);
-  if (value === 0) {
-    throw new TargetSetupError(
-      'two_phase = true prepares transactions on the target, but its max_prepared_transactions is 0. Set max_prepared_transactions (at least max_connections is safe) in the target\'s postgresql.conf and restart it, or set two_phase: false',
-      { key: 'two_phase' },
-    );
-  }
+  if (Number(result?.rows[0]?.[0] ?? 0) > 0) return;
+  log.warn(
+    { key: 'two_phase', side: 'target' },
+    "two_phase = true prepares transactions on the target, but its max_prepared_transactions is 0: the first PREPARE will fail until max_prepared_transactions is set (at least max_connections is safe) in the target's postgresql.conf and the target restarted",
+  );
 }
 
 async function withMaintenanceConn<T>(config: Config, appName: string, fn: (sql: Sql) => Promise<T>): Promise<T> {
