@@ -124,6 +124,8 @@ export interface ApplyLoop {
   stop(): void;
   /** The remote transaction being applied when the loop failed (for pgsub skip and status). */
   failedTransaction(): { finishLsn: Lsn; xid: number } | null;
+  /** `pgsub skip` while running: the finish LSN to skip, from the next remote transaction on. */
+  setSkipLsn(lsn: Lsn | null): void;
 }
 
 export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
@@ -482,6 +484,9 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   return {
     done,
     failedTransaction: () => failedTransaction,
+    setSkipLsn(lsn) {
+      state.skipLsn = lsn;
+    },
     stop() {
       if (stopping) return;
       stopping = true;

@@ -13,7 +13,7 @@ import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
 import type { Config } from '../config/config.js';
-import { markReadyWithoutCopy, requestRefresh } from '../tablesync/launcher.js';
+import { markReadyWithoutCopy, notifyChannel, requestRefresh } from '../tablesync/launcher.js';
 import { listPublishedTables } from '../tablesync/catalog.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { enableSubscription, requestSkip } from '../conflict/control.js';
@@ -102,8 +102,17 @@ program
       throw new ConfigError(`skip: --lsn must be an LSN like 0/1A2B3C4, not ${JSON.stringify(opts.lsn)}`, { key: 'lsn' });
     }
     await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
-    const control = await withMaintenance(config, (sql) => requestSkip(sql, config.subscription, lsn));
-    process.stdout.write(`subscription ${config.subscription} will skip remote transaction ${control.errorXid} (finish LSN ${formatLsn(lsn)}) at its next attempt\n`);
+    const control = await withMaintenance(config, async (sql) => {
+      const skip = await requestSkip(sql, config.subscription, lsn);
+      // A running service takes the skip at its next remote transaction.
+      await sql.notify(notifyChannel(config.subscription), 'skip');
+      return skip;
+    });
+    process.stdout.write(
+      control.errorLsn === lsn
+        ? `subscription ${config.subscription} will skip remote transaction ${control.errorXid} (finish LSN ${formatLsn(lsn)}) at its next attempt\n`
+        : `subscription ${config.subscription} will skip the remote transaction finishing at ${formatLsn(lsn)} when it arrives\n`,
+    );
   });
 
 program

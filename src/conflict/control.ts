@@ -105,26 +105,32 @@ export async function recordApplyError(sql: Sql, subscription: string, e: ApplyE
 }
 
 /**
- * `pgsub skip --lsn`: only the failing transaction's finish LSN is accepted, and only
- * while the origin has not passed it (it may have been applied since, by a fix).
+ * `pgsub skip --lsn`, as ALTER SUBSCRIPTION … SKIP (lsn): the finish LSN (commit, or
+ * prepare for a prepared transaction) of a remote transaction the target has not applied
+ * yet — the failing one, or one still to come — which is then skipped whole when it
+ * arrives. Only an LSN the origin has passed is refused. Returns the state with the skip.
  */
 export async function requestSkip(sql: Sql, subscription: string, lsn: Lsn): Promise<Control> {
   const control = await loadControl(sql, subscription);
-  if (control.errorLsn === null) {
-    throw new ControlError(`subscription ${subscription} has no failed remote transaction recorded; nothing to skip`, { lsn: formatLsn(lsn) });
-  }
-  if (control.errorLsn !== lsn) {
-    throw new ControlError(
-      `LSN ${formatLsn(lsn)} is not the finish LSN of the failing remote transaction of subscription ${subscription}; that is ${formatLsn(control.errorLsn)} (xid ${control.errorXid})`,
-      { lsn: formatLsn(lsn), errorLsn: formatLsn(control.errorLsn) },
-    );
-  }
   const [origin] = await sql.unsafe<{ remote_lsn: string }[]>('SELECT remote_lsn::text AS remote_lsn FROM "pgsub"."origin" WHERE subscription = $1', [subscription]);
   if (origin && parseLsn(origin.remote_lsn) >= lsn) {
-    throw new ControlError(`the remote transaction at ${formatLsn(lsn)} has been applied since it failed (origin is at ${origin.remote_lsn}); nothing to skip`, { lsn: formatLsn(lsn) });
+    throw new ControlError(
+      `skip LSN ${formatLsn(lsn)} must be greater than the origin LSN ${origin.remote_lsn} of subscription ${subscription}: everything up to the origin is applied${control.errorLsn !== null && control.errorLsn > parseLsn(origin.remote_lsn) ? ` (the failing remote transaction finishes at ${formatLsn(control.errorLsn)}, xid ${control.errorXid})` : ''}`,
+      { lsn: formatLsn(lsn), originLsn: origin.remote_lsn },
+    );
   }
   await sql.unsafe('UPDATE "pgsub"."subscription" SET skip_lsn = $2::pg_catalog.pg_lsn WHERE subscription = $1', [subscription, formatLsn(lsn)]);
   return { ...control, skipLsn: lsn };
+}
+
+/** The failing-transaction record, once the origin has passed it (applied since, or skipped). */
+export async function clearPassedError(sql: Sql, subscription: string): Promise<void> {
+  await sql.unsafe(
+    `UPDATE "pgsub"."subscription" s SET error_lsn = NULL, error_xid = NULL, error_conflict = NULL
+       FROM "pgsub"."origin" o
+      WHERE s.subscription = $1 AND o.subscription = s.subscription AND s.error_lsn IS NOT NULL AND o.remote_lsn > s.error_lsn`,
+    [subscription],
+  );
 }
 
 /** `pgsub enable`: returns whether it was disabled. */
@@ -134,10 +140,18 @@ export async function enableSubscription(sql: Sql, subscription: string): Promis
   return !control.enabled;
 }
 
-/** In the apply transaction that moved the origin past the skipped transaction. */
+/**
+ * In the apply transaction that moved the origin past the skipped transaction: the skip
+ * is used, and a failure recorded for that transaction is no longer pending.
+ */
 export function clearSkipStatement(subscription: string, lsn: Lsn): { text: string; params: string[] } {
   return {
-    text: 'UPDATE "pgsub"."subscription" SET skip_lsn = NULL WHERE subscription = $1 AND skip_lsn = $2::pg_catalog.pg_lsn',
+    text: `UPDATE "pgsub"."subscription"
+              SET skip_lsn = NULL,
+                  error_lsn = CASE WHEN error_lsn = $2::pg_catalog.pg_lsn THEN NULL ELSE error_lsn END,
+                  error_xid = CASE WHEN error_lsn = $2::pg_catalog.pg_lsn THEN NULL ELSE error_xid END,
+                  error_conflict = CASE WHEN error_lsn = $2::pg_catalog.pg_lsn THEN NULL ELSE error_conflict END
+            WHERE subscription = $1 AND skip_lsn = $2::pg_catalog.pg_lsn`,
     params: [subscription, formatLsn(lsn)],
   };
 }

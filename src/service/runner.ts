@@ -72,7 +72,18 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       session?.stop();
     }
   };
-  const launcher = new Launcher(config, log, sync, { onCopyFinished: restartForFinishedCopies, onIdle: restartForFinishedCopies });
+  // `pgsub skip` while running: the session takes the new skip LSN from the target.
+  const onSkipRequested = () => {
+    const sql = openMaintenance(config.target, appName);
+    void loadControl(sql, config.subscription)
+      .then((control) => {
+        session?.setSkipLsn(control.skipLsn);
+        if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
+      })
+      .catch((err: unknown) => log.warn({ err: describeError(err) }, 'cannot read the skip request; it is taken at the next start'))
+      .finally(() => sql.end({ timeout: 5 }).catch(() => {}));
+  };
+  const launcher = new Launcher(config, log, sync, { onCopyFinished: restartForFinishedCopies, onIdle: restartForFinishedCopies, onSkipRequested });
   let launcherStarted = false;
   const beforeStreaming = async () => {
     streaming = false;

@@ -7,7 +7,7 @@
  */
 import type { Config } from '../config/config.js';
 import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError, TargetSetupError } from '../errors.js';
-import { loadControl } from '../conflict/control.js';
+import { clearPassedError, loadControl } from '../conflict/control.js';
 import type { SyncStates } from '../tablesync/state.js';
 import { StreamSpool } from '../apply/spool.js';
 import { quoteLiteral } from '../quote.js';
@@ -32,6 +32,8 @@ export interface SessionHandle {
   failedTransaction(): { finishLsn: Lsn; xid: number } | null;
   /** two_phase is configured but not enabled yet: some table was not ready at the start. */
   twoPhasePending: boolean;
+  /** The remote transaction to skip (`pgsub skip` while this session runs). */
+  setSkipLsn(lsn: Lsn | null): void;
 }
 
 export interface SessionEvents {
@@ -72,6 +74,8 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
     control = await withMaintenanceConn(config, appName, async (sql) => {
       await migrateWith(sql);
+      // A failure recorded for a transaction applied since is no longer pending.
+      await clearPassedError(sql, config.subscription);
       return loadControl(sql, config.subscription);
     });
     if (!control.enabled) {
@@ -221,7 +225,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       await applyConn.close().catch(() => {});
       await tracker?.close().catch(() => {});
     });
-    return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction(), twoPhasePending: config.twoPhase && !twoPhase };
+    return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction(), twoPhasePending: config.twoPhase && !twoPhase, setSkipLsn: (lsn) => loop.setSkipLsn(lsn) };
   } catch (err) {
     await replication?.close();
     await conn?.close().catch(() => {});

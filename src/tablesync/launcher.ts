@@ -27,6 +27,8 @@ export interface LauncherEvents {
   onCopyFinished?(table: TableSync): void;
   /** No copy is running or waiting. */
   onIdle?(): void;
+  /** `pgsub skip` set a skip LSN (the service takes it at its next remote transaction). */
+  onSkipRequested?(): void;
 }
 
 export class Launcher {
@@ -87,6 +89,7 @@ export class Launcher {
     this.timer.unref();
     this.sql
       .listen(notifyChannel(this.config.subscription), (payload) => {
+        if (payload === 'skip') return this.events.onSkipRequested?.();
         this.log.info({ request: payload }, 'refresh requested');
         refresh();
       })

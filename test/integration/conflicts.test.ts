@@ -200,6 +200,8 @@ describe('conflicts against PostgreSQL 18', () => {
       assert.equal(r.code, 0, r.output);
       await waitFor(async () => (await conflictLog(db)).some((l) => l.conflict_type === 'transaction_skipped' && l.remote_lsn === lsns[type]), { timeoutMs: 30_000, what: `${type} skipped` });
       assert.equal((await control(db)).skip_lsn, null);
+      // Its failure is no longer pending: the record is cleared with the skip (the next failure may be recorded since).
+      assert.notEqual((await control(db)).error_lsn, lsns[type]);
     };
 
     await failingWith('insert_exists');
@@ -211,10 +213,10 @@ describe('conflicts against PostgreSQL 18', () => {
     await tgt.query(`DELETE FROM ${TABLE} WHERE id IN (2, 3)`, [], db);
 
     await failingWith('update_missing');
-    // A wrong LSN is refused; the failing transaction's is accepted and skips exactly it.
-    const wrong = await cli(db, ['skip', '--lsn', lsns.delete_missing!]);
+    // An LSN the origin has passed is refused; the failing transaction's is accepted and skips exactly it.
+    const wrong = await cli(db, ['skip', '--lsn', '0/10']);
     assert.equal(wrong.code, 2);
-    assert.match(wrong.output, /PGSUB_CONTROL_REFUSED: LSN .* is not the finish LSN of the failing remote transaction/);
+    assert.match(wrong.output, /PGSUB_CONTROL_REFUSED: skip LSN 0\/10 must be greater than the origin LSN .* \(the failing remote transaction finishes at /);
     await skipVia('update_missing');
     await failingWith('delete_missing');
     await skipVia('delete_missing');
