@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS "pgsub"."deferred_index" (
   -- Creation order (the original index OIDs' order).
   "ord" integer NOT NULL,
   "index_name" text NOT NULL,
-  -- The statement that recreates it: ALTER TABLE … ADD CONSTRAINT … or CREATE INDEX ….
+  -- The statement that recreates it: ALTER TABLE ... ADD CONSTRAINT ... or CREATE INDEX ...
   "definition" text NOT NULL,
   PRIMARY KEY ("subscription", "schema_name", "table_name", "ord")
 );

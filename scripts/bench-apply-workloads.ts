@@ -88,6 +88,7 @@ export function workloadRelation(table: string): MappedRelation {
     targetColumns: columns.map((c) => ({ name: c.name, typeOid: c.typeOid, typeName: `"pg_catalog"."${c.type}"`, generated: false, hasEquality: true, arrayType: true })),
     keyIndexes: [0],
     statements: new Map(),
+    paramColumns: new Map(),
     ordered: false,
     rowSecurity: false,
   };

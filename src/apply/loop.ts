@@ -35,6 +35,7 @@ import { ParallelApply, type ParallelApplyOptions } from './parallel.js';
 import { ApplyLanes, type ApplyLanesOptions } from './lanes.js';
 import { Pipeline, runAlone, type WireConnection } from './target.js';
 import { PipelineAbortedError } from './wire.js';
+import { annotateTargetError } from './failure.js';
 
 type WorkItem =
   /** A pgoutput message, decoded by the applier: the queue holds bytes only once (no wrapper object per message). */
@@ -225,6 +226,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     // A statement skipped after an earlier failure: report the earlier one, the root cause.
     const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
     if (failure === null && !stopping) {
+      // Which relation, column and change it was (the statement the target refused).
+      annotateTargetError(root instanceof GroupRetryError ? root.cause : root, opts.relations);
       failure = root;
       if (state.xact) failedTransaction = { finishLsn: state.xact.finalLsn, xid: state.xact.xid };
     }

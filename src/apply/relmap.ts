@@ -70,6 +70,8 @@ export interface MappedRelation {
   rowSecurity: boolean;
   /** Built SQL texts by shape (see statements.ts), cached for the relation's lifetime. */
   statements: Map<string, string>;
+  /** Per built text, the remote column index of each parameter number (error messages name the column). */
+  paramColumns: Map<string, number[]>;
   /** How binary values are bound, per remote column index; absent: as they are, types inferred from the casts. */
   binary?: BinaryColumns;
 }
@@ -131,6 +133,12 @@ export class RelationMap {
       throw new SchemaMismatchError(`no Relation message was received for relation id ${relationId} before its change`, { relationId });
     }
     return rel;
+  }
+
+  /** The relation one of whose statements has this text (an error's; failure.ts). */
+  byStatement(text: string): MappedRelation | undefined {
+    for (const rel of this.mapped.values()) if (rel.paramColumns.has(text) || [...rel.statements.values()].includes(text)) return rel;
+    return undefined;
   }
 
   /** The mapping of a relation already resolved, without a lookup; undefined otherwise. */
@@ -208,6 +216,7 @@ export class RelationMap {
       targetColumns,
       keyIndexes: remote.columns.flatMap((c, i) => (c.isKey ? [i] : [])),
       statements: new Map(),
+      paramColumns: new Map(),
     };
     if (this.options.binary !== false) {
       const binary = await this.binaryColumns(conn, remote, targetColumns);

@@ -114,13 +114,29 @@ function valueOf(rel: MappedRelation, value: TupleValue | undefined, index: numb
   }
 }
 
+/** While a text is built: the target column index of each parameter number (param(), noteParam()). */
+let recording: number[] | null = null;
+
 export function cached(rel: MappedRelation, shape: string, build: () => string): string {
   let text = rel.statements.get(shape);
   if (text === undefined) {
-    text = build();
+    const columns: number[] = [];
+    recording = columns;
+    try {
+      text = build();
+    } finally {
+      recording = null;
+    }
     rel.statements.set(shape, text);
+    // Built once per shape, read only when the target rejects a value (failure.ts).
+    if (columns.length > 0) rel.paramColumns.set(text, columns);
   }
   return text;
+}
+
+/** Parameter $n of the text being built carries the value of column `index`. */
+export function noteParam(n: number, index: number): void {
+  if (recording !== null) recording[n] = index;
 }
 
 export function checkWidth(rel: MappedRelation, tuple: Tuple): void {
@@ -131,6 +147,7 @@ export function checkWidth(rel: MappedRelation, tuple: Tuple): void {
 
 /** `$n` cast to the type of the target column receiving remote column `index`. */
 export function param(rel: MappedRelation, index: number, n: number): string {
+  if (recording !== null) recording[n] = index;
   return `$${n}::${rel.targetColumns[index]!.typeName}`;
 }
 

@@ -39,7 +39,7 @@
  */
 import type { Tuple } from '../protocol/messages.js';
 import type { MappedRelation } from './relmap.js';
-import { binaryValue, cached, column, target, type Detect, type Statement } from './statements.js';
+import { binaryValue, cached, column, noteParam, target, type Detect, type Statement } from './statements.js';
 
 const TEXT_OID = 25;
 
@@ -95,6 +95,7 @@ export function updateArraysStatement(rel: MappedRelation, tuples: readonly Tupl
     // Set-returning functions in one SELECT list run in lockstep (arrays of one length:
     // row r of each); ROWS FROM would expand a composite element into its fields.
     const arrays = columns.map((i, n) => {
+      noteParam(n + 1, i);
       const type = rel.targetColumns[i]!.typeName;
       return `pg_catalog.unnest($${n + 1}::${encodings[n] === 'b' ? type : '"pg_catalog"."text"'}[]) AS "p${n}"`;
     });

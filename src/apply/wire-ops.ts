@@ -61,7 +61,8 @@ export class ExecOp extends Deferred<WireResult> {
   readonly kind = 'exec';
   /** copyIn: 'sent' until the server's CopyInResponse confirms it read the data as the copy's. */
   copy: 'sent' | 'started' | null = null;
-  constructor(readonly parsed: Stmt | null, readonly rows: unknown[][] | null) { super(); }
+  /** `text`, `values`: the statement and its parameters, given to its error (statementText, statementParams) so a caller can say what failed. */
+  constructor(readonly parsed: Stmt | null, readonly rows: unknown[][] | null, readonly text: string, readonly values: readonly WireValue[]) { super(); }
 }
 export class SyncOp extends Deferred<TxStatus> {
   readonly kind = 'sync';

@@ -180,7 +180,7 @@ export class WireConnection {
     }
     this.#con.bind({ statement: stmt.name, values });
     this.#con.execute();
-    const op = new ExecOp(parsed, wantRows ? [] : null);
+    const op = new ExecOp(parsed, wantRows ? [] : null, text, values);
     if (copyData !== null) {
       const stream = this.#con.stream;
       if (stream.writable) for (const frame of copyFrames(copyData)) stream.write(frame);
@@ -368,6 +368,7 @@ export class WireConnection {
       case 'exec':
         this.#ops.shift();
         if (head.parsed !== null && !head.parsed.prepared) this.#forget(head.parsed, false);
+        Object.assign(err, { statementText: head.text, statementParams: head.values });
         this.#rejectOp(head, err, false);
         break;
     }

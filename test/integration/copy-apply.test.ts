@@ -73,7 +73,7 @@ function mapped(schema: string, table: string, columns: readonly { name: string;
     relkind: 'r',
     targetColumns: columns.map((c) => ({ name: c.target, typeOid: c.oid, typeName: c.type, generated: false, hasEquality: true })),
     keyIndexes: [0],
-    statements: new Map(), ordered: false, rowSecurity: false,
+    statements: new Map(), paramColumns: new Map(), ordered: false, rowSecurity: false,
   };
 }
 

@@ -151,3 +151,34 @@ test('a target table missing a column at the initial copy: the error names it (n
   await equal(db, ['public.w'], p);
   await stop(p);
 });
+
+test('an apply error names the relation, the column at fault, the change kind and the remote transaction (single INSERT, COPY batch, batched UPDATE)', async () => {
+  const db = 'named';
+  // The target takes an integer where the source sends text.
+  await database(db, `CREATE TABLE public.v (id int PRIMARY KEY, n text); CREATE PUBLICATION pub FOR TABLE public.v;`, `CREATE TABLE public.v (id int PRIMARY KEY, n int);`);
+  const p = start(db, db, { PGSUB_COPY_DATA: 'false' });
+  await p.waitForLog('streaming started');
+  const failures = () => p.output().split('\n').filter((l) => l.includes('"msg":"apply failed; retrying"')).map((l) => JSON.parse(l) as { err: { message: string; context?: Record<string, string> }; xid?: number; finishLsn?: string });
+  const expectFailure = async (what: string, command: string, message: RegExp) => {
+    await waitFor(async () => failures().some((f) => message.test(f.err.message)), { timeoutMs: 30_000, what });
+    const f = failures().reverse().find((x) => message.test(x.err.message))!;
+    assert.deepEqual({ relation: f.err.context?.relation, column: f.err.context?.column, command: f.err.context?.command }, { relation: 'public.v', column: 'n', command }, JSON.stringify(f));
+    assert.ok(f.xid && f.finishLsn, JSON.stringify(f));
+    const skip = spawnPgsub({ PGSUB_SOURCE: publisher.url(db), PGSUB_TARGET: target.url(db), PGSUB_PUBLICATION: 'pub', PGSUB_SUBSCRIPTION: db }, ['skip', '--lsn', f.finishLsn!]);
+    children.push(skip);
+    assert.equal(await skip.exited, 0, skip.output());
+  };
+  await publisher.query(`INSERT INTO public.v VALUES (1, '1')`, [], db);
+  await publisher.query(`INSERT INTO public.v VALUES (2, '1.5')`, [], db);
+  await expectFailure('the single insert', 'INSERT', /invalid input syntax for type integer: "1.5"/);
+  await publisher.query(`INSERT INTO public.v SELECT g, CASE WHEN g = 15 THEN 'x15' ELSE g::text END FROM generate_series(10, 40) g`, [], db);
+  await expectFailure('the COPY batch', 'COPY', /invalid input syntax for type integer: "x15"/);
+  await publisher.query(`INSERT INTO public.v SELECT g, g::text FROM generate_series(50, 60) g`, [], db);
+  await publisher.query(`UPDATE public.v SET n = CASE WHEN id = 55 THEN 'y55' ELSE (id * 2)::text END WHERE id BETWEEN 50 AND 60`, [], db);
+  await expectFailure('the batched update', 'UPDATE', /invalid input syntax for type integer: "y55"/);
+  await publisher.query(`INSERT INTO public.v VALUES (70, '70')`, [], db);
+  await waitForCatchUp(publisher, db, db);
+  const ids = (await target.query<{ id: number }>(`SELECT id FROM public.v ORDER BY id`, [], db)).map((r) => r.id);
+  assert.deepEqual(ids, [1, ...Array.from({ length: 11 }, (_, i) => 50 + i), 70]);
+  await stop(p);
+});

@@ -241,7 +241,7 @@ for (const major of MAJORS) {
       const emptyQuery: Tuple[] = binaryTuples.map((t) => t.map((v, i) => (i === tq ? { kind: 'binary', value: Buffer.from([0, 0, 0, 0]) } : v)));
       assert.equal(updateArraysStatement(rel, emptyQuery, [tq], null), null, 'empty tsquery goes as text');
       // The publisher's column is int4 where the target's is int8: the value is read as int4 and cast.
-      const widened = { ...rel, binary: { parseTypes: COLUMNS.map((_, i) => (i === 1 ? 23 : 0)), plans: null }, statements: new Map() };
+      const widened = { ...rel, binary: { parseTypes: COLUMNS.map((_, i) => (i === 1 ? 23 : 0)), plans: null }, statements: new Map(), paramColumns: new Map() };
       assert.equal(updateArraysStatement(widened, binaryTuples, [1], null), null, 'remote type differs');
     });
   });

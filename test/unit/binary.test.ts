@@ -298,7 +298,7 @@ describe('statements in binary mode', () => {
       relkind: 'r',
       targetColumns: names.map((name, i) => ({ name, typeOid: targetTypes[i]![0], typeName: targetTypes[i]![1], generated: false, hasEquality: true })),
       keyIndexes: [0],
-      statements: new Map(),
+      statements: new Map(), paramColumns: new Map(),
       ...(binary ? { binary } : {}),
     };
   }

@@ -27,7 +27,7 @@ function relation(columns: { name: string; typeOid?: number }[], binary?: Binary
     relkind: 'r',
     targetColumns: columns.map((c) => ({ name: c.name, typeOid: c.typeOid ?? 25, typeName: '"pg_catalog"."text"', generated: false, hasEquality: true })),
     keyIndexes: [0],
-    statements: new Map(), ordered: false, rowSecurity: false,
+    statements: new Map(), paramColumns: new Map(), ordered: false, rowSecurity: false,
   };
   if (binary) rel.binary = binary;
   return rel;

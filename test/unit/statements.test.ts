@@ -45,7 +45,7 @@ function relation(spec: { schema?: string; name: string; identity: ReplicaIdenti
     relkind: spec.relkind ?? 'r',
     targetColumns,
     keyIndexes: remote.columns.flatMap((c, i) => (c.isKey ? [i] : [])),
-    statements: new Map(),
+    statements: new Map(), paramColumns: new Map(),
   };
 }
 
