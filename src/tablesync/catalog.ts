@@ -24,6 +24,12 @@ export interface PublishedTable {
   pages: number;
   /** A published column is generated on the publisher (PG18): COPY must read it through a query. */
   generated: boolean;
+  /** pg_class.relreplident: d default (primary key), n nothing, f full, i index. */
+  replicaIdentity: string;
+  /** The default identity has a primary key to use. */
+  hasPrimaryKey: boolean;
+  /** A publication publishes its UPDATEs or DELETEs. */
+  publishesUpdates: boolean;
 }
 
 export async function listPublishedTables(replication: ReplicationConnection, publications: string[]): Promise<PublishedTable[]> {
@@ -43,6 +49,9 @@ export async function listPublishedTables(replication: ReplicationConnection, pu
     bytes: string;
     pages: string;
     generated: string;
+    replident: string;
+    haspk: string;
+    updates: string;
   }>(
     `SELECT pt.schemaname::text, pt.tablename::text,
             ${hasColumnLists ? `(pg_catalog.json_agg(pt.attnames) -> 0)::text` : 'NULL::text'} AS attnames,
@@ -51,12 +60,16 @@ export async function listPublishedTables(replication: ReplicationConnection, pu
             c.relkind::text, GREATEST(c.reltuples, 0)::bigint::text AS reltuples,
             pg_catalog.pg_total_relation_size(c.oid)::text AS bytes,
             (pg_catalog.pg_relation_size(c.oid) / pg_catalog.current_setting('block_size')::int)::text AS pages,
-            ${hasGeneratedColumns ? `bool_or(EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attgenerated <> '' AND a.attname = ANY (pt.attnames)))::text` : `'false'`} AS generated
+            ${hasGeneratedColumns ? `bool_or(EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attgenerated <> '' AND a.attname = ANY (pt.attnames)))::text` : `'false'`} AS generated,
+            c.relreplident::text AS replident,
+            EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)::text AS haspk,
+            bool_or(pp.pubupdate OR pp.pubdelete)::text AS updates
        FROM pg_catalog.pg_publication_tables pt
+       JOIN pg_catalog.pg_publication pp ON pp.pubname = pt.pubname
        JOIN pg_catalog.pg_namespace n ON n.nspname = pt.schemaname
        JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
       WHERE pt.pubname IN (${pubs})${v >= 130000 ? viaAncestor(pubs) : ''}
-      GROUP BY pt.schemaname, pt.tablename, c.oid, c.relkind, c.reltuples
+      GROUP BY pt.schemaname, pt.tablename, c.oid, c.relkind, c.reltuples, c.relreplident
       ORDER BY pt.schemaname, pt.tablename`,
   );
   const generatedExpr = v >= 120000 ? `a.attgenerated = ''` : 'true';
@@ -83,6 +96,9 @@ export async function listPublishedTables(replication: ReplicationConnection, pu
       estimatedBytes: Number(r.bytes),
       pages: Number(r.pages),
       generated: r.generated === 'true',
+      replicaIdentity: r.replident,
+      hasPrimaryKey: r.haspk === 'true',
+      publishesUpdates: r.updates === 'true',
     });
   }
   return out;

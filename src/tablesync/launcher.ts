@@ -46,6 +46,8 @@ export class Launcher {
   private publisherVersion = 0;
   /** Lane pools of batches that still have tables to start. */
   private readonly lanePools = new Set<LanePool>();
+  /** Tables already warned about for their replica identity. */
+  private readonly warned = new Set<string>();
   /** Tables not copied, and why (logged once). */
   private readonly refused = new Map<string, string>();
 
@@ -118,6 +120,7 @@ export class Launcher {
     const initial = this.config.copyData ? 'i' : 'r';
     this.published.clear();
     for (const t of tables) this.published.set(`${t.schema}.${t.table}`, t);
+    await this.warnAboutIdentities(tables);
     await this.sql.begin(async (tx) => {
       for (const t of tables) {
         await tx.unsafe(
@@ -130,7 +133,7 @@ export class Launcher {
       const keep = tables.map((t) => `${t.schema}.${t.table}`);
       const removed = await tx.unsafe<{ schema_name: string; table_name: string }[]>(
         `DELETE FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND NOT (schema_name || '.' || table_name = ANY($2::text[])) RETURNING schema_name, table_name`,
-        [this.config.subscription, `{${keep.map((k) => `"${k.replace(/\\/g, '\\\\').replace(/"/g, '\\"')}"`).join(',')}}`],
+        [this.config.subscription, textArray(keep)],
       );
       for (const r of removed) {
         // A copy cut short may have left its indexes dropped; the table is the user's again.
@@ -212,6 +215,49 @@ export class Launcher {
         if (!lanes.active) this.lanePools.delete(lanes);
       }
     });
+  }
+
+  /**
+   * Published tables whose UPDATE/DELETE cannot be replicated — the publisher refuses them
+   * without a replica identity — or will be slow: REPLICA IDENTITY FULL locates each row by
+   * all its columns, a scan of the whole target table unless it has an index. Logged once.
+   */
+  private async warnAboutIdentities(tables: PublishedTable[]): Promise<void> {
+    const full: PublishedTable[] = [];
+    for (const t of tables) {
+      if (!t.publishesUpdates) continue;
+      const k = `${t.schema}.${t.table}`;
+      if (t.replicaIdentity === 'n' || (t.replicaIdentity === 'd' && !t.hasPrimaryKey)) {
+        if (this.warned.has(k)) continue;
+        this.warned.add(k);
+        this.log.warn(
+          { table: k, side: 'source' },
+          `UPDATE and DELETE on ${k} cannot be replicated: it has no replica identity, so the publisher refuses them once published. Add a primary key, or ALTER TABLE ... REPLICA IDENTITY USING INDEX / FULL`,
+        );
+      } else if (t.replicaIdentity === 'f') full.push(t);
+    }
+    const unwarned = full.filter((t) => !this.warned.has(`${t.schema}.${t.table}`));
+    if (unwarned.length === 0) return;
+    const indexed = await this.sql
+      .unsafe<{ schema_name: string; table_name: string }[]>(
+        `SELECT n.nspname AS schema_name, c.relname AS table_name FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          WHERE pg_catalog.format('%s.%s', n.nspname, c.relname) = ANY ($1::text[])
+            AND EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid)`,
+        [textArray(unwarned.map((t) => `${t.schema}.${t.table}`))],
+      )
+      .catch((err: unknown) => {
+        this.log.debug({ err: redactSecrets(String(err)) }, 'cannot look up target indexes');
+        return null;
+      });
+    if (indexed === null) return;
+    const has = new Set(indexed.map((r) => `${r.schema_name}.${r.table_name}`));
+    for (const t of unwarned) {
+      const k = `${t.schema}.${t.table}`;
+      this.warned.add(k);
+      if (!has.has(k)) {
+        this.log.warn({ table: k, side: 'target' }, `${k} has REPLICA IDENTITY FULL and no index on the target: each replicated UPDATE and DELETE scans the whole target table. Add an index on the target (a primary key or unique index on the source is better)`);
+      }
+    }
   }
 
   /** Why a table is not copied (status shows it); logged once per table and reason. */
@@ -296,4 +342,9 @@ export async function markReadyWithoutCopy(sql: Sql, subscription: string, table
     }
   });
   return marked;
+}
+
+/** A text[] literal of `items`, each quoted (a parameter; names may hold commas and quotes). */
+function textArray(items: string[]): string {
+  return `{${items.map((k) => `"${k.replace(/\\/g, '\\\\').replace(/"/g, '\\"')}"`).join(',')}}`;
 }

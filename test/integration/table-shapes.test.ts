@@ -182,3 +182,23 @@ test('an apply error names the relation, the column at fault, the change kind an
   assert.deepEqual(ids, [1, ...Array.from({ length: 11 }, (_, i) => 50 + i), 70]);
   await stop(p);
 });
+
+test('startup warnings: a published table without a replica identity, and one with REPLICA IDENTITY FULL but no index on the target', async () => {
+  const db = 'idents';
+  await database(
+    db,
+    `CREATE TABLE public.nokey (a int, b text); CREATE TABLE public.wide (a int, b text); ALTER TABLE public.wide REPLICA IDENTITY FULL;
+     CREATE TABLE public.keyed (id int PRIMARY KEY); CREATE TABLE public.inserts_only (a int);
+     CREATE PUBLICATION pub FOR TABLE public.nokey, public.wide, public.keyed; CREATE PUBLICATION pub2 FOR TABLE public.inserts_only WITH (publish = 'insert');`,
+    `CREATE TABLE public.nokey (a int, b text); CREATE TABLE public.wide (a int, b text); CREATE TABLE public.keyed (id int PRIMARY KEY); CREATE TABLE public.inserts_only (a int);`,
+  );
+  const p = start(db, db, { PGSUB_PUBLICATION: 'pub,pub2' });
+  await p.waitForLog('streaming started');
+  const warnings = p.output().split('\n').filter((l) => l.includes('"level":40')).map((l) => (JSON.parse(l) as { table?: string; msg: string }));
+  const about = (t: string) => warnings.filter((w) => w.table === t).map((w) => w.msg);
+  assert.match(about('public.nokey').join(), /UPDATE and DELETE on public.nokey cannot be replicated: it has no replica identity/);
+  assert.match(about('public.wide').join(), /REPLICA IDENTITY FULL and no index on the target/);
+  assert.deepEqual(about('public.keyed'), []);
+  assert.deepEqual(about('public.inserts_only'), []);
+  await stop(p);
+});
