@@ -112,3 +112,17 @@ export class ControlError extends PgsubError {
   readonly code = 'PGSUB_CONTROL_REFUSED';
   readonly retryable = false;
 }
+
+/**
+ * The slot lost the WAL the subscription needs (wal_status = lost, or invalidated): the
+ * changes in between are gone for good. Fatal to the subscription, with its own exit
+ * code (EXIT_SUBSCRIPTION_LOST): it must be re-created and its tables copied again —
+ * never silently, by pgsub.
+ */
+export class SlotLostError extends PgsubError {
+  readonly code = 'PGSUB_SLOT_LOST';
+  readonly retryable = false;
+}
+
+/** Exit code of `pgsub run` when the subscription cannot go on and must be re-created (slot lost, slot ahead of the target). */
+export const EXIT_SUBSCRIPTION_LOST = 4;

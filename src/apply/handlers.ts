@@ -276,7 +276,7 @@ async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: 
   // Otherwise Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = pipelined ? null : state.conn.sync();
   if (synced) await state.pipeline.push(synced);
-  const settled = settleCommit(state, xact, commit, synced, walAfter, { endLsn, expected, transactions, groupChanges: group?.changes ?? 0, promoted });
+  const settled = settleCommit(state, xact, commit, synced, walAfter, { endLsn, commitTime, expected, transactions, groupChanges: group?.changes ?? 0, promoted });
   settled.catch(() => {});
   if (pipelined) {
     endTarget(state);
@@ -320,7 +320,7 @@ async function settleCommit(
   commit: Promise<WireResult>,
   synced: Promise<TxStatus> | null,
   walAfter: Promise<WireResult> | null,
-  c: { endLsn: Lsn; expected: string; transactions: number; groupChanges: number; promoted: TableSync[] },
+  c: { endLsn: Lsn; commitTime: bigint; expected: string; transactions: number; groupChanges: number; promoted: TableSync[] },
 ): Promise<void> {
   // COMMIT of a failed transaction answers ROLLBACK without an error; never count that.
   const { command } = await commit;
@@ -339,6 +339,7 @@ async function settleCommit(
     return;
   }
   state.counters.transactionsApplied += c.transactions;
+  state.counters.lastCommitTime = c.commitTime;
   if (walAfter) state.progress.noteCommittedAsync(endLsn, parseLsn(String((await walAfter).rows[0]?.[0])));
   else state.progress.noteDurable(endLsn);
   state.onDurable();

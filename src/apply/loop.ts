@@ -127,6 +127,18 @@ export interface ApplyLoop {
   failedTransaction(): { finishLsn: Lsn; xid: number } | null;
   /** `pgsub skip` while running: the finish LSN to skip, from the next remote transaction on. */
   setSkipLsn(lsn: Lsn | null): void;
+  /**
+   * For a watchdog: how many items the applier has taken (no change while it has work is
+   * a stuck apply), whether it is idle waiting for the publisher, and how long the
+   * publisher has been silent.
+   */
+  health(): ApplyHealth;
+}
+
+export interface ApplyHealth {
+  itemsTaken: number;
+  idle: boolean;
+  silentMs: number;
 }
 
 export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
@@ -139,6 +151,9 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   let stopping = false;
   let failure: unknown = null;
   let lastFrameAt = Date.now();
+  // For health(): items taken, and whether the applier waits for the queue (not the target).
+  let itemsTaken = 0;
+  let idle = false;
   let pingSent = false;
   let lastFeedbackAt = 0;
   let lastRecordAt = 0;
@@ -150,6 +165,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     // Never confirm past what a table being synced still needs from the stream.
     const status = progress.standbyStatus(opts.sync.heldLsn());
     stream.sendStandbyStatus({ ...status, replyRequested });
+    progress.noteReported(status.flushed);
     log.trace({ write: formatLsn(status.written), flush: formatLsn(status.flushed) }, 'feedback sent');
   };
 
@@ -252,6 +268,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       for (const item of batch.items) {
         if (!(item instanceof Uint8Array)) {
           progress.noteReceived(item.walEnd);
+          progress.noteKeepalive(item.sendTime);
           if (!inTransaction && !(await enqueue({ kind: 'position', lsn: item.walEnd }, 0))) return;
           if (item.replyRequested) sendFeedback();
           continue;
@@ -328,7 +345,14 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   async function apply(): Promise<void> {
     const decodeContext = { inStream: false, streamAbortInfo: opts.streamAbortInfo };
     while (!stopping) {
-      const item = queue.takeNow() ?? (await queue.take());
+      let next = queue.takeNow();
+      if (next === undefined) {
+        idle = true;
+        next = await queue.take();
+        idle = false;
+      }
+      const item = next;
+      itemsTaken++;
       if (item === undefined || stopping) break;
       const isMessage = item instanceof Uint8Array;
       if (lanes !== null && !decodeContext.inStream && state.streamXid === null) {
@@ -490,6 +514,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     setSkipLsn(lsn) {
       state.skipLsn = lsn;
     },
+    health: () => ({ itemsTaken, idle, silentMs: Date.now() - lastFrameAt }),
     stop() {
       if (stopping) return;
       stopping = true;

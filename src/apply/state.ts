@@ -55,6 +55,8 @@ export interface ApplyCounters {
   carefulReplays: number;
   /** Rows inserted through COPY batches (batch.ts). */
   rowsCopied: number;
+  /** Source commit time (µs since 2000) of the last transaction the target committed, for lag in seconds. */
+  lastCommitTime: bigint | null;
 }
 
 export interface ApplyState {
@@ -139,6 +141,7 @@ export function newCounters(): ApplyCounters {
     conflicts: Object.fromEntries(CONFLICT_TYPES.map((t) => [t, 0])) as Record<ConflictType, number>,
     carefulReplays: 0,
     rowsCopied: 0,
+    lastCommitTime: null,
   };
 }
 

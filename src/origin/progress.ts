@@ -22,6 +22,18 @@ export class Progress {
   processed: Lsn = ZERO_LSN;
   durable: Lsn = ZERO_LSN;
   #flushed: Lsn = ZERO_LSN;
+  // pg_stat_subscription's timing columns, for status and metrics (service/metrics.ts).
+  /** The publisher's clock at its last keepalive (µs since 2000-01-01), and when it arrived (ms since 1970). */
+  lastMsgSendTime: bigint | null = null;
+  lastMsgReceiptAt: number | null = null;
+  /** The flush position last reported to the publisher, and when. */
+  latestEndLsn: Lsn | null = null;
+  latestEndAt: number | null = null;
+  /**
+   * The smallest (arrival − send) of the keepalives, ms: the offset of the publisher's
+   * clock behind ours plus the shortest network delay — what lag in seconds subtracts.
+   */
+  clockOffsetMs: number | null = null;
   /** Asynchronous commits not known to be flushed: remote end LSN → target WAL LSN after the commit. */
   readonly #unflushed: { remote: Lsn; local: Lsn }[] = [];
 
@@ -58,6 +70,21 @@ export class Progress {
     return advanced;
   }
 
+  /** A keepalive sent at `sendTime` (the publisher's clock) arrived now. */
+  noteKeepalive(sendTime: bigint): void {
+    const now = Date.now();
+    this.lastMsgSendTime = sendTime;
+    this.lastMsgReceiptAt = now;
+    const offset = now - pgTimeToEpochMs(sendTime);
+    if (this.clockOffsetMs === null || offset < this.clockOffsetMs) this.clockOffsetMs = offset;
+  }
+
+  /** Feedback told the publisher `flushed`. */
+  noteReported(flushed: Lsn): void {
+    this.latestEndLsn = flushed;
+    this.latestEndAt = Date.now();
+  }
+
   noteReceived(lsn: Lsn): void {
     this.received = maxLsn(this.received, lsn);
   }
@@ -87,4 +114,9 @@ export class Progress {
     const flushed = held !== null && held < this.#flushed ? held : this.#flushed;
     return { written: maxLsn(this.received, this.durable), flushed, applied: flushed };
   }
+}
+
+/** PostgreSQL's timestamps count µs from 2000-01-01; JavaScript's ms from 1970-01-01. */
+export function pgTimeToEpochMs(t: bigint): number {
+  return Number(t / 1000n) + 946_684_800_000;
 }

@@ -18,7 +18,7 @@ import { protoVersionFor } from '../protocol/version.js';
 import { Progress } from '../origin/progress.js';
 import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
 import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
-import { startApplyLoop, type ApplyLoop } from '../apply/loop.js';
+import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/loop.js';
 import { RelationMap } from '../apply/relmap.js';
 import type { ApplyCounters } from '../apply/state.js';
 import { openApplyConnection, openMaintenance, runAlone, type Sql, type WireConnection } from '../apply/target.js';
@@ -34,6 +34,8 @@ export interface SessionHandle {
   twoPhasePending: boolean;
   /** The remote transaction to skip (`pgsub skip` while this session runs). */
   setSkipLsn(lsn: Lsn | null): void;
+  /** The apply loop's progress, for the watchdog (loop.ts). */
+  health(): ApplyHealth;
 }
 
 export interface SessionEvents {
@@ -225,7 +227,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       await applyConn.close().catch(() => {});
       await tracker?.close().catch(() => {});
     });
-    return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction(), twoPhasePending: config.twoPhase && !twoPhase, setSkipLsn: (lsn) => loop.setSkipLsn(lsn) };
+    return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction(), twoPhasePending: config.twoPhase && !twoPhase, setSkipLsn: (lsn) => loop.setSkipLsn(lsn), health: () => loop.health() };
   } catch (err) {
     await replication?.close();
     await conn?.close().catch(() => {});
