@@ -31,6 +31,7 @@ program
   .action(async (opts: { config?: string; logLevel?: string }) => {
     const config = loadConfig({ file: opts.config, overrides: { log_level: opts.logLevel } });
     const log = createLogger(config.logLevel);
+    log.info({ subscription: config.subscription, slot: config.slotName, state_dir: config.stateDir }, 'starting');
     const runner = startRunner(config, log);
     installStopSignals(log, () => runner.stop());
     try {

@@ -140,6 +140,11 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     const p = start(pgsubEnv('cli_a', 'pub_items'));
     const streaming = await p.waitForLog('streaming started');
     assert.equal(streaming.slot, 'cli_a');
+    // The state directory, logged once at start: the per-user default (spawnPgsub passes HOME only).
+    const starting = logRecords(p.output()).filter((r) => r.msg === 'starting');
+    assert.equal(starting.length, 1, 'one starting line');
+    assert.equal(starting[0]!.level, 30, 'at info');
+    assert.equal(starting[0]!.state_dir, path.join(process.env.HOME ?? '/tmp', '.local', 'state', 'pgsub', 'cli_a'));
     assert.match(String(streaming.publisher), /host=127\.0\.0\.1 .* user=postgres/);
 
     await publisher.query("INSERT INTO public.items VALUES (1, 'one'), (2, 'two')", [], DB);
@@ -277,11 +282,12 @@ describe('pgsub CLI against PostgreSQL 18', () => {
   test('configuration errors: one stderr line naming the problem, exit 2', async () => {
     const { PGSUB_TARGET: _t, ...noTarget } = pgsubEnv('cli_cfg', 'pub_items');
     const cases = [
-      { env: noTarget, args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: target: / },
+      { env: noTarget, args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: target is required/ },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_FAILOVER: 'true' }), args: ['run'], line: /^pgsub: PGSUB_NOT_IMPLEMENTED: failover = true is not implemented yet/ },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_SOURCE: `postgresql://postgres:${SOURCE_PASSWORD}@127.0.0.1:99999/${DB}` }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: source: / },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_TARGET: `${targetUri()}&sslmode=sometimes` }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: target: sslmode "sometimes"/ },
-      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_PUBLICATON: 'typo' }), args: ['status', '--json'], line: /^pgsub: PGSUB_CONFIG_INVALID: environment variable PGSUB_PUBLICATON is not a pgsub setting/ },
+      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_PUBLICATON: 'typo' }), args: ['status', '--json'], line: /^pgsub: PGSUB_CONFIG_INVALID: environment variable PGSUB_PUBLICATON is not a pgsub setting; did you mean PGSUB_PUBLICATION\?$/ },
+      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_STREAMING: 'maybe' }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: streaming: "maybe" is not one of off, on, parallel \(from PGSUB_STREAMING\)$/ },
     ];
     const runs = cases.map((c) => ({ ...c, p: start(c.env, c.args) }));
     for (const { p, line } of runs) {
