@@ -112,3 +112,9 @@ export class ControlError extends PgsubError {
   readonly code = 'PGSUB_CONTROL_REFUSED';
   readonly retryable = false;
 }
+
+/** A command names a subscription the target has no trace of (`pgsub run` creates it). */
+export class SubscriptionNotFoundError extends PgsubError {
+  readonly code = 'PGSUB_SUBSCRIPTION_NOT_FOUND';
+  readonly retryable = false;
+}

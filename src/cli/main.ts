@@ -54,12 +54,12 @@ program
 
 program
   .command('status')
-  .description('show the subscription\'s progress recorded in the target and the slot on the publisher')
+  .description('show the subscription\'s progress recorded in the target and the slot on the publisher (exit 3: a side is unreachable; docs/status-json.md)')
   .option('-c, --config <file>', 'YAML or JSON config file')
   .option('--json', 'print JSON')
   .action(async (opts: { config?: string; json?: boolean }) => {
     const config = loadConfig({ file: opts.config });
-    await printStatus(config, Boolean(opts.json));
+    process.exitCode = await printStatus(config, Boolean(opts.json));
   });
 
 program
@@ -176,6 +176,13 @@ async function withMaintenance<T>(config: Config, fn: (sql: Sql) => Promise<T>):
     await sql.end({ timeout: 5 });
   }
 }
+
+// A reader that went away (`pgsub status | head -1`) is not an error: the rest of the
+// output is dropped (the stream is closed after the first EPIPE) and the command ends
+// with its own exit code, without a stack trace.
+process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+  if (err.code !== 'EPIPE') throw err;
+});
 
 try {
   await program.parseAsync(process.argv);
