@@ -45,7 +45,10 @@ program
     installStopSignals(log, () => runner.stop());
     try {
       await runner.done;
-      log.info({ counters: runner.counters }, 'stopped');
+      // What this process did: rowsCopied counts the rows of the table sync's copies too,
+      // not only the apply's COPY batches; tableSync breaks them out.
+      const tableSync = runner.copied();
+      log.info({ counters: { ...runner.counters, rowsCopied: runner.counters.rowsCopied + tableSync.rows }, tableSync }, 'stopped');
       process.exitCode = 0;
     } catch {
       process.exitCode = 1;
