@@ -126,3 +126,9 @@ export class SlotLostError extends PgsubError {
 
 /** Exit code of `pgsub run` when the subscription cannot go on and must be re-created (slot lost, slot ahead of the target). */
 export const EXIT_SUBSCRIPTION_LOST = 4;
+
+/** A command names a subscription the target has no trace of (`pgsub run` creates it). */
+export class SubscriptionNotFoundError extends PgsubError {
+  readonly code = 'PGSUB_SUBSCRIPTION_NOT_FOUND';
+  readonly retryable = false;
+}

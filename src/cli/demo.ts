@@ -3,9 +3,13 @@
  * publisher and a target of different majors from the npm-installed binaries, creates a
  * sample schema and publication, runs a concurrent workload while pgsub replicates it,
  * shows live progress (transactions applied, lag), then checks that every table in the
- * target equals the source and exits 0 — or 1 with the differing tables.
+ * target equals the source and exits 0 — or 1 with the differing tables. Run as root, it
+ * copies the server binaries to a directory of its own under /tmp (the server runs as an
+ * unprivileged user that may not reach node_modules) and removes it when it ends, also
+ * after a failure or Ctrl-C.
  */
-import { compareTables, connect, currentWalLsn, slotConfirmedLsn, startCluster, stopAllClusters, waitFor } from '../../test/harness/index.js';
+import fs from 'node:fs';
+import { compareTables, connect, currentWalLsn, setBinRoot, slotConfirmedLsn, startCluster, stopAllClusters, waitFor } from '../../test/harness/index.js';
 import type { Cluster } from '../../test/harness/index.js';
 import { loadConfig } from '../config/config.js';
 import { createLogger } from '../log.js';
@@ -31,11 +35,21 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
   out(`pgsub demo: PostgreSQL ${opts.publisherMajor} publisher → PostgreSQL ${opts.targetMajor} target, ${opts.transactions} transactions from ${opts.clients} clients`);
   let publisher: Cluster | undefined;
   let target: Cluster | undefined;
+  const binaries = ownBinaries();
+  if (binaries.dir) out(`  binaries  ${binaries.dir} (removed at the end)`);
   try {
-    [publisher, target] = await Promise.all([
+    // Both starts are waited for, also when one fails: a server still starting would
+    // outlive the cleanup below.
+    const starting = Promise.allSettled([
       startCluster({ major: opts.publisherMajor, name: 'demo-publisher' }),
       startCluster({ major: opts.targetMajor, name: 'demo-target' }),
     ]);
+    // After startCluster registered the harness's exit handler (it stops the servers), so
+    // this one runs after it: the servers' binaries go last.
+    process.on('exit', binaries.remove);
+    const servers = await starting;
+    for (const s of servers) if (s.status === 'rejected') throw s.reason;
+    [publisher, target] = servers.map((s) => (s as PromiseFulfilledResult<Cluster>).value) as [Cluster, Cluster];
     out(`  publisher ${publisher.url('shop')}\n  target    ${target.url('shop')}`);
     await publisher.createDatabase('shop');
     await target.createDatabase('shop');
@@ -87,7 +101,24 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
     return cmp.equal ? 0 : 1;
   } finally {
     await stopAllClusters();
+    binaries.remove();
   }
+}
+
+/**
+ * As root, a directory of this process's own for the server binaries (harness
+ * setBinRoot), instead of the shared /tmp/pgsub-pgbin that test runs use at the same
+ * time; `remove` deletes it (idempotent). Not root: the binaries run where npm put them.
+ */
+function ownBinaries(): { dir: string | null; remove: () => void } {
+  if (process.getuid?.() !== 0) return { dir: null, remove: () => {} };
+  const dir = fs.mkdtempSync('/tmp/pgsub-demo-bin-');
+  setBinRoot(dir);
+  const remove = () => {
+    process.off('exit', remove);
+    fs.rmSync(dir, { recursive: true, force: true });
+  };
+  return { dir, remove };
 }
 
 async function showProgress(publisher: Cluster, counters: { transactionsApplied: number; changesApplied: number }, started: number, out: (s: string) => void): Promise<void> {

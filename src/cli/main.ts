@@ -1,10 +1,11 @@
 /**
  * The `pgsub` command line: `run` (the service), `status`, `refresh`, `resync`, `skip`
  * and `enable` (conflict handling, conflict/control.ts), and `demo` (an embedded
- * publisher and target with a sample workload). Startup errors print one line naming
- * the problem and exit 2; a fatal apply error exits 1; a clean stop exits 0.
+ * publisher and target with a sample workload). Startup errors and usage errors (an
+ * unknown command or option) print one line naming the problem and exit 2; a fatal apply
+ * error exits 1; a clean stop exits 0; `status` exits 3 when a side is unreachable.
  */
-import { Command } from 'commander';
+import { Command, CommanderError } from 'commander';
 import { loadConfig } from '../config/config.js';
 import { ConfigError, PgsubError } from '../errors.js';
 import { createLogger } from '../log.js';
@@ -19,9 +20,17 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { enableSubscription, requestSkip } from '../conflict/control.js';
 import { migrateTarget } from '../origin/store.js';
 import { formatLsn, parseLsn } from '../protocol/lsn.js';
+import { packageVersion } from './version.js';
 
 const program = new Command();
-program.name('pgsub').description('PostgreSQL logical-replication subscriber that runs outside the database').showHelpAfterError();
+// exitOverride before the commands: subcommands inherit it when they are created. A usage
+// error then throws instead of exiting 1, which is kept for "ran, and found a problem".
+program
+  .name('pgsub')
+  .description('PostgreSQL logical-replication subscriber that runs outside the database')
+  .version(packageVersion(), '-V, --version', 'print the version')
+  .exitOverride()
+  .showHelpAfterError();
 
 program
   .command('run')
@@ -31,11 +40,15 @@ program
   .action(async (opts: { config?: string; logLevel?: string }) => {
     const config = loadConfig({ file: opts.config, overrides: { log_level: opts.logLevel } });
     const log = createLogger(config.logLevel);
+    log.info({ subscription: config.subscription, slot: config.slotName, state_dir: config.stateDir }, 'starting');
     const runner = startRunner(config, log);
     installStopSignals(log, () => runner.stop());
     try {
       await runner.done;
-      log.info({ counters: runner.counters }, 'stopped');
+      // What this process did: rowsCopied counts the rows of the table sync's copies too,
+      // not only the apply's COPY batches; tableSync breaks them out.
+      const tableSync = runner.copied();
+      log.info({ counters: { ...runner.counters, rowsCopied: runner.counters.rowsCopied + tableSync.rows }, tableSync }, 'stopped');
       process.exitCode = 0;
     } catch {
       process.exitCode = 1;
@@ -44,12 +57,12 @@ program
 
 program
   .command('status')
-  .description('show the subscription\'s progress recorded in the target and the slot on the publisher')
+  .description('show the subscription\'s progress recorded in the target and the slot on the publisher (exit 3: a side is unreachable; docs/status-json.md)')
   .option('-c, --config <file>', 'YAML or JSON config file')
   .option('--json', 'print JSON')
   .action(async (opts: { config?: string; json?: boolean }) => {
     const config = loadConfig({ file: opts.config });
-    await printStatus(config, Boolean(opts.json));
+    process.exitCode = await printStatus(config, Boolean(opts.json));
   });
 
 program
@@ -176,10 +189,22 @@ async function withMaintenance<T>(config: Config, fn: (sql: Sql) => Promise<T>):
   }
 }
 
+// A reader that went away (`pgsub status | head -1`) is not an error: the rest of the
+// output is dropped (the stream is closed after the first EPIPE) and the command ends
+// with its own exit code, without a stack trace.
+process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+  if (err.code !== 'EPIPE') throw err;
+});
+
 try {
   await program.parseAsync(process.argv);
 } catch (err) {
-  if (err instanceof PgsubError) {
+  if (err instanceof CommanderError) {
+    // commander has printed the message and the usage on stderr; --help and --version
+    // end here too, with exit code 0. Anything else is a usage error: exit 2, like a
+    // configuration error.
+    process.exitCode = err.exitCode === 0 ? 0 : 2;
+  } else if (err instanceof PgsubError) {
     process.stderr.write(`pgsub: ${err.code}: ${err.message}\n`);
     process.exitCode = 2;
   } else {

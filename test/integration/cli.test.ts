@@ -140,6 +140,11 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     const p = start(pgsubEnv('cli_a', 'pub_items'));
     const streaming = await p.waitForLog('streaming started');
     assert.equal(streaming.slot, 'cli_a');
+    // The state directory, logged once at start: the per-user default (spawnPgsub passes HOME only).
+    const starting = logRecords(p.output()).filter((r) => r.msg === 'starting');
+    assert.equal(starting.length, 1, 'one starting line');
+    assert.equal(starting[0]!.level, 30, 'at info');
+    assert.equal(starting[0]!.state_dir, path.join(process.env.HOME ?? '/tmp', '.local', 'state', 'pgsub', 'cli_a'));
     assert.match(String(streaming.publisher), /host=127\.0\.0\.1 .* user=postgres/);
 
     await publisher.query("INSERT INTO public.items VALUES (1, 'one'), (2, 'two')", [], DB);
@@ -277,11 +282,12 @@ describe('pgsub CLI against PostgreSQL 18', () => {
   test('configuration errors: one stderr line naming the problem, exit 2', async () => {
     const { PGSUB_TARGET: _t, ...noTarget } = pgsubEnv('cli_cfg', 'pub_items');
     const cases = [
-      { env: noTarget, args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: target: / },
+      { env: noTarget, args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: target is required/ },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_FAILOVER: 'true' }), args: ['run'], line: /^pgsub: PGSUB_NOT_IMPLEMENTED: failover = true is not implemented yet/ },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_SOURCE: `postgresql://postgres:${SOURCE_PASSWORD}@127.0.0.1:99999/${DB}` }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: source: / },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_TARGET: `${targetUri()}&sslmode=sometimes` }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: target: sslmode "sometimes"/ },
-      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_PUBLICATON: 'typo' }), args: ['status', '--json'], line: /^pgsub: PGSUB_CONFIG_INVALID: environment variable PGSUB_PUBLICATON is not a pgsub setting/ },
+      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_PUBLICATON: 'typo' }), args: ['status', '--json'], line: /^pgsub: PGSUB_CONFIG_INVALID: environment variable PGSUB_PUBLICATON is not a pgsub setting; did you mean PGSUB_PUBLICATION\?$/ },
+      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_STREAMING: 'maybe' }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: streaming: "maybe" is not one of off, on, parallel \(from PGSUB_STREAMING\)$/ },
     ];
     const runs = cases.map((c) => ({ ...c, p: start(c.env, c.args) }));
     for (const { p, line } of runs) {
@@ -301,15 +307,15 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     const status = JSON.parse(fromEnv.stdout()) as Record<string, unknown>;
     assert.equal(status.subscription, 'cli_a');
     assert.equal(status.slot, 'cli_a');
-    assert.equal(status.slotExists, true);
-    assert.equal(status.slotActive, false);
-    assert.match(String(status.originRemoteLsn), /^[0-9A-F]+\/[0-9A-F]+$/);
-    assert.match(String(status.slotConfirmedFlushLsn), /^[0-9A-F]+\/[0-9A-F]+$/);
-    const origin = lsnToBigint(String(status.originRemoteLsn));
-    assert.ok(lsnToBigint(String(status.slotConfirmedFlushLsn)) <= origin, 'slot not ahead of origin');
+    assert.equal(status.slot_exists, true);
+    assert.equal(status.slot_active, false);
+    assert.match(String(status.origin_remote_lsn), /^[0-9A-F]+\/[0-9A-F]+$/);
+    assert.match(String(status.slot_confirmed_flush_lsn), /^[0-9A-F]+\/[0-9A-F]+$/);
+    const origin = lsnToBigint(String(status.origin_remote_lsn));
+    assert.ok(lsnToBigint(String(status.slot_confirmed_flush_lsn)) <= origin, 'slot not ahead of origin');
     assert.equal(origin, lsnToBigint((await originRow('cli_a'))!.remote_lsn), 'origin as stored in the target');
-    assert.ok(Number(status.transactionsApplied) >= 3, `transactionsApplied ${status.transactionsApplied}`);
-    assert.equal(typeof status.lagBytes, 'number');
+    assert.ok(Number(status.transactions_applied) >= 3, `transactions_applied ${status.transactions_applied}`);
+    assert.equal(typeof status.lag_bytes, 'number');
     assert.equal(fromEnv.stderr(), '');
     assertNoSecrets(fromEnv.output(), 'status from env');
 
@@ -321,14 +327,14 @@ describe('pgsub CLI against PostgreSQL 18', () => {
       const fromFile = start({}, ['status', '--config', file, '--json']);
       assert.equal(await withTimeout(fromFile.exited, 30_000, 'status to exit'), 0, fromFile.output());
       const fileStatus = JSON.parse(fromFile.stdout()) as Record<string, unknown>;
-      assert.equal(fileStatus.originRemoteLsn, status.originRemoteLsn);
-      assert.equal(fileStatus.slotConfirmedFlushLsn, status.slotConfirmedFlushLsn);
+      assert.equal(fileStatus.origin_remote_lsn, status.origin_remote_lsn);
+      assert.equal(fileStatus.slot_confirmed_flush_lsn, status.slot_confirmed_flush_lsn);
       assertNoSecrets(fromFile.output(), 'status from file');
 
       // Plain text form: one "key value" line per field.
       const text = start(pgsubEnv('cli_a', 'pub_items'), ['status']);
       assert.equal(await withTimeout(text.exited, 30_000, 'status to exit'), 0, text.output());
-      assert.match(text.stdout(), new RegExp(`^originRemoteLsn +${String(status.originRemoteLsn).replace('/', '\\/')}$`, 'm'));
+      assert.match(text.stdout(), new RegExp(`^origin_remote_lsn +${String(status.origin_remote_lsn).replace('/', '\\/')}$`, 'm'));
     } finally {
       fs.rmSync(dir, { recursive: true, force: true });
     }

@@ -232,7 +232,7 @@ describe('conflicts against PostgreSQL 18', () => {
     const json = JSON.parse(status.output.slice(status.output.indexOf('{'))) as Record<string, unknown>;
     assert.equal(json.confl_insert_exists, (await stats(db)).confl_insert_exists);
     assert.ok((json.apply_error_count as number) >= 14);
-    assert.equal(json.lastErrorPending, false);
+    assert.equal(json.last_error_pending, false);
     assert.equal(json.enabled, true);
   });
 
@@ -247,7 +247,7 @@ describe('conflicts against PostgreSQL 18', () => {
     const status = await cli(db, ['status', '--json']);
     const json = JSON.parse(status.output.slice(status.output.indexOf('{'))) as Record<string, unknown>;
     assert.equal(json.enabled, false);
-    assert.equal(json.lastErrorLsn, lsns.insert_exists);
+    assert.equal(json.last_error_lsn, lsns.insert_exists);
     await tgt.query(`DELETE FROM ${TABLE} WHERE id = 1`, [], db);
     const r = await cli(db, ['enable']);
     assert.equal(r.code, 0, r.output);

@@ -9,7 +9,8 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { loadConfig, CONFIG_KEYS, type LoadOptions } from '../../src/config/config.js';
+import { loadConfig, resolveStateDir, CONFIG_KEYS, type LoadOptions } from '../../src/config/config.js';
+import { editDistance, nearestName } from '../../src/config/issues.js';
 import { ConfigError, NotImplementedError } from '../../src/errors.js';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-config-'));
@@ -125,7 +126,44 @@ describe('config file', () => {
 
   test('an unknown key in the file is a ConfigError naming it', () => {
     const file = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopy_data: false\nslot: s1\n');
-    assertConfigError(() => load({ file }), /slot: Unrecognized key: "slot"/);
+    assertConfigError(() => load({ file }), /unknown key slot \(from .*config-\d+\.yaml\)/);
+  });
+
+  test('an unknown key that is a near miss of a real one: did you mean …?', () => {
+    const file = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\ncopydata: false\nStreaming: on\npublicaton_names: x\n');
+    assertConfigError(() => load({ file }), /unknown key copydata \(from .*\.yaml\); did you mean copy_data\?/);
+    assertConfigError(() => load({ file }), /unknown key Streaming \(from .*\.yaml\); did you mean streaming\?/);
+    // Too far from every key for a guess: no suggestion.
+    assertConfigError(() => load({ file }), /unknown key publicaton_names \(from/);
+    assert.throws(() => load({ file }), (err: unknown) => err instanceof ConfigError && err.context.key === 'copydata' && !/publicaton_names; did you mean/.test(err.message));
+    // Nested mappings suggest their own keys.
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"defaults":{}}' } }), /unknown key defaults in conflicts \(from PGSUB_CONFLICTS\); did you mean default\?/);
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"insert_exist":"skip"}}' } }), /unknown key insert_exist in conflicts\.default \(from PGSUB_CONFLICTS\); did you mean insert_exists\?/);
+  });
+
+  test('an enum error lists the allowed values', () => {
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_STREAMING: 'maybe' } }), 'streaming: "maybe" is not one of off, on, parallel (from PGSUB_STREAMING)');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_ORIGIN: 'local' } }), 'origin: "local" is not one of any, none');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_LOG_LEVEL: 'loud' } }), 'log_level: "loud" is not one of fatal, error, warn, info, debug, trace, silent');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_COPY_DATA: 'maybe' } }), 'copy_data: "maybe" is not a boolean (true/false, on/off, yes/no, 1/0)');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"insert_exists":"merge"}}' } }), 'conflicts.default.insert_exists: "merge" is not one of error, skip, apply_remote, keep_local (from PGSUB_CONFLICTS)');
+    const file = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\nstreaming: 3\n');
+    assertConfigError(() => load({ file }), new RegExp(`streaming: 3 is not one of off, on, parallel \\(from ${file.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}\\)`));
+  });
+
+  test('a number error names the key and the bad value', () => {
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_MAX_IN_FLIGHT: 'abc' } }), 'max_in_flight: "abc" is not a number (from PGSUB_MAX_IN_FLIGHT)');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_MAX_IN_FLIGHT: '0' } }), 'max_in_flight: must be at least 1, got 0');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_MAX_IN_FLIGHT: '2000000' } }), 'max_in_flight: must be at most 1000000, got 2000000');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_BATCH_ROWS: '1.5' } }), 'batch_rows: must be a whole number, got 1.5');
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_STATUS_INTERVAL: '0' } }), 'status_interval: must be more than 0 (seconds), got 0');
+    // An empty variable is not 0.
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_QUEUE_SIZE: '' } }), 'queue_size: "" is not a number');
+    const file = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\nmax_in_flight: true\n');
+    assertConfigError(() => load({ file }), 'max_in_flight: true is not a number');
+    // Numbers still come as numbers or numeric strings.
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_MAX_IN_FLIGHT: ' 12 ', PGSUB_STATUS_INTERVAL: '.5' } }).maxInFlight, 12);
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_STATUS_INTERVAL: '.5' } }).statusIntervalMs, 500);
   });
 
   test('unreadable, malformed and non-mapping files', () => {
@@ -145,11 +183,12 @@ describe('config file', () => {
     assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_SUBSCRIPTION: 'x'.repeat(64) } }), 'subscription');
   });
 
-  test('missing required settings name them', () => {
+  test('missing required settings: "<key> is required"', () => {
     const { PGSUB_TARGET: _t, ...noTarget } = MINIMAL_ENV;
-    assertConfigError(() => load({ env: noTarget }), /target: /);
+    assertConfigError(() => load({ env: noTarget }), /^invalid configuration: target is required \(in the config file, or as PGSUB_TARGET\)$/);
     const { PGSUB_SOURCE: _s, PGSUB_PUBLICATION: _p, ...neither } = MINIMAL_ENV;
-    assertConfigError(() => load({ env: neither }), /source: .*publication: /);
+    assertConfigError(() => load({ env: neither }), /source is required .*; publication is required/);
+    assert.throws(() => load({ env: neither }), (err: unknown) => err instanceof ConfigError && err.context.key === 'source');
   });
 });
 
@@ -201,11 +240,17 @@ describe('environment', () => {
     for (const v of ['true', 'on', '1', 'yes']) assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_CREATE_SLOT: v } }).createSlot, true, v);
   });
 
-  test('an unknown PGSUB_ variable is a ConfigError naming it', () => {
+  test('an unknown PGSUB_ variable is a ConfigError naming it, with a suggestion when it is a near miss', () => {
     assert.throws(
       () => load({ env: { ...MINIMAL_ENV, PGSUB_PUBLICATON: 'typo' } }),
-      (err: unknown) => err instanceof ConfigError && err.context.key === 'PGSUB_PUBLICATON' && /environment variable PGSUB_PUBLICATON is not a pgsub setting/.test(err.message),
+      (err: unknown) => err instanceof ConfigError && err.context.key === 'PGSUB_PUBLICATON' && /^environment variable PGSUB_PUBLICATON is not a pgsub setting; did you mean PGSUB_PUBLICATION\?$/.test(err.message),
     );
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_COPYDATA: 'false' } }), /PGSUB_COPYDATA is not a pgsub setting; did you mean PGSUB_COPY_DATA\?/);
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_SLTO: 'x' } }), /did you mean PGSUB_SLOT\?/);
+    // Nothing close: the known settings are listed instead.
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_WHATEVER_ELSE: '1' } }), /PGSUB_WHATEVER_ELSE is not a pgsub setting \(known: subscription, source, /);
+    // Not settings, but pgsub's own: accepted.
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_PROGRESS_INTERVAL_MS: '100', PGSUB_FAULT: 'x' } }).subscription, 'pgsub');
   });
 
   test('non-PGSUB variables are ignored; libpq variables fill the conninfo', () => {
@@ -363,6 +408,51 @@ describe('conninfo errors through loadConfig', () => {
   test('a bad source port names source, a bad target sslmode names target', () => {
     assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_SOURCE: 'host=a port=x' } }), /^source: port "x"/);
     assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_TARGET: 'postgresql://b/db?sslmode=bogus' } }), /^target: sslmode "bogus"/);
+  });
+});
+
+describe('edit distance', () => {
+  test('insertions, deletions, substitutions and swaps cost one each', () => {
+    assert.equal(editDistance('copy_data', 'copy_data'), 0);
+    assert.equal(editDistance('copydata', 'copy_data'), 1);
+    assert.equal(editDistance('copy_dta', 'copy_data'), 1);
+    assert.equal(editDistance('cpoy_data', 'copy_data'), 1);
+    assert.equal(editDistance('copy_dbta', 'copy_data'), 1);
+    assert.equal(editDistance('', 'abc'), 3);
+    assert.equal(editDistance('kitten', 'sitting'), 3);
+  });
+
+  test('the nearest name within a distance that grows with the length, case ignored', () => {
+    assert.equal(nearestName('COPY_DATA', CONFIG_KEYS), 'copy_data');
+    assert.equal(nearestName('slto', ['slot', 'source']), 'slot');
+    assert.equal(nearestName('sl', ['slot']), null);
+    assert.equal(nearestName('max_inflight', CONFIG_KEYS), 'max_in_flight');
+    assert.equal(nearestName('tables_to_copy', CONFIG_KEYS), null);
+  });
+});
+
+describe('state directory', () => {
+  test('state_dir wins, then $STATE_DIRECTORY (systemd), then XDG_STATE_HOME, then ~/.local/state', () => {
+    const env = { STATE_DIRECTORY: '/var/lib/pgsub', XDG_STATE_HOME: '/home/op/.state', HOME: '/home/op' };
+    assert.equal(resolveStateDir('orders', '/srv/pgsub', env), '/srv/pgsub');
+    assert.equal(resolveStateDir('orders', 'rel/dir', env), path.resolve('rel/dir'));
+    assert.equal(resolveStateDir('orders', undefined, env), '/var/lib/pgsub');
+    // systemd lists several directories colon-separated when StateDirectory= names several.
+    assert.equal(resolveStateDir('orders', undefined, { ...env, STATE_DIRECTORY: '/var/lib/pgsub:/var/lib/other' }), '/var/lib/pgsub');
+    assert.equal(resolveStateDir('orders', undefined, { XDG_STATE_HOME: '/home/op/.state', HOME: '/home/op' }), '/home/op/.state/pgsub/orders');
+    // A relative XDG_STATE_HOME is ignored, as the XDG spec says.
+    assert.equal(resolveStateDir('orders', undefined, { XDG_STATE_HOME: 'state', HOME: '/home/op' }), '/home/op/.local/state/pgsub/orders');
+    assert.equal(resolveStateDir('orders', undefined, { HOME: '/home/op' }), '/home/op/.local/state/pgsub/orders');
+    assert.equal(resolveStateDir('orders', undefined, {}), path.join(os.homedir(), '.local', 'state', 'pgsub', 'orders'));
+  });
+
+  test('through loadConfig: per subscription, never the working directory; the spool below it', () => {
+    const c = load({ env: { ...MINIMAL_ENV, PGSUB_SUBSCRIPTION: 'orders', HOME: '/home/op' } });
+    assert.equal(c.stateDir, '/home/op/.local/state/pgsub/orders');
+    assert.equal(c.spoolDir, '/home/op/.local/state/pgsub/orders/spool');
+    assert.ok(!c.stateDir.startsWith(process.cwd()), c.stateDir);
+    assert.equal(load({ env: { ...MINIMAL_ENV, STATE_DIRECTORY: '/var/lib/pgsub' } }).spoolDir, '/var/lib/pgsub/spool');
+    assert.equal(load({ env: { ...MINIMAL_ENV, STATE_DIRECTORY: '/var/lib/pgsub', PGSUB_STATE_DIR: '/srv/x' } }).stateDir, '/srv/x');
   });
 });
 
