@@ -6,15 +6,14 @@
  *
  * Lag in bytes is what the process already knows: the publisher's WAL end as its last
  * message carried it (`received`) minus the position flushed in the target. Lag in seconds
- * is now minus the source commit time of the last transaction applied, read from the
- * target's origin row (one short query on the target per line; none on the publisher):
- * that time travels with the commit, not through this process. With nothing left to
- * apply it is 0, not the age of the last commit.
+ * is now minus the source commit time of the last transaction applied, corrected by the
+ * clock offset between the hosts, as the metrics compute it (metrics.ts lagSeconds): no
+ * query. With nothing left to apply it is 0, not the age of the last commit.
  */
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
 import type { ApplyCounters } from '../apply/state.js';
-import { openMaintenance } from '../apply/target.js';
+import { lagSeconds } from './metrics.js';
 import { formatLsn } from '../protocol/lsn.js';
 import type { TableProgress } from '../tablesync/job.js';
 import type { SyncStates } from '../tablesync/state.js';
@@ -23,7 +22,6 @@ import type { SessionHandle } from './session.js';
 export const DEFAULT_PROGRESS_INTERVAL_MS = 30_000;
 /** More received than flushed than this, and the apply is behind rather than keeping pace. */
 export const CATCHING_UP_BYTES = 1024 * 1024;
-const LAG_QUERY_TIMEOUT_MS = 5000;
 
 export type RunState = 'copying' | 'catching up' | 'streaming' | 'retrying';
 
@@ -111,7 +109,8 @@ export class ProgressLog {
       const progress = session?.progress ?? null;
       const lagBytes = progress ? Number(progress.received > progress.flushed ? progress.received - progress.flushed : 0n) : null;
       const caughtUp = progress !== null && progress.flushed >= progress.received;
-      const lagSeconds = caughtUp ? 0 : await this.secondsBehind(now);
+      const lag = caughtUp ? 0 : lagSeconds({ progress: () => progress, counters });
+      const lagSecondsValue = lag === null ? null : Math.round(lag * 10) / 10;
       const seconds = (now - this.last.at) / 1000;
       const applied = counters.transactionsApplied - this.last.transactions;
       this.last = { at: now, transactions: counters.transactionsApplied };
@@ -128,7 +127,7 @@ export class ProgressLog {
           tx_per_second: seconds > 0 ? Math.round((applied / seconds) * 10) / 10 : 0,
           transactions_applied: counters.transactionsApplied,
           lag_bytes: lagBytes,
-          lag_seconds: lagSeconds,
+          lag_seconds: lagSecondsValue,
           received_lsn: progress ? formatLsn(progress.received) : null,
           flushed_lsn: progress ? formatLsn(progress.flushed) : null,
           tables_copying: copying,
@@ -137,31 +136,6 @@ export class ProgressLog {
       );
     } finally {
       this.ticking = false;
-    }
-  }
-
-  /** Now minus the source commit time of the last applied transaction; null when unknown. */
-  private async secondsBehind(now: number): Promise<number | null> {
-    const sql = openMaintenance({ ...this.config.target, connectTimeoutSeconds: LAG_QUERY_TIMEOUT_MS / 1000 }, `pgsub_${this.config.subscription}_progress`);
-    let timer: NodeJS.Timeout | undefined;
-    try {
-      const read = sql.unsafe<{ ms: string | null }[]>(
-        `SELECT (extract(epoch FROM "last_commit_time") * 1000)::text AS ms FROM "pgsub"."origin" WHERE "subscription" = $1`,
-        [this.config.subscription],
-      );
-      const timeout = new Promise<null>((resolve) => {
-        timer = setTimeout(() => resolve(null), LAG_QUERY_TIMEOUT_MS);
-      });
-      const rows = await Promise.race([read, timeout]);
-      const ms = rows?.[0]?.ms;
-      if (ms == null) return null;
-      return Math.max(0, Math.round((now - Number(ms)) / 100) / 10);
-    } catch {
-      // The target may be what is failing; the line still goes out.
-      return null;
-    } finally {
-      clearTimeout(timer);
-      void sql.end({ timeout: 1 }).catch(() => {});
     }
   }
 }
