@@ -11,7 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, test } from 'node:test';
-import { compareTables, startCluster, waitForCatchUp, type Cluster } from '../harness/index.js';
+import { compareTables, startCluster, waitFor, waitForCatchUp, type Cluster } from '../harness/index.js';
 import { spawn } from 'node:child_process';
 
 const run = promisify(execFile);
@@ -69,6 +69,7 @@ test('npm pack, npm install -g into an empty prefix: the installed pgsub runs fr
   child.stderr.on('data', (b: Buffer) => (output += b));
   const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
   try {
+    await waitFor(async () => output.includes('"msg":"streaming started"'), { timeoutMs: 120_000, what: 'the installed pgsub streaming' }).catch((err) => assert.fail(`${err}\n${output.slice(-3000)}`));
     await publisher.query(`INSERT INTO public.items VALUES (1001, 'streamed')`, [], 'src');
     await waitForCatchUp(publisher, 'src', 'packed', 120_000).catch((err) => assert.fail(`${err}\n${output.slice(-3000)}`));
     const cmp = await compareTables(publisher, 'src', target, 'dst', ['public.items']);
