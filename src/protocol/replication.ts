@@ -200,13 +200,29 @@ export class ReplicationStream {
         this.failure ??= err as Error;
         throw this.failure;
       }
-      if (batch === null) return;
+      if (batch === null) {
+        // The server ended CopyBoth itself: a stop to reconnect after, like a lost connection.
+        const end = this.reader.serverEnd;
+        if (end === null) return;
+        this.failure ??= new ConnectionLostError(
+          end === 'command-complete'
+            ? 'the publisher ended the replication stream: its walsender stopped (server shutdown or restart)'
+            : 'the publisher ended the replication stream (CopyDone)',
+          { serverEnd: end },
+        );
+        throw this.failure;
+      }
       yield batch;
     }
   }
 
   get error(): Error | null {
     return this.failure ?? this.reader.error;
+  }
+
+  /** Resolves once the publisher accepted START_REPLICATION (CopyBothResponse); never rejects. */
+  get started(): Promise<void> {
+    return this.reader.started;
   }
 
   sendStandbyStatus(status: StandbyStatus): void {
