@@ -50,6 +50,15 @@ export interface SessionDeps {
   noGroupUntil?: Lsn | null;
 }
 
+/**
+ * The streaming connection's application_name: the source conninfo's, else the subscription
+ * name, as native's walreceiver. The publisher's synchronous_standby_names names it; helper
+ * connections (table sync, refresh, CLI) carry pgsub_<subscription>_<purpose>, never this.
+ */
+export function streamingApplicationName(config: Config): string {
+  return config.source.applicationName ?? config.subscription;
+}
+
 export async function startSession(config: Config, counters: ApplyCounters, log: Logger, deps: SessionDeps, events: SessionEvents = {}): Promise<SessionHandle> {
   const appName = `pgsub_${config.subscription}`;
   // synchronous_commit = off applies to the apply transactions only (SET LOCAL, with flush
@@ -58,7 +67,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
   // The connections are opened while the migrations run: a restart costs one round of
   // connection setup, not one per connection (startup is part of every catch-up).
   const applyOpening = openApplyConnection(config.target, { applicationName: appName, synchronousCommit: sessionCommit });
-  const replicationOpening = ReplicationConnection.open(config.source, appName);
+  const replicationOpening = ReplicationConnection.open(config.source, streamingApplicationName(config));
   const trackerOpening = config.synchronousCommit === 'off' ? openApplyConnection(config.target, { applicationName: `${appName}_flush`, synchronousCommit: 'on' }) : Promise.resolve(null);
   const opened = Promise.allSettled([applyOpening, replicationOpening, trackerOpening]);
   const closeOpened = async () => {
