@@ -14,8 +14,9 @@
  * `Pipeline` bounds how many statements are outstanding and surfaces the first error in
  * send order.
  */
+import pg from 'pg';
 import postgres from 'postgres';
-import { tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { KEEPALIVE_IDLE_MS, pgClientConfig, tlsOptions, type ConnInfo } from '../config/conninfo.js';
 import { WireConnection, type WireResult, type WireValue } from './wire.js';
 
 export type Sql = postgres.Sql<Record<string, never>>;
@@ -24,11 +25,16 @@ export type { WireConnection, WireValue };
 export interface ApplyConnectionOptions {
   applicationName: string;
   synchronousCommit: string;
+  /** target_timeout in ms (wire.ts); 0 or absent: no timeout. */
+  timeoutMs?: number;
 }
 
 export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions): Promise<WireConnection> {
+  const timeoutMs = opts.timeoutMs ?? 0;
   return WireConnection.connect(info, {
     applicationName: opts.applicationName,
+    timeoutMs,
+    probe: timeoutMs > 0 ? (pid) => backendBusy(info, `${opts.applicationName}_probe`, pid, timeoutMs) : undefined,
     startupParameters: {
       search_path: '',
       session_replication_role: 'replica',
@@ -38,6 +44,30 @@ export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions
       extra_float_digits: '3',
     },
   });
+}
+
+/**
+ * Whether backend `pid` is running a statement, asked on a short-lived connection of its
+ * own: a silent apply connection whose backend waits on a lock is alive; one whose backend
+ * waits for its client (idle, or blocked sending to it), or that cannot be asked, is not.
+ */
+async function backendBusy(info: ConnInfo, applicationName: string, pid: number, timeoutMs: number): Promise<boolean> {
+  const limit = Math.min(timeoutMs, (info.connectTimeoutSeconds ?? 10) * 1000);
+  const client = new pg.Client(pgClientConfig(info, applicationName, { connectionTimeoutMillis: limit, query_timeout: limit }));
+  client.on('error', () => {});
+  try {
+    await client.connect();
+    const { rows } = await client.query<{ state: string | null; wait_event_type: string | null }>(
+      'SELECT state, wait_event_type FROM pg_catalog.pg_stat_activity WHERE pid = $1',
+      [pid],
+    );
+    return rows[0]?.state === 'active' && rows[0].wait_event_type !== 'Client';
+  } catch {
+    return false;
+  } finally {
+    client.end().catch(() => {});
+    setTimeout(() => client.connection.stream.destroy(), 1000).unref();
+  }
 }
 
 export interface StandaloneStatement {
@@ -79,6 +109,7 @@ export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
     idle_timeout: 0,
     max_lifetime: null,
     connect_timeout: info.connectTimeoutSeconds ?? 30,
+    keep_alive: KEEPALIVE_IDLE_MS / 1000,
     fetch_types: false,
     prepare: true,
     connection: { application_name: applicationName },

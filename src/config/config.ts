@@ -93,6 +93,7 @@ const fileSchema = z
     // pgsub's own settings.
     status_interval: seconds.default(10),
     receive_timeout: seconds.default(60),
+    target_timeout: seconds.default(60),
     retry_min_delay: seconds.default(1),
     retry_max_delay: seconds.default(60),
     max_in_flight: z.coerce.number().int().min(1).max(1_000_000).default(4000),
@@ -140,6 +141,8 @@ export interface Config {
   messages: boolean;
   statusIntervalMs: number;
   receiveTimeoutMs: number;
+  /** A target connection silent this long with operations outstanding (and not busy running them) is dropped (apply/wire.ts). */
+  targetTimeoutMs: number;
   retryMinDelayMs: number;
   retryMaxDelayMs: number;
   maxInFlight: number;
@@ -245,6 +248,7 @@ function validate(raw: Record<string, unknown>, env: NodeJS.ProcessEnv): Config 
     messages: c.messages,
     statusIntervalMs: c.status_interval * 1000,
     receiveTimeoutMs: c.receive_timeout * 1000,
+    targetTimeoutMs: c.target_timeout * 1000,
     retryMinDelayMs: c.retry_min_delay * 1000,
     retryMaxDelayMs: c.retry_max_delay * 1000,
     maxInFlight: c.max_in_flight,
