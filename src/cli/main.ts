@@ -1,8 +1,9 @@
 /**
  * The `pgsub` command line: `run` (the service), `status`, `refresh`, `resync`, `skip`
  * and `enable` (conflict handling, conflict/control.ts), and `demo` (an embedded
- * publisher and target with a sample workload). Startup errors print one line naming
- * the problem and exit 2; a fatal apply error exits 1; a clean stop exits 0.
+ * publisher and target with a sample workload). Startup errors (configuration, and
+ * setup the operator must fix: passwords, pg_hba.conf, privileges, a second pgsub) print
+ * one line naming the problem and exit 2; a fatal apply error exits 1; a clean stop exits 0.
  */
 import { Command } from 'commander';
 import { loadConfig } from '../config/config.js';
@@ -35,11 +36,16 @@ program
     installStopSignals(log, () => runner.stop());
     try {
       await runner.done;
-      log.info({ counters: runner.counters }, 'stopped');
+      log.info({ counters: runner.counters, failures: runner.failures }, 'stopped');
       process.exitCode = 0;
-    } catch {
-      process.exitCode = 1;
+    } catch (err) {
+      // Setup the operator must fix: one line saying what, as for a configuration error.
+      const exitCode = err instanceof PgsubError ? err.exitCode : 1;
+      if (exitCode === 2) process.stderr.write(`pgsub: ${(err as PgsubError).code}: ${(err as PgsubError).message}\n`);
+      process.exitCode = exitCode;
     }
+    // Stopped: a connection attempt still pending (a server that does not answer) must not hold the exit.
+    setTimeout(() => process.exit(), 1000).unref();
   });
 
 program
