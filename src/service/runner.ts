@@ -21,7 +21,7 @@ import type { Config } from '../config/config.js';
 import { ApplyConflictError, ConnectionLostError, PgsubError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
 import { sqlstateOf } from '../connect-failure.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/loop.js';
-import { openMaintenance } from '../apply/target.js';
+import { openMaintenance, setMaintenanceTimeout } from '../apply/target.js';
 import { loadControl, recordApplyError } from '../conflict/control.js';
 import type { ConflictRecord } from '../conflict/report.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
@@ -78,6 +78,7 @@ export function describeError(err: unknown): Record<string, unknown> {
 }
 
 export function startRunner(config: Config, log: Logger, events: SessionEvents = {}): Runner {
+  setMaintenanceTimeout(config.targetTimeoutMs);
   const counters = newCounters();
   const failures: Record<string, number> = {};
   const own = new OwnConnections();
