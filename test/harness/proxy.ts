@@ -2,8 +2,9 @@
  * A TCP proxy on loopback for fault tests: forwards bytes between pgsub and a server,
  * and can black-hole existing connections (bytes read and dropped both ways, sockets
  * kept open — a silent network) or cut them (reset), while new connections pass; or
- * black-hole new connections too until heal(). A socket closed on one side is still
- * closed on the other, so a server's backend goes once its client gave up.
+ * black-hole new connections too until heal(). A silenced connection passes no close
+ * either (a lost FIN, as on a dead network path): the server's backend stays until its
+ * own timeouts, or proxy.close().
  */
 import net from 'node:net';
 
@@ -40,10 +41,13 @@ export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): 
         if (!pair.silent && !to.destroyed) to.write(chunk);
       });
       from.on('close', () => {
+        if (pair.silent) return;
         pairs.delete(pair);
         to.destroy();
       });
-      from.on('error', () => to.destroy());
+      from.on('error', () => {
+        if (!pair.silent) to.destroy();
+      });
     };
     forward(client, upstream);
     forward(upstream, client);
