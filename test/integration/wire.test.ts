@@ -1,7 +1,7 @@
 /**
  * WireConnection against a real PostgreSQL 18: pipelined extended-query protocol with
  * binary parameters, error/abort semantics up to Sync and statement-cache consistency
- * after a failed segment, startup parameters, server-side termination, LRU eviction, and
+ * after a failed segment, startup parameters, server-side termination, LRU eviction,
  * target_timeout (a lock wait is not a dead connection; a loss while idle is reported),
  * and a throughput print (pipelined vs awaited one by one).
  */
