@@ -304,7 +304,8 @@ test('a PG14 publisher is refused: streaming = parallel needs protocol 4', async
       PGSUB_STREAMING: 'parallel',
       PGSUB_STATE_DIR: stateDir,
     });
-    assert.equal(await p.exited, 1);
+    // A setup the operator must fix: exit 2, as for a configuration error.
+    assert.equal(await p.exited, 2);
     assert.match(p.output(), /streaming = parallel needs a PostgreSQL 16 or later publisher \(protocol 4\); this one is 14/);
   } finally {
     await old.stop();

@@ -168,7 +168,8 @@ test('a target with max_prepared_transactions = 0 is refused with how to fix it'
       PGSUB_COPY_DATA: 'false',
       PGSUB_TWO_PHASE: 'true',
     });
-    assert.equal(await p.exited, 1);
+    // A setup the operator must fix: exit 2, as for a configuration error.
+    assert.equal(await p.exited, 2);
     assert.match(p.output(), /max_prepared_transactions is 0\. Set max_prepared_transactions/);
   } finally {
     await plain.stop();
