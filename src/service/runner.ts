@@ -85,8 +85,8 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   /** A session of this process reached streaming: refusals are retried from now on. */
   let streamedOnce = false;
   let stopped = false;
-  let markStopped!: () => void;
-  const stopRequested = new Promise<void>((resolve) => (markStopped = resolve));
+  /** Ends a session start being waited for (set only while waiting). */
+  let abandonStart: (() => void) | null = null;
   let session: SessionHandle | null = null;
   let wake: (() => void) | null = null;
   let streaming = false;
@@ -147,15 +147,19 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   };
   const appName = `pgsub_${config.subscription}`;
 
-  // A stop during the wait ends it at once (a stop just before it skips it).
-  const sleep = (ms: number) =>
-    stopped
-      ? Promise.resolve()
-      : new Promise<void>((resolve) => {
-          wake = resolve;
-          const timer = setTimeout(resolve, ms);
-          void stopRequested.then(() => clearTimeout(timer));
-        }).finally(() => (wake = null));
+  // A stop during the wait ends it at once, and clears its timer (which would hold the
+  // process up to retry_max_delay); a stop just before it skips it.
+  const sleep = (ms: number) => {
+    if (stopped) return Promise.resolve();
+    let timer: NodeJS.Timeout | undefined;
+    return new Promise<void>((resolve) => {
+      wake = resolve;
+      timer = setTimeout(resolve, ms);
+    }).finally(() => {
+      clearTimeout(timer);
+      wake = null;
+    });
+  };
 
   /** Idle until `pgsub enable` (or stop): the subscription is disabled in the target. */
   const waitForEnable = async () => {
@@ -212,7 +216,11 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           (handle) => ({ handle }),
           (error: unknown) => ({ error }),
         );
-        const outcome = await Promise.race([starting, stopRequested.then(() => null)]);
+        const outcome = await new Promise<Awaited<typeof starting> | null>((resolve) => {
+          abandonStart = () => resolve(null);
+          if (stopped) resolve(null);
+          void starting.then(resolve);
+        }).finally(() => (abandonStart = null));
         if (outcome === null) {
           void starting.then((o) => ('handle' in o ? o.handle.stop() : undefined));
           return;
@@ -305,7 +313,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     current: () => session,
     stop() {
       stopped = true;
-      markStopped();
+      abandonStart?.();
       session?.stop();
       wake?.();
     },
