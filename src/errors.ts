@@ -13,9 +13,20 @@ export interface ErrorContext {
   [key: string]: unknown;
 }
 
+/** Which server a failure is about: the publisher (source) or the database applied into (target). */
+export type Side = 'source' | 'target';
+
 export abstract class PgsubError extends Error {
   abstract readonly code: string;
   abstract readonly retryable: boolean;
+  /**
+   * Fatal before the first session of the process reached streaming: a setup mistake the
+   * operator must fix (exit 2). Retried like its `retryable` says once a session has run,
+   * since then it is a change (a rotated password, a revoked grant) that may be undone.
+   */
+  readonly fatalAtStartup: boolean = false;
+  /** The exit code when this error stops the service: 2, setup the operator must fix; 1, anything else. */
+  readonly exitCode: 1 | 2 = 1;
   constructor(message: string, readonly context: ErrorContext = {}, options?: ErrorOptions) {
     super(message, options);
     this.name = new.target.name;
@@ -41,12 +52,14 @@ export class ProtocolError extends PgsubError {
 export class ConfigError extends PgsubError {
   readonly code = 'PGSUB_CONFIG_INVALID';
   readonly retryable = false;
+  override readonly exitCode = 2;
 }
 
 /** An option users know from CREATE SUBSCRIPTION that this version does not implement yet. */
 export class NotImplementedError extends PgsubError {
   readonly code = 'PGSUB_NOT_IMPLEMENTED';
   readonly retryable = false;
+  override readonly exitCode = 2;
 }
 
 /** The target's schema cannot receive what the publisher sends (missing table or column…). */
@@ -78,12 +91,14 @@ export class SlotAheadError extends PgsubError {
 export class SourceSetupError extends PgsubError {
   readonly code = 'PGSUB_SOURCE_SETUP';
   readonly retryable = false;
+  override readonly exitCode = 2;
 }
 
 /** Target-side setup pgsub cannot work without (privileges, settings); fix and restart. */
 export class TargetSetupError extends PgsubError {
   readonly code = 'PGSUB_TARGET_SETUP';
   readonly retryable = false;
+  override readonly exitCode = 2;
 }
 
 /**
@@ -131,4 +146,56 @@ export const EXIT_SUBSCRIPTION_LOST = 4;
 export class SubscriptionNotFoundError extends PgsubError {
   readonly code = 'PGSUB_SUBSCRIPTION_NOT_FOUND';
   readonly retryable = false;
+}
+
+/**
+ * The server refused the login: a wrong password (SQLSTATE 28P01) or no pg_hba.conf line
+ * letting this user in (28000). The message names the side and what to change.
+ */
+export class AuthenticationError extends PgsubError {
+  readonly code = 'PGSUB_AUTH_FAILED';
+  readonly retryable = true;
+  override readonly fatalAtStartup = true;
+  override readonly exitCode = 2;
+  constructor(readonly side: Side, message: string, context: ErrorContext = {}, options?: ErrorOptions) {
+    super(message, { ...context, side }, options);
+  }
+}
+
+/** A role lacks a privilege pgsub needs (REPLICATION, CREATE, table grants, SET of session_replication_role). */
+export class PrivilegeError extends PgsubError {
+  readonly code = 'PGSUB_PRIVILEGE_MISSING';
+  readonly retryable = true;
+  override readonly fatalAtStartup = true;
+  override readonly exitCode = 2;
+  constructor(readonly side: Side, message: string, context: ErrorContext = {}, options?: ErrorOptions) {
+    super(message, { ...context, side }, options);
+  }
+}
+
+/** Another pgsub process holds the subscription's advisory lock in the target. */
+export class AlreadyRunningError extends PgsubError {
+  readonly code = 'PGSUB_ALREADY_RUNNING';
+  // Once this process has run, the other one took over while this one was cut off: wait for it.
+  readonly retryable = true;
+  override readonly fatalAtStartup = true;
+  override readonly exitCode = 2;
+}
+
+/** The replication slot is streaming to a client that is not pgsub (another application_name). */
+export class SlotInUseError extends PgsubError {
+  readonly code = 'PGSUB_SLOT_IN_USE';
+  readonly retryable = true;
+  override readonly fatalAtStartup = true;
+  override readonly exitCode = 2;
+}
+
+/**
+ * The slot is still held by a walsender with pgsub's own application_name, an earlier
+ * connection the publisher has not noticed gone yet: retried on a short fixed interval
+ * (like native's wal_retrieve_retry_interval), never with a growing backoff.
+ */
+export class SlotBusyError extends PgsubError {
+  readonly code = 'PGSUB_SLOT_BUSY';
+  readonly retryable = true;
 }

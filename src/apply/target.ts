@@ -9,13 +9,18 @@
  * synchronous_commit. These are startup parameters, set before the first statement.
  *
  * The maintenance connection (porsager `postgres`) serves drizzle: pgsub's schema
- * migrations, progress reads, `pgsub status`.
+ * migrations, progress reads, `pgsub status`. Its socket is watched like the wire's: sent
+ * bytes unanswered for target_timeout destroy it (postgres.js fails the query and opens a
+ * new connection for the next one), so a silent network cannot hang startup or the
+ * launcher's long-lived connection forever.
  *
  * `Pipeline` bounds how many statements are outstanding and surfaces the first error in
  * send order.
  */
+import net from 'node:net';
+import pg from 'pg';
 import postgres from 'postgres';
-import { tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import { KEEPALIVE_IDLE_MS, pgClientConfig, tlsOptions, type ConnInfo } from '../config/conninfo.js';
 import { WireConnection, type WireResult, type WireValue } from './wire.js';
 
 export type Sql = postgres.Sql<Record<string, never>>;
@@ -24,11 +29,16 @@ export type { WireConnection, WireValue };
 export interface ApplyConnectionOptions {
   applicationName: string;
   synchronousCommit: string;
+  /** target_timeout in ms (wire.ts); 0 or absent: no timeout. */
+  timeoutMs?: number;
 }
 
 export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions): Promise<WireConnection> {
+  const timeoutMs = opts.timeoutMs ?? 0;
   return WireConnection.connect(info, {
     applicationName: opts.applicationName,
+    timeoutMs,
+    probe: timeoutMs > 0 ? (pid) => backendBusy(info, `${opts.applicationName}_probe`, pid, timeoutMs) : undefined,
     startupParameters: {
       search_path: '',
       session_replication_role: 'replica',
@@ -38,6 +48,30 @@ export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions
       extra_float_digits: '3',
     },
   });
+}
+
+/**
+ * Whether backend `pid` is running a statement, asked on a short-lived connection of its
+ * own: a silent apply connection whose backend waits on a lock is alive; one whose backend
+ * waits for its client (idle, or blocked sending to it), or that cannot be asked, is not.
+ */
+async function backendBusy(info: ConnInfo, applicationName: string, pid: number, timeoutMs: number): Promise<boolean> {
+  const limit = Math.min(timeoutMs, (info.connectTimeoutSeconds ?? 10) * 1000);
+  const client = new pg.Client(pgClientConfig(info, applicationName, { connectionTimeoutMillis: limit, query_timeout: limit }));
+  client.on('error', () => {});
+  try {
+    await client.connect();
+    const { rows } = await client.query<{ state: string | null; wait_event_type: string | null }>(
+      'SELECT state, wait_event_type FROM pg_catalog.pg_stat_activity WHERE pid = $1',
+      [pid],
+    );
+    return rows[0]?.state === 'active' && rows[0].wait_event_type !== 'Client';
+  } catch {
+    return false;
+  } finally {
+    client.end().catch(() => {});
+    setTimeout(() => client.connection.stream.destroy(), 1000).unref();
+  }
 }
 
 export interface StandaloneStatement {
@@ -67,8 +101,49 @@ export async function queryRows<T extends Record<string, string | null>>(conn: W
 // Values are read back as text: the driver must not re-parse them (booleans stay 't'/'f').
 const PASS_THROUGH_OIDS = [16, 17, 20, 21, 23, 26, 114, 700, 701, 1082, 1114, 1184, 3802];
 
+/** target_timeout for maintenance connections; the service sets it from its config (setMaintenanceTimeout). */
+let maintenanceTimeoutMs = 60_000;
+
+export function setMaintenanceTimeout(ms: number): void {
+  maintenanceTimeoutMs = ms;
+}
+
+/**
+ * A connected socket for postgres.js that destroys itself when bytes it sent get no byte
+ * back for `timeoutMs` (a long statement on a maintenance connection is a bug; a lock wait
+ * that long is retried).
+ */
+async function watchedSocket(info: ConnInfo, timeoutMs: number): Promise<net.Socket> {
+  const socket = info.host.startsWith('/') ? net.connect(`${info.host}/.s.PGSQL.${info.port}`) : net.connect(info.port, info.host);
+  const connectMs = (info.connectTimeoutSeconds ?? 30) * 1000;
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => socket.destroy(new Error(`connect timeout (${connectMs / 1000} s) to ${info.host}:${info.port}`)), connectMs);
+    socket.once('connect', () => (clearTimeout(timer), resolve()));
+    socket.once('error', (err) => (clearTimeout(timer), reject(err)));
+  });
+  // What postgres.js names in its errors (it sets these on sockets it connects itself).
+  Object.assign(socket, { host: info.host, port: info.port });
+  let waitingSince: number | null = null;
+  const write = socket.write.bind(socket) as (...args: unknown[]) => boolean;
+  socket.write = ((...args: unknown[]) => {
+    waitingSince ??= Date.now();
+    return write(...args);
+  }) as typeof socket.write;
+  socket.on('data', () => (waitingSince = null));
+  const timer = setInterval(() => {
+    if (waitingSince !== null && Date.now() - waitingSince >= timeoutMs) {
+      socket.destroy(new Error(`no answer from the target for ${Math.round(timeoutMs / 1000)} s (target_timeout)`));
+    }
+  }, Math.max(50, Math.min(1000, timeoutMs / 4)));
+  timer.unref();
+  socket.once('close', () => clearInterval(timer));
+  return socket;
+}
+
 export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
+  const timeoutMs = maintenanceTimeoutMs;
   return postgres({
+    socket: () => watchedSocket(info, timeoutMs),
     host: info.host,
     port: info.port,
     user: info.user,
@@ -79,6 +154,7 @@ export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
     idle_timeout: 0,
     max_lifetime: null,
     connect_timeout: info.connectTimeoutSeconds ?? 30,
+    keep_alive: KEEPALIVE_IDLE_MS / 1000,
     fetch_types: false,
     prepare: true,
     connection: { application_name: applicationName },

@@ -18,6 +18,14 @@ export interface WireOptions {
   /** Named prepared statements kept per connection; LRU, evicted ones are Closed. Default 1000. */
   statementCacheSize?: number;
   onNotice?: (notice: WireNotice) => void;
+  /**
+   * target_timeout: with operations outstanding and no message from the server for this
+   * long, the connection fails (ConnectionLostError) — unless `probe` says the backend is
+   * busy running them. An idle connection is pinged (a Sync) after half of it. 0: off.
+   */
+  timeoutMs?: number;
+  /** Whether backend `pid` is running a statement (asked over another connection); false when unsure. */
+  probe?: (pid: number) => Promise<boolean>;
 }
 
 /** A statement the server skipped because an earlier one in the same sync segment failed. */

@@ -26,14 +26,20 @@
  *    segment rejects at once with PipelineAbortedError, and execute() rejects without
  *    sending anything until the caller calls sync().
  *  - Socket loss, or a FATAL error, rejects everything pending with ConnectionLostError
- *    and every later call too. Mass rejections (aborted, lost) are pre-marked handled so
- *    they cannot crash the process as unhandled; the root cause is not.
+ *    and every later call too, and resolves `lost`, so an idle owner hears of it at once.
+ *    Mass rejections (aborted, lost) are pre-marked handled so they cannot crash the
+ *    process as unhandled; the root cause is not.
+ *  - target_timeout (opts.timeoutMs): a server silent for that long while operations are
+ *    outstanding fails the connection, unless a probe on another connection finds the
+ *    backend running them (a lock wait, a long statement). A fully synced idle connection
+ *    is pinged with a Sync after half of it, so a dead or black-holed one is found idle too.
  * Statement text and what the values mean live in statements.ts / handlers.ts; the ops,
  * errors and types in wire-ops.ts.
  */
 import pg from 'pg';
 import { copyFrames, Fifo, parseServerVersion, tagCommand, tagRowCount } from './wire-tags.js';
 import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
+import { connectFailure } from '../connect-failure.js';
 import { ConnectionLostError } from '../errors.js';
 import { CloseOp, ExecOp, PipelineAbortedError, QueryOp, Stmt, SyncOp, WireUsageError, type Deferred, type Message, type Op, type PgConnection, type SimpleQueryResult, type TxStatus, type WireNotice, type WireOptions, type WireResult, type WireValue } from './wire-ops.js';
 export { PipelineAbortedError, WireUsageError } from './wire-ops.js';
@@ -44,6 +50,8 @@ const NO_TYPES: readonly number[] = [];
 const NO_ROWS = Object.freeze([]) as unknown as unknown[][];
 const noop = () => {};
 const EARLY_RELEASE_BYTES = 256 * 1024;
+/** How long close() waits for the server to end the connection before dropping the socket. */
+const CLOSE_TIMEOUT_MS = 2000;
 
 /** A rejection that is a consequence of another error: never reported as unhandled. */
 function consequential<T>(err: unknown): Promise<T> {
@@ -75,6 +83,15 @@ export class WireConnection {
   #closing: ConnectionLostError | null = null;
   #closed: Promise<void>;
   #markClosed!: () => void;
+  #markLost!: (err: ConnectionLostError) => void;
+  /** Resolves when the connection is lost other than by close() (never rejects). */
+  readonly lost: Promise<ConnectionLostError>;
+  readonly #timeoutMs: number;
+  readonly #probe: ((pid: number) => Promise<boolean>) | undefined;
+  /** When the server last sent a message, or when operations became outstanding after none were. */
+  #lastHeard = Date.now();
+  #probing = false;
+  #watchdog: NodeJS.Timeout | null = null;
 
   private constructor(con: PgConnection, info: ConnInfo, opts: WireOptions, params: Map<string, string>, processId: number) {
     this.#con = con;
@@ -85,6 +102,13 @@ export class WireConnection {
     this.processId = processId;
     this.serverVersionNum = parseServerVersion(params.get('server_version') ?? '');
     this.#closed = new Promise((resolve) => { this.#markClosed = resolve; });
+    this.lost = new Promise((resolve) => { this.#markLost = resolve; });
+    this.#timeoutMs = opts.timeoutMs ?? 0;
+    this.#probe = opts.probe;
+    if (this.#timeoutMs > 0) {
+      this.#watchdog = setInterval(this.#watch, Math.max(50, Math.min(1000, this.#timeoutMs / 4)));
+      this.#watchdog.unref();
+    }
     // Take the connection over: the Client's handlers would treat every result as
     // "unexpected" (no active query) and turn it into a client 'error'.
     for (const event of con.eventNames()) if (event !== 'newListener') con.removeAllListeners(event);
@@ -118,7 +142,7 @@ export class WireConnection {
       });
     } catch (err) {
       con.stream.destroy();
-      throw new ConnectionLostError(redactSecrets(`cannot connect to target (${redactConninfo(info)}): ${(err as Error).message}`), { target: redactConninfo(info) }, { cause: err });
+      throw connectFailure('target', info, err, 'apply', 'target connection');
     }
   }
 
@@ -188,7 +212,7 @@ export class WireConnection {
     }
     this.#needFlush = true;
     this.#unsynced = true;
-    this.#ops.push(op);
+    this.#push(op);
     this.#pending++;
     // A long synchronous burst: let the server start on it instead of waiting for the tick.
     if (this.#con.stream.writableLength > EARLY_RELEASE_BYTES) this.#release();
@@ -205,7 +229,7 @@ export class WireConnection {
     this.#needFlush = false;
     this.#abortCause = null;
     const op = new SyncOp();
-    this.#ops.push(op);
+    this.#push(op);
     this.#pending++;
     return op.promise;
   }
@@ -228,7 +252,7 @@ export class WireConnection {
     this.#cork();
     this.#con.query(text);
     const op = new QueryOp();
-    this.#ops.push(op);
+    this.#push(op);
     this.#pending++;
     return op.promise;
   }
@@ -240,9 +264,54 @@ export class WireConnection {
       this.#closing = new ConnectionLostError(`target connection closed by pgsub (${redactConninfo(this.#info)})`, { target: redactConninfo(this.#info) });
       this.#release(); // with a Flush: the server must answer what is queued before Terminate
       this.#con.end();
+      this.#stopWatchdog();
     }
-    await this.#closed;
+    // A server that does not answer (a silent network) would keep the socket forever.
+    let timer: NodeJS.Timeout | undefined;
+    const gaveUp = await Promise.race([this.#closed.then(() => false), new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(true), CLOSE_TIMEOUT_MS)))]);
+    clearTimeout(timer);
+    if (gaveUp) {
+      this.#con.stream.destroy();
+      await this.#closed;
+    }
   }
+
+  /** Queue an op; the silence clock starts when operations become outstanding. */
+  #push(op: Op): void {
+    if (this.#ops.length === 0) this.#lastHeard = Date.now();
+    this.#ops.push(op);
+  }
+
+  #stopWatchdog(): void {
+    if (this.#watchdog !== null) clearInterval(this.#watchdog);
+    this.#watchdog = null;
+  }
+
+  readonly #watch = (): void => {
+    if (this.#lost || this.#closing || this.#probing) return;
+    const silentMs = Date.now() - this.#lastHeard;
+    if (this.#ops.length === 0) {
+      // A ping only where a Sync changes nothing: nothing unsynced, no failure awaiting its Sync.
+      if (silentMs >= this.#timeoutMs / 2 && !this.#unsynced && this.#abortCause === null && !this.#corked) {
+        const heard = this.#lastHeard;
+        this.sync().catch(noop);
+        this.#lastHeard = heard; // the ping is answered within the rest of the timeout
+      }
+      return;
+    }
+    if (silentMs < this.#timeoutMs) return;
+    const outstanding = this.#ops.length;
+    const reason = `no answer from the target for ${Math.round(silentMs / 1000)} s with ${outstanding} operation(s) outstanding (target_timeout)`;
+    if (!this.#probe) return this.#fail(reason);
+    this.#probing = true;
+    this.#probe(this.processId)
+      .catch(() => false)
+      .then((busy) => {
+        this.#probing = false;
+        if (busy) this.#lastHeard = Date.now(); // running them (a lock wait, a long statement): wait another period
+        else this.#fail(reason);
+      });
+  };
 
   #cork(): void {
     if (this.#corked) return;
@@ -265,7 +334,7 @@ export class WireConnection {
     this.#cork();
     this.#con.close({ type: 'S', name: stmt.name });
     this.#needFlush = true;
-    this.#ops.push(new CloseOp(stmt.name));
+    this.#push(new CloseOp(stmt.name));
   }
 
   #settle<T>(op: Deferred<T>, value: T): void {
@@ -284,6 +353,7 @@ export class WireConnection {
   }
 
   readonly #onMessage = (msg: Message): void => {
+    this.#lastHeard = Date.now();
     try {
       this.#dispatch(msg);
     } catch (err) {
@@ -420,8 +490,10 @@ export class WireConnection {
     const target = redactConninfo(this.#info);
     this.#lost = new ConnectionLostError(redactSecrets(`target connection lost (${target}): ${reason}`), { target }, cause === undefined ? undefined : { cause });
     this.#cache.clear();
+    this.#stopWatchdog();
     for (const op of this.#ops.takeAll()) if (op.kind !== 'close') this.#rejectOp(op, this.#lost, true);
     this.#con.stream.destroy();
+    if (!this.#closing) this.#markLost(this.#lost);
   }
 }
 

@@ -1,9 +1,11 @@
 /**
  * The `pgsub` command line: `run` (the service), `status`, `refresh`, `resync`, `skip`
  * and `enable` (conflict handling, conflict/control.ts), and `demo` (an embedded
- * publisher and target with a sample workload). Startup errors and usage errors (an
- * unknown command or option) print one line naming the problem and exit 2; a fatal apply
- * error exits 1; a clean stop exits 0; `status` exits 3 when a side is unreachable.
+ * publisher and target with a sample workload). Startup errors (configuration, and
+ * setup the operator must fix: passwords, pg_hba.conf, privileges, a second pgsub) and
+ * usage errors (an unknown command or option) print one line naming the problem and exit
+ * 2; a fatal apply error exits 1; a lost subscription (slot lost or ahead) exits 4; a
+ * clean stop exits 0; `status` exits 3 when a side is unreachable.
  */
 import { Command, CommanderError } from 'commander';
 import { loadConfig } from '../config/config.js';
@@ -48,11 +50,16 @@ program
       // What this process did: rowsCopied counts the rows of the table sync's copies too,
       // not only the apply's COPY batches; tableSync breaks them out.
       const tableSync = runner.copied();
-      log.info({ counters: { ...runner.counters, rowsCopied: runner.counters.rowsCopied + tableSync.rows }, tableSync }, 'stopped');
+      log.info({ counters: { ...runner.counters, rowsCopied: runner.counters.rowsCopied + tableSync.rows }, tableSync, failures: runner.failures }, 'stopped');
       process.exitCode = 0;
-    } catch {
-      process.exitCode = 1;
+    } catch (err) {
+      // Setup the operator must fix: one line saying what, as for a configuration error.
+      const exitCode = err instanceof PgsubError ? err.exitCode : 1;
+      if (exitCode === 2) process.stderr.write(`pgsub: ${(err as PgsubError).code}: ${(err as PgsubError).message}\n`);
+      process.exitCode = exitCode;
     }
+    // Stopped: a connection attempt still pending (a server that does not answer) must not hold the exit.
+    setTimeout(() => process.exit(), 1000).unref();
   });
 
 program

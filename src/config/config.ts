@@ -108,6 +108,7 @@ const fileSchema = z
     // pgsub's own settings.
     status_interval: seconds.default(10),
     receive_timeout: seconds.default(60),
+    target_timeout: seconds.default(60),
     retry_min_delay: seconds.default(1),
     retry_max_delay: seconds.default(60),
     max_in_flight: int(1, 1_000_000).default(4000),
@@ -155,6 +156,8 @@ export interface Config {
   messages: boolean;
   statusIntervalMs: number;
   receiveTimeoutMs: number;
+  /** A target connection silent this long with operations outstanding (and not busy running them) is dropped (apply/wire.ts). */
+  targetTimeoutMs: number;
   retryMinDelayMs: number;
   retryMaxDelayMs: number;
   maxInFlight: number;
@@ -303,6 +306,7 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
     messages: c.messages,
     statusIntervalMs: c.status_interval * 1000,
     receiveTimeoutMs: c.receive_timeout * 1000,
+    targetTimeoutMs: c.target_timeout * 1000,
     retryMinDelayMs: c.retry_min_delay * 1000,
     retryMaxDelayMs: c.retry_max_delay * 1000,
     maxInFlight: c.max_in_flight,

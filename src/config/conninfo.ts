@@ -176,6 +176,13 @@ export function tlsOptions(info: ConnInfo): TlsOptions | false {
   }
 }
 
+/**
+ * TCP keepalive idle time of pgsub's connections: a peer that vanished (host down, cable
+ * cut) is found by the kernel's probes instead of a send that waits for hours. Silence on
+ * a live socket is what receive_timeout and target_timeout are for.
+ */
+export const KEEPALIVE_IDLE_MS = 10_000;
+
 /** node-postgres client settings for a conninfo; `extra` adds what the caller needs. */
 export function pgClientConfig(info: ConnInfo, applicationName: string, extra: Partial<pg.ClientConfig> & Record<string, unknown> = {}): pg.ClientConfig {
   return {
@@ -187,6 +194,8 @@ export function pgClientConfig(info: ConnInfo, applicationName: string, extra: P
     ssl: tlsOptions(info),
     application_name: applicationName,
     connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
+    keepAlive: true,
+    keepAliveInitialDelayMillis: KEEPALIVE_IDLE_MS,
     ...extra,
   } as pg.ClientConfig;
 }

@@ -21,6 +21,10 @@
  *
  * An ErrorResponse, or the server's CopyDone, hands the rest of the bytes back to pg's
  * parser, so the error reaches this query's handleError and the connection stays usable.
+ * The server's CopyDone is answered with ours, as the protocol asks, so it can send
+ * CommandComplete and ReadyForQuery. A walsender stopping with its server (pg_ctl stop,
+ * fast or smart) sends CommandComplete without any CopyDone (walsender.c WalSndDone) and
+ * exits: that ends the stream too, like a lost connection, not as a protocol violation.
  */
 import type { Duplex } from 'node:stream';
 import type pg from 'pg';
@@ -32,6 +36,7 @@ import type { Lsn } from './lsn.js';
 const COPY_DATA = 0x64; // d
 const COPY_DONE = 0x63; // c
 const COPY_BOTH_RESPONSE = 0x57; // W
+const COMMAND_COMPLETE = 0x43; // C
 const ERROR_RESPONSE = 0x45; // E
 const NOTICE_RESPONSE = 0x4e; // N
 const PARAMETER_STATUS = 0x53; // S
@@ -45,6 +50,12 @@ const COALESCE_BELOW_BYTES = 64 * 1024;
 export const DEFAULT_COALESCE_MS = 3;
 
 /** What one read of the socket produced, in arrival order. */
+/** How the server ended CopyBoth mode: CopyDone, or CommandComplete alone (a walsender stopping with its server). */
+export type ServerEnd = 'copy-done' | 'command-complete';
+
+/** CopyDone, sent in answer to the server's. */
+const COPY_DONE_MESSAGE = Buffer.from([COPY_DONE, 0, 0, 0, 4]);
+
 export interface ReceivedBatch {
   /** pgoutput messages (views into the received bytes) and keepalives. */
   items: (Buffer | KeepaliveFrame)[];
@@ -59,6 +70,10 @@ export class CopyBothReader implements pg.Submittable {
   #pgDataHandler: ((chunk: Buffer) => void) | null = null;
   #started = false;
   #ended = false;
+  #serverEnd: ServerEnd | null = null;
+  #markStarted!: () => void;
+  /** Resolves when the server answered START_REPLICATION with CopyBothResponse (never rejects). */
+  readonly started = new Promise<void>((resolve) => (this.#markStarted = resolve));
   #failure: Error | null = null;
   /** Bytes of a message not yet complete, and how many bytes it needs in all. */
   #pending: Buffer[] = [];
@@ -95,6 +110,11 @@ export class CopyBothReader implements pg.Submittable {
   /** The failure that ended the stream, if any. */
   get error(): Error | null {
     return this.#failure;
+  }
+
+  /** Set once the server itself ended CopyBoth mode. */
+  get serverEnd(): ServerEnd | null {
+    return this.#serverEnd;
   }
 
   get finished(): boolean {
@@ -233,8 +253,21 @@ export class CopyBothReader implements pg.Submittable {
         }
       } else if (tag === COPY_BOTH_RESPONSE) {
         this.#started = true;
-      } else if (tag === ERROR_RESPONSE || tag === COPY_DONE) {
-        this.#handBack(buf.subarray(tag === COPY_DONE ? end : at), tag === COPY_DONE);
+        this.#markStarted();
+      } else if (tag === ERROR_RESPONSE) {
+        this.#handBack(buf.subarray(at), false);
+        return;
+      } else if (tag === COPY_DONE) {
+        this.#serverEnd = 'copy-done';
+        // Our CopyDone lets the server finish with CommandComplete and ReadyForQuery.
+        const stream = this.#connection?.stream;
+        if (stream && !stream.destroyed && !stream.writableEnded) stream.write(COPY_DONE_MESSAGE);
+        this.#handBack(buf.subarray(end), true);
+        return;
+      } else if (tag === COMMAND_COMPLETE) {
+        // pg parses it (this query's handleCommandComplete); the server exits right after.
+        this.#serverEnd = 'command-complete';
+        this.#handBack(buf.subarray(at), true);
         return;
       } else if (tag !== NOTICE_RESPONSE && tag !== PARAMETER_STATUS && tag !== NOTIFICATION_RESPONSE) {
         throw new ProtocolError('PGSUB_PROTOCOL_UNKNOWN_MESSAGE', `unexpected message 0x${tag.toString(16)} in CopyBoth mode`, { tag: `0x${tag.toString(16)}` });

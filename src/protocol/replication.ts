@@ -7,6 +7,7 @@
  */
 import pg from 'pg';
 import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
+import { connectFailure } from '../connect-failure.js';
 import { ConnectionLostError, SourceSetupError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../quote.js';
 import { CopyBothReader, type ReceivedBatch } from './copyboth.js';
@@ -27,6 +28,8 @@ export interface SlotInfo {
   slotType: string;
   database: string | null;
   active: boolean;
+  /** The walsender holding the slot, if any. */
+  activePid: number | null;
   confirmedFlushLsn: Lsn | null;
   /** Prepared transactions are decoded at PREPARE (set by the first START_REPLICATION asking two_phase; PG14+ slots). */
   twoPhase: boolean;
@@ -51,11 +54,23 @@ export interface StandbyStatus {
   replyRequested?: boolean;
 }
 
+/** A walsender seen from another session (pg_stat_activity). */
+export interface WalsenderInfo {
+  pid: number;
+  applicationName: string | null;
+  clientAddr: string | null;
+}
+
+/** How long close() waits for the server to end the connection before dropping the socket. */
+const CLOSE_TIMEOUT_MS = 2000;
+
 export class ReplicationConnection {
   private constructor(
     private readonly client: pg.Client,
     readonly serverVersionNum: number,
     readonly describe: string,
+    /** This connection's walsender (BackendKeyData). */
+    readonly backendPid: number,
   ) {}
 
   static async open(info: ConnInfo, applicationName: string): Promise<ReplicationConnection> {
@@ -72,11 +87,12 @@ export class ReplicationConnection {
     try {
       await client.connect();
     } catch (err) {
-      throw new ConnectionLostError(`cannot open replication connection to ${redactConninfo(info)}: ${redactSecrets((err as Error).message)}`, { source: redactConninfo(info) }, { cause: err });
+      client.connection.stream.destroy();
+      throw connectFailure('source', info, err, 'replication', 'replication connection');
     }
     const version = await client.query<{ server_version_num: string }>('SHOW server_version_num');
     const num = Number(version.rows[0]?.server_version_num);
-    return new ReplicationConnection(client, num, redactConninfo(info));
+    return new ReplicationConnection(client, num, redactConninfo(info), (client as unknown as { processID: number }).processID);
   }
 
   async identifySystem(): Promise<SystemIdentity> {
@@ -101,8 +117,8 @@ export class ReplicationConnection {
 
   async getSlot(name: string): Promise<SlotInfo | null> {
     const twoPhase = this.serverVersionNum >= 140000 ? 'two_phase' : 'false AS two_phase';
-    const rows = await this.sql<{ plugin: string | null; slot_type: string; database: string | null; active: boolean; confirmed_flush_lsn: string | null; two_phase: boolean }>(
-      `SELECT plugin, slot_type, database, active, confirmed_flush_lsn::text AS confirmed_flush_lsn, ${twoPhase}
+    const rows = await this.sql<{ plugin: string | null; slot_type: string; database: string | null; active: boolean; active_pid: string | null; confirmed_flush_lsn: string | null; two_phase: boolean }>(
+      `SELECT plugin, slot_type, database, active, active_pid, confirmed_flush_lsn::text AS confirmed_flush_lsn, ${twoPhase}
          FROM pg_catalog.pg_replication_slots WHERE slot_name = ${quoteLiteral(name)}`,
     );
     const row = rows[0];
@@ -111,10 +127,26 @@ export class ReplicationConnection {
       plugin: row.plugin,
       slotType: row.slot_type,
       database: row.database,
-      active: row.active,
+      active: row.active === true || (row.active as unknown) === 't',
+      activePid: row.active_pid == null ? null : Number(row.active_pid),
       confirmedFlushLsn: row.confirmed_flush_lsn ? parseLsn(row.confirmed_flush_lsn) : null,
       twoPhase: row.two_phase === true || (row.two_phase as unknown) === 't',
     };
+  }
+
+  /** Who another backend is: application_name and client address (null when it is gone). */
+  async walsender(pid: number): Promise<WalsenderInfo | null> {
+    const rows = await this.sql<{ application_name: string | null; client_addr: string | null }>(
+      `SELECT application_name, pg_catalog.host(client_addr) AS client_addr FROM pg_catalog.pg_stat_activity WHERE pid = ${Number(pid)}`,
+    );
+    const row = rows[0];
+    return row ? { pid, applicationName: row.application_name, clientAddr: row.client_addr } : null;
+  }
+
+  /** pg_terminate_backend: allowed for a walsender of the same role (our own stale connection). */
+  async terminateBackend(pid: number): Promise<boolean> {
+    const rows = await this.sql<{ done: boolean | string }>(`SELECT pg_catalog.pg_terminate_backend(${Number(pid)}) AS done`);
+    return rows[0]?.done === true || rows[0]?.done === 't';
   }
 
   /** CREATE_REPLICATION_SLOT … LOGICAL pgoutput; the pre-15 syntax every version 10–18 accepts. */
@@ -158,11 +190,16 @@ export class ReplicationConnection {
     return new ReplicationStream(reader, this.client);
   }
 
+  /** End the connection; a peer that does not answer (a silent network) gets the socket dropped. */
   async close(): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
     try {
-      await this.client.end();
+      await Promise.race([this.client.end(), new Promise<void>((resolve) => (timer = setTimeout(resolve, CLOSE_TIMEOUT_MS)))]);
     } catch {
       // Already broken; nothing more to release.
+    } finally {
+      clearTimeout(timer);
+      (this.client as unknown as { connection: { stream: { destroy(): void } } }).connection.stream.destroy();
     }
   }
 }
@@ -200,13 +237,29 @@ export class ReplicationStream {
         this.failure ??= err as Error;
         throw this.failure;
       }
-      if (batch === null) return;
+      if (batch === null) {
+        // The server ended CopyBoth itself: a stop to reconnect after, like a lost connection.
+        const end = this.reader.serverEnd;
+        if (end === null) return;
+        this.failure ??= new ConnectionLostError(
+          end === 'command-complete'
+            ? 'the publisher ended the replication stream: its walsender stopped (server shutdown or restart)'
+            : 'the publisher ended the replication stream (CopyDone)',
+          { serverEnd: end },
+        );
+        throw this.failure;
+      }
       yield batch;
     }
   }
 
   get error(): Error | null {
     return this.failure ?? this.reader.error;
+  }
+
+  /** Resolves once the publisher accepted START_REPLICATION (CopyBothResponse); never rejects. */
+  get started(): Promise<void> {
+    return this.reader.started;
   }
 
   sendStandbyStatus(status: StandbyStatus): void {

@@ -3,8 +3,12 @@
  * connection, a target that cannot take a change yet, a missing column the operator can
  * add) ends the session, rolls back what was in flight, and starts a new one after an
  * exponential backoff — resuming from the origin committed in the target, so nothing is
- * lost or applied twice. A fatal failure (bad protocol bytes, slot ahead of the target,
- * setup errors) ends the service with the error. Errors are logged here, once.
+ * lost or applied twice. The backoff starts over after a session that committed
+ * something; a slot still held by our own earlier walsender is retried every second. A
+ * fatal failure (bad protocol bytes, slot ahead of the target, setup errors) ends the
+ * service with the error; so does, before the first session reached streaming, a refusal
+ * the operator must fix (wrong password, pg_hba.conf, privileges, pgsub already running),
+ * which later is retried and counted instead. Errors are logged here, once.
  *
  * Every apply error is also recorded in the target (conflict/control.ts): counted in
  * apply_error_count, the failing remote transaction's finish LSN kept for `pgsub skip`.
@@ -14,9 +18,10 @@
  * enable` (SIGTERM still exits 0). Connection losses never disable it.
  */
 import type { Config } from '../config/config.js';
-import { ApplyConflictError, ConnectionLostError, PgsubError, SubscriptionDisabledError } from '../errors.js';
+import { ApplyConflictError, ConnectionLostError, PgsubError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
+import { sqlstateOf } from '../connect-failure.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/loop.js';
-import { openMaintenance } from '../apply/target.js';
+import { openMaintenance, setMaintenanceTimeout } from '../apply/target.js';
 import { loadControl, recordApplyError } from '../conflict/control.js';
 import type { ConflictRecord } from '../conflict/report.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
@@ -28,6 +33,10 @@ import { ProgressReporter } from '../tablesync/progress.js';
 import { SyncStates } from '../tablesync/state.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
 import { ProgressLog, type CopiedTotals } from './progress-log.js';
+import { checkTablePrivileges, OwnConnections } from './preflight.js';
+
+/** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
+const SLOT_BUSY_RETRY_MS = 1000;
 
 export interface Runner {
   /** Resolves when stopped cleanly; rejects with the fatal error otherwise. */
@@ -39,6 +48,18 @@ export interface Runner {
   launcher: Launcher;
   /** What the table sync of this process copied (finished copies), for the `stopped` line. */
   copied(): CopiedTotals;
+  /** Failed attempts by error code since the start (auth failures during a run, lost connections…). */
+  failures: Record<string, number>;
+}
+
+/** Waiting is pointless: the slot is held by a walsender that is on its way out (ours, or 55006 at START_REPLICATION). */
+function slotBusy(err: unknown): boolean {
+  return err instanceof SlotBusyError || (sqlstateOf(err) === '55006' && /replication slot/.test(String((err as Error)?.message)));
+}
+
+/** Not the target's data disagreeing: nothing to record as an apply error there. */
+function connectionFailure(err: unknown): boolean {
+  return err instanceof ConnectionLostError || slotBusy(err) || (err instanceof PgsubError && err.fatalAtStartup);
 }
 
 export function isRetryable(err: unknown): boolean {
@@ -60,8 +81,15 @@ export function describeError(err: unknown): Record<string, unknown> {
 }
 
 export function startRunner(config: Config, log: Logger, events: SessionEvents = {}): Runner {
+  setMaintenanceTimeout(config.targetTimeoutMs);
   const counters = newCounters();
+  const failures: Record<string, number> = {};
+  const own = new OwnConnections();
+  /** A session of this process reached streaming: refusals are retried from now on. */
+  let streamedOnce = false;
   let stopped = false;
+  /** Ends a session start being waited for (set only while waiting). */
+  let abandonStart: (() => void) | null = null;
   let session: SessionHandle | null = null;
   let wake: (() => void) | null = null;
   let streaming = false;
@@ -102,6 +130,8 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     streaming = false;
     await launcher.load();
     await launcher.refresh();
+    // At startup, before any copy: a role that cannot write the tables is a setup error.
+    if (!streamedOnce) await checkTablePrivileges(config, sync.all());
     if (!launcherStarted) {
       launcherStarted = true;
       launcher.startPeriodicRefresh();
@@ -131,7 +161,8 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     reportedUnknown.add(name);
     void launcher.refresh().catch(() => {});
   };
-  const deps: { sync: SyncStates; beforeStreaming: () => Promise<void>; onUnknownTable: typeof onUnknownTable; carefulLsn: Lsn | null; noGroupUntil: Lsn | null } = {
+  const deps: { sync: SyncStates; beforeStreaming: () => Promise<void>; onUnknownTable: typeof onUnknownTable; carefulLsn: Lsn | null; noGroupUntil: Lsn | null; own: OwnConnections } = {
+    own,
     sync,
     beforeStreaming,
     onUnknownTable,
@@ -140,11 +171,19 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   };
   const appName = `pgsub_${config.subscription}`;
 
-  const sleep = (ms: number) =>
-    new Promise<void>((resolve) => {
+  // A stop during the wait ends it at once, and clears its timer (which would hold the
+  // process up to retry_max_delay); a stop just before it skips it.
+  const sleep = (ms: number) => {
+    if (stopped) return Promise.resolve();
+    let timer: NodeJS.Timeout | undefined;
+    return new Promise<void>((resolve) => {
       wake = resolve;
-      setTimeout(resolve, ms);
-    }).finally(() => (wake = null));
+      timer = setTimeout(resolve, ms);
+    }).finally(() => {
+      clearTimeout(timer);
+      wake = null;
+    });
+  };
 
   /** Idle until `pgsub enable` (or stop): the subscription is disabled in the target. */
   const waitForEnable = async () => {
@@ -169,7 +208,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   /** Record the error in the target; returns whether the subscription is now disabled. */
   const recordError = async (err: unknown, failed: { finishLsn: Lsn; xid: number } | null): Promise<boolean> => {
     // A lost connection is not the target's data disagreeing, and the target may be unreachable.
-    if (err instanceof ConnectionLostError) return false;
+    if (connectionFailure(err)) return false;
     const disable = config.disableOnError && failed !== null;
     const e = describeError(err);
     const sql = openMaintenance(config.target, appName);
@@ -194,13 +233,30 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   const done = (async () => {
     let delay = config.retryMinDelayMs;
     while (!stopped) {
+      let startedAt: number | null = null;
       try {
-        session = await startSession(config, counters, log, deps, events);
+        // A stop while connecting (a server that does not answer) is not kept waiting for it.
+        const starting = startSession(config, counters, log, deps, events).then(
+          (handle) => ({ handle }),
+          (error: unknown) => ({ error }),
+        );
+        const outcome = await new Promise<Awaited<typeof starting> | null>((resolve) => {
+          abandonStart = () => resolve(null);
+          if (stopped) resolve(null);
+          void starting.then(resolve);
+        }).finally(() => (abandonStart = null));
+        if (outcome === null) {
+          void starting.then((o) => ('handle' in o ? o.handle.stop() : undefined));
+          return;
+        }
+        if ('error' in outcome) throw outcome.error;
+        session = outcome.handle;
         if (stopped) session.stop();
         // A copy that finished while this session was starting waits for the next one.
         else restartForFinishedCopies();
-        const startedAt = Date.now();
+        startedAt = Date.now();
         const current = session;
+        void current.started.then(() => (streamedOnce = true));
         // The stream that enables two_phase starts once every table is ready (session.ts).
         const twoPhaseTimer = current.twoPhasePending
           ? setInterval(() => {
@@ -214,12 +270,17 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           if (twoPhaseTimer) clearInterval(twoPhaseTimer);
         });
         if (stopped) return;
-        // A session that ran a while before failing resets the backoff.
-        if (Date.now() - startedAt > config.retryMaxDelayMs) delay = config.retryMinDelayMs;
+        // A session that ran a while, or committed something, resets the backoff.
+        if (current.madeProgress() || Date.now() - startedAt > config.retryMaxDelayMs) delay = config.retryMinDelayMs;
+        session = null;
       } catch (err) {
         const failed = session?.failedTransaction() ?? null;
+        // A session that committed something shows the fault is new: start the backoff over.
+        if (session?.madeProgress() || (startedAt !== null && Date.now() - startedAt > config.retryMaxDelayMs)) delay = config.retryMinDelayMs;
         session = null;
         if (stopped) return;
+        const code = String((err as { code?: unknown })?.code ?? 'UNKNOWN');
+        failures[code] = (failures[code] ?? 0) + 1;
         if (err instanceof SubscriptionDisabledError) {
           log.warn({ err: describeError(err) }, 'subscription disabled; waiting for pgsub enable');
           await waitForEnable();
@@ -237,7 +298,17 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           deps.carefulLsn = err.finishLsn;
           continue;
         }
+        if (err instanceof PgsubError && err.fatalAtStartup && !streamedOnce) {
+          log.fatal({ err: describeError(err) }, 'cannot start: fix this and start pgsub again');
+          throw err;
+        }
+        if (slotBusy(err)) {
+          log.warn({ err: describeError(err), retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
+          await sleep(SLOT_BUSY_RETRY_MS);
+          continue;
+        }
         const disabled = await recordError(err, failed);
+        if (stopped) return;
         if (!isRetryable(err)) {
           log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
           throw err;
@@ -248,7 +319,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           delay = config.retryMinDelayMs;
           continue;
         }
-        log.error({ err: describeError(err), retryInMs: delay, ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; retrying');
+        log.error({ err: describeError(err), retryInMs: delay, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; retrying');
         // Not unref'd: between sessions this timer is what keeps the service alive.
         await sleep(delay);
         delay = Math.min(delay * 2, config.retryMaxDelayMs);
@@ -266,9 +337,11 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     launcher,
     counters,
     copied: () => progressLog.copiedTotals(),
+    failures,
     current: () => session,
     stop() {
       stopped = true;
+      abandonStart?.();
       session?.stop();
       wake?.();
     },

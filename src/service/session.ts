@@ -4,6 +4,8 @@
  * wal_level), find or create the slot, reconcile the slot with the origin recorded in
  * the target, and stream from that origin. The slot must never be ahead of what the
  * target recorded — that would mean changes the target never got — so that is fatal.
+ * Before touching the origin or the slot it takes the subscription's run lock and claims
+ * the slot (preflight.ts). A lost apply connection ends the session at once, even idle.
  */
 import type { Config } from '../config/config.js';
 import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError, TargetSetupError } from '../errors.js';
@@ -22,6 +24,8 @@ import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/loop.
 import { RelationMap } from '../apply/relmap.js';
 import type { ApplyCounters } from '../apply/state.js';
 import { openApplyConnection, openMaintenance, runAlone, type Sql, type WireConnection } from '../apply/target.js';
+import { refusal } from '../connect-failure.js';
+import { claimSlot, takeRunLock, type OwnConnections } from './preflight.js';
 
 export interface SessionHandle {
   /** Resolves when stopped, rejects on failure. */
@@ -36,6 +40,12 @@ export interface SessionHandle {
   setSkipLsn(lsn: Lsn | null): void;
   /** The apply loop's progress, for the watchdog (loop.ts). */
   health(): ApplyHealth;
+  /** Bytes of streamed transactions in the spool (metrics). */
+  spoolBytes(): number;
+  /** Resolves once the publisher accepted START_REPLICATION (never rejects). */
+  started: Promise<void>;
+  /** Something was committed in the target (a transaction, an idle position) during this session. */
+  madeProgress(): boolean;
 }
 
 export interface SessionEvents {
@@ -52,6 +62,17 @@ export interface SessionDeps {
   carefulLsn?: Lsn | null;
   /** Apply one source transaction per target transaction up to this LSN (after a GroupRetryError). */
   noGroupUntil?: Lsn | null;
+  /** Backends this process opened (preflight.ts): only those are terminated as stale. */
+  own: OwnConnections;
+}
+
+/**
+ * The streaming connection's application_name: the source conninfo's, else the subscription
+ * name, as native's walreceiver. The publisher's synchronous_standby_names names it; helper
+ * connections (table sync, refresh, CLI) carry pgsub_<subscription>_<purpose>, never this.
+ */
+export function streamingApplicationName(config: Config): string {
+  return config.source.applicationName ?? config.subscription;
 }
 
 export async function startSession(config: Config, counters: ApplyCounters, log: Logger, deps: SessionDeps, events: SessionEvents = {}): Promise<SessionHandle> {
@@ -59,11 +80,21 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
   // synchronous_commit = off applies to the apply transactions only (SET LOCAL, with flush
   // tracking); the session itself commits idle records and two-phase steps synchronously.
   const sessionCommit = config.synchronousCommit === 'off' ? 'on' : config.synchronousCommit;
+  const streamingName = streamingApplicationName(config);
+  const timeoutMs = config.targetTimeoutMs;
+  const openTarget = async (applicationName: string, synchronousCommit: string) => {
+    const opened = await openApplyConnection(config.target, { applicationName, synchronousCommit, timeoutMs });
+    deps.own.add('target', opened.processId);
+    return opened;
+  };
   // The connections are opened while the migrations run: a restart costs one round of
   // connection setup, not one per connection (startup is part of every catch-up).
-  const applyOpening = openApplyConnection(config.target, { applicationName: appName, synchronousCommit: sessionCommit });
-  const replicationOpening = ReplicationConnection.open(config.source, appName);
-  const trackerOpening = config.synchronousCommit === 'off' ? openApplyConnection(config.target, { applicationName: `${appName}_flush`, synchronousCommit: 'on' }) : Promise.resolve(null);
+  const applyOpening = openTarget(appName, sessionCommit);
+  const replicationOpening = ReplicationConnection.open(config.source, streamingName).then((opened) => {
+    deps.own.add('source', opened.backendPid);
+    return opened;
+  });
+  const trackerOpening = config.synchronousCommit === 'off' ? openTarget(`${appName}_flush`, 'on') : Promise.resolve(null);
   const opened = Promise.allSettled([applyOpening, replicationOpening, trackerOpening]);
   const closeOpened = async () => {
     const [a, r, t] = await opened;
@@ -79,6 +110,9 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       // A failure recorded for a transaction applied since is no longer pending.
       await clearPassedError(sql, config.subscription);
       return loadControl(sql, config.subscription);
+    }).catch((err: unknown) => {
+      // A wrong password, a pg_hba.conf line, no CREATE for pgsub's schema: say which.
+      throw refusal('target', config.target, err, 'schema') ?? err;
     });
     if (!control.enabled) {
       throw new SubscriptionDisabledError(`subscription ${config.subscription} is disabled (${control.disabledReason ?? 'by the operator'}); run pgsub enable to resume`);
@@ -97,6 +131,8 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     flushTracker = t.status === 'fulfilled' ? t.value : null;
     for (const result of [a, r, t]) if (result.status === 'rejected') throw result.reason;
     const applyConn = conn!;
+    // Before the origin and the slot: a second pgsub for this subscription is named, not guessed at.
+    await takeRunLock(applyConn, config, deps.own, log);
     await setupSessionOrigin((text, params) => runAlone(applyConn, [{ text, params }]), replicationOriginName(config.subscription));
     if (config.twoPhase) await checkPreparedTransactions(applyConn, log);
     const originId = config.conflicts.detect ? await trackedOriginId(applyConn, replicationOriginName(config.subscription)) : null;
@@ -113,7 +149,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     const maintenance = openMaintenance(config.target, appName);
     let originLsn: Lsn;
     try {
-      originLsn = await reconcileSlot(config, openReplicationConn, maintenance, log);
+      originLsn = await reconcileSlot(config, openReplicationConn, maintenance, log, streamingName, deps.own);
       await deps.beforeStreaming();
       // Finished copies are now caught up by this stream, which starts at or before them.
       await maintenance.unsafe(`UPDATE "pgsub"."subscription_rel" SET state = 's', updated_at = now() WHERE subscription = $1 AND state = 'f'`, [config.subscription]);
@@ -192,7 +228,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
         config.applyWorkers > 1
           ? {
               lanes: config.applyWorkers,
-              openConnection: (purpose) => openApplyConnection(config.target, { applicationName: `${appName}_${purpose}`, synchronousCommit: sessionCommit }),
+              openConnection: (purpose) => openTarget(`${appName}_${purpose}`, sessionCommit),
               originName: replicationOriginName(config.subscription),
               targetVersionNum: applyConn.serverVersionNum,
               binary: config.binary,
@@ -204,10 +240,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       parallel:
         config.streaming === 'parallel' && startLsn >= originLsn
           ? {
-              openConnection: async (purpose) => {
-                const extra = await openApplyConnection(config.target, { applicationName: `${appName}_${purpose}`, synchronousCommit: sessionCommit });
-                return extra;
-              },
+              openConnection: (purpose) => openTarget(`${appName}_${purpose}`, sessionCommit),
               originName: replicationOriginName(config.subscription),
               targetVersionNum: applyConn.serverVersionNum,
               binary: config.binary,
@@ -221,13 +254,39 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     });
     if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
     if (config.conflicts.detect) log.info({ originDiffers: originId !== null }, originId !== null ? 'conflict detection on, with origin checks (track_commit_timestamp)' : 'conflict detection on');
-    const done = loop.done.finally(async () => {
-      spool.close();
-      await openReplicationConn.close();
-      await applyConn.close().catch(() => {});
-      await tracker?.close().catch(() => {});
+    // A dead target is noticed when it happens, not at the next statement (idle for hours).
+    let stopped = false;
+    let lost: Error | null = null;
+    void applyConn.lost.then((err) => {
+      if (stopped) return;
+      lost = err;
+      loop.stop();
     });
-    return { done, stop: () => loop.stop(), progress, failedTransaction: () => loop.failedTransaction(), twoPhasePending: config.twoPhase && !twoPhase, setSkipLsn: (lsn) => loop.setSkipLsn(lsn), health: () => loop.health() };
+    const done = loop.done
+      .then(() => {
+        if (lost !== null) throw lost;
+      })
+      .finally(async () => {
+        spool.close();
+        await openReplicationConn.close();
+        await applyConn.close().catch(() => {});
+        await tracker?.close().catch(() => {});
+      });
+    return {
+      done,
+      stop: () => {
+        stopped = true;
+        loop.stop();
+      },
+      progress,
+      failedTransaction: () => loop.failedTransaction(),
+      twoPhasePending: config.twoPhase && !twoPhase,
+      started: stream.started,
+      madeProgress: () => progress.durable > originLsn,
+      setSkipLsn: (lsn) => loop.setSkipLsn(lsn),
+      health: () => loop.health(),
+      spoolBytes: () => spool.bytes,
+    };
   } catch (err) {
     await replication?.close();
     await conn?.close().catch(() => {});
@@ -237,9 +296,10 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
 }
 
 /** Where to start streaming: the origin recorded in the target, checked against the slot. */
-async function reconcileSlot(config: Config, replication: ReplicationConnection, sql: Sql, log: Logger): Promise<Lsn> {
+async function reconcileSlot(config: Config, replication: ReplicationConnection, sql: Sql, log: Logger, streamingName: string, own: OwnConnections): Promise<Lsn> {
   const origin = await loadOrigin(sql, config.subscription);
   const slot = await replication.getSlot(config.slotName);
+  if (slot) await claimSlot(replication, slot, config, streamingName, own, log);
   if (slot && (slot.slotType !== 'logical' || slot.plugin !== 'pgoutput')) {
     throw new SourceSetupError(`replication slot "${config.slotName}" exists but is a ${slot.slotType} slot with plugin ${slot.plugin ?? 'none'}, not a logical pgoutput slot`, { slot: config.slotName });
   }

@@ -201,8 +201,10 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     const p = start(pgsubEnv('cli_wrongpub', 'no_such_pub'));
     try {
       await waitFor(() => p.child.exitCode !== null, { timeoutMs: 5000, what: 'pgsub to stop on a missing publication' });
-      assert.equal(p.child.exitCode, 1);
+      // A setup error the operator must fix: exit 2 and one stderr line, as a configuration error.
+      assert.equal(p.child.exitCode, 2);
       assert.match(p.output(), /publication \\"no_such_pub\\" not found.*"code":"PGSUB_SOURCE_SETUP"/);
+      assert.match(p.stderr(), /^pgsub: PGSUB_SOURCE_SETUP: publication "no_such_pub" not found/m);
       assert.doesNotMatch(p.output(), /streaming started/);
     } finally {
       if (p.child.exitCode === null) await sigterm(p);

@@ -80,7 +80,7 @@ describe('reconnects and resumes', () => {
     // 1. The publisher ends the walsender mid-workload.
     const w1 = runLedgerWorkload(publisher, 'src', { clients: 2, transactionsPerClient: 600, seed: seed++, firstClient: 0 });
     await new Promise((r) => setTimeout(r, 400));
-    const [killedWalsender] = await publisher.query(`SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_replication WHERE application_name = 'pgsub_${SUB}'`);
+    const [killedWalsender] = await publisher.query(`SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_replication WHERE application_name = '${SUB}'`);
     assert.equal(killedWalsender.n, 1);
     await w1;
     await caughtUp();

@@ -297,8 +297,8 @@ async function assertNoLeftovers(): Promise<void> {
     async () => {
       const slots = await publisher.query(`SELECT slot_name, temporary, active_pid FROM pg_replication_slots WHERE temporary OR slot_name LIKE 'pgsub\\_%\\_sync\\_%'`);
       const pubOld = await publisher.query(
-        `SELECT pid, application_name, backend_type, state FROM pg_stat_activity WHERE application_name LIKE 'pgsub%' AND (backend_start < $1::timestamptz OR application_name LIKE '%\\_sync')`,
-        [pubSince],
+        `SELECT pid, application_name, backend_type, state FROM pg_stat_activity WHERE (application_name LIKE 'pgsub%' OR application_name = $2) AND (backend_start < $1::timestamptz OR application_name LIKE '%\\_sync')`,
+        [pubSince, SUB],
       );
       const tgtOld = await target.query(
         `SELECT pid, application_name, state, query FROM pg_stat_activity WHERE application_name LIKE 'pgsub%' AND (backend_start < $1::timestamptz OR application_name LIKE '%\\_sync')`,
@@ -312,7 +312,7 @@ async function assertNoLeftovers(): Promise<void> {
   // The running process is there, on both sides.
   const [live] = await target.query<{ n: number }>(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1`, [`pgsub_${SUB}`], 'dst');
   assert.ok(live!.n >= 1, 'the running pgsub has its apply backend on the target');
-  const walsenders = await publisher.query(`SELECT pid FROM pg_stat_replication WHERE application_name = $1`, [`pgsub_${SUB}`]);
+  const walsenders = await publisher.query(`SELECT pid FROM pg_stat_replication WHERE application_name = $1`, [SUB]);
   assert.equal(walsenders.length, 1, 'one walsender streams to the running pgsub');
 }
 

@@ -1,8 +1,9 @@
 /**
  * WireConnection against a real PostgreSQL 18: pipelined extended-query protocol with
  * binary parameters, error/abort semantics up to Sync and statement-cache consistency
- * after a failed segment, startup parameters, server-side termination, LRU eviction, and
- * a throughput print (pipelined vs awaited one by one).
+ * after a failed segment, startup parameters, server-side termination, LRU eviction,
+ * target_timeout (a lock wait is not a dead connection; a loss while idle is reported),
+ * and a throughput print (pipelined vs awaited one by one).
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -246,6 +247,40 @@ test('server-side termination rejects pending and later calls with ConnectionLos
   await cluster.query('SELECT pg_terminate_backend($1)', [idle.processId]);
   await waitFor(() => idle.execute('SELECT 1').then(() => false, (e: unknown) => e instanceof ConnectionLostError), { what: 'idle loss noticed' });
   await idle.close();
+});
+
+test('target_timeout: a lock wait longer than it is not a dead connection (the probe sees the backend busy); an idle connection stays usable; one lost while idle resolves `lost`', async () => {
+  await cluster.query('CREATE TABLE public.locked (id int PRIMARY KEY)', [], 'wire');
+  await cluster.query('INSERT INTO public.locked VALUES (1)', [], 'wire');
+  const probes: number[] = [];
+  const holder = await connect();
+  const probe = async (pid: number) => {
+    probes.push(pid);
+    const [row] = await cluster.query<{ state: string; wait_event_type: string | null }>('SELECT state, wait_event_type FROM pg_stat_activity WHERE pid = $1', [pid]);
+    return row?.state === 'active' && row.wait_event_type !== 'Client';
+  };
+  const waiter = await connect({ timeoutMs: 600, probe });
+  const begin = holder.execute('BEGIN');
+  const lock = holder.execute('SELECT 1 FROM public.locked WHERE id = 1 FOR UPDATE');
+  await holder.sync();
+  await Promise.all([begin, lock]);
+  const blocked = waiter.execute('UPDATE public.locked SET id = 1 WHERE id = 1');
+  const synced = waiter.sync();
+  await new Promise((r) => setTimeout(r, 2000));
+  await Promise.all([holder.execute('COMMIT'), holder.sync()]);
+  assert.deepEqual(await blocked, { command: 'UPDATE', rowCount: 1, rows: [] });
+  assert.equal(await synced, 'I');
+  assert.ok(probes.length >= 1 && probes.every((p) => p === waiter.processId), `probes ${probes.join(',')}`);
+
+  // Idle for several timeouts: the pings are answered, nothing times out, still usable.
+  await new Promise((r) => setTimeout(r, 2000));
+  const [one] = await Promise.all([waiter.execute('SELECT 1', [], { wantRows: true }), waiter.sync()]);
+  assert.deepEqual(one.rows, [['1']]);
+
+  // Terminated while idle: `lost` resolves without anyone sending anything.
+  await cluster.query('SELECT pg_terminate_backend($1)', [waiter.processId]);
+  const lost = await withTimeout(waiter.lost, 5000, 'lost to resolve');
+  assert.ok(lost instanceof ConnectionLostError);
 });
 
 test('close() lets queued statements finish, then later calls reject', async () => {

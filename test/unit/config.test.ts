@@ -116,12 +116,19 @@ describe('config file', () => {
     assert.equal(c.messages, false);
     assert.equal(c.statusIntervalMs, 10_000);
     assert.equal(c.receiveTimeoutMs, 60_000);
+    assert.equal(c.targetTimeoutMs, 60_000);
     assert.equal(c.retryMinDelayMs, 1000);
     assert.equal(c.retryMaxDelayMs, 60_000);
     assert.equal(c.maxInFlight, 4000);
     assert.equal(c.copyInserts, true);
     assert.equal(c.queueSize, 10_000);
     assert.equal(c.logLevel, 'info');
+  });
+
+  test('target_timeout: seconds, positive', () => {
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_TARGET_TIMEOUT: '2.5' } }).targetTimeoutMs, 2500);
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_TARGET_TIMEOUT: '0' } }), /target_timeout: /);
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_TARGET_TIMEOUT: 'soon' } }), /target_timeout: /);
   });
 
   test('an unknown key in the file is a ConfigError naming it', () => {

@@ -6,7 +6,8 @@
  * the pgoutput messages and the keepalive, in order, with the walEnd of the last
  * XLogData; pg's own handler must get back everything after CopyDone. An ErrorResponse
  * goes back to pg the same way, after the messages before it. Status updates go out as
- * CopyData.
+ * CopyData. The server's CopyDone is answered with a CopyDone; a CommandComplete without
+ * CopyDone (a walsender stopping with its server) ends the stream and goes back to pg.
  */
 import assert from 'node:assert/strict';
 import { Readable } from 'node:stream';
@@ -82,7 +83,7 @@ function splits(buf: Buffer, cuts: number[]): Buffer[] {
 }
 
 async function run(chunks: Buffer[]) {
-  const { connection, handedBack } = fakeConnection(chunks);
+  const { connection, handedBack, written } = fakeConnection(chunks);
   const reader = new CopyBothReader('START_REPLICATION …', 0);
   reader.submit(connection as never);
   // pg calls handleReadyForQuery after parsing what it was handed back; the fake does not parse.
@@ -90,7 +91,7 @@ async function run(chunks: Buffer[]) {
   if (result === null) reader.handleReadyForQuery();
   const final = result ?? (await readAll(reader));
   await new Promise((r) => setImmediate(r));
-  return { ...final, handedBack: Buffer.concat(handedBack) };
+  return { ...final, handedBack: Buffer.concat(handedBack), written, serverEnd: reader.serverEnd };
 }
 
 function assertStream(items: ReceivedBatch['items'], label: string): void {
@@ -109,6 +110,26 @@ test('pgoutput messages and keepalives come out in order, split anywhere', async
     assertStream(items, `split at ${i}`);
     assert.equal(walEnd, 0x1003n);
     assert.deepEqual(handedBack, tail, `split at ${i}`);
+  }
+});
+
+test("the server's CopyDone is answered with CopyDone", async () => {
+  const { written, serverEnd } = await run([wire]);
+  assert.deepEqual(written, [message('c', Buffer.alloc(0))]);
+  assert.equal(serverEnd, 'copy-done');
+});
+
+test('CommandComplete without CopyDone (walsender stopping with its server) ends the stream, split anywhere', async () => {
+  // walsender.c WalSndDone: "COPY 0" then exit, no CopyDone and no ReadyForQuery.
+  const complete = message('C', Buffer.from('COPY 0\0'));
+  const bytes = Buffer.concat([start, frames[0]!, frames[1]!, keepalive(0x2000n, true), notice, frames[2]!, frames[3]!, complete]);
+  for (let i = 0; i <= bytes.length; i++) {
+    const { items, handedBack, error, written, serverEnd } = await run(splits(bytes, [i]));
+    assert.equal(error, null, `split at ${i}`);
+    assertStream(items, `split at ${i}`);
+    assert.deepEqual(handedBack, complete, `split at ${i}`);
+    assert.equal(serverEnd, 'command-complete');
+    assert.deepEqual(written, [], 'no CopyDone: the server did not send one');
   }
 });
 
