@@ -9,6 +9,7 @@
  *   npm run bench -- --workloads W1,W4 --contestants pgsub --pair 18-18
  *   npm run bench -- --pgsub-env PGSUB_MAX_IN_FLIGHT=5000   # any pgsub setting, repeatable
  *   npm run bench -- --contestants pgsub,pgsub-lanes,native --lanes 2   # also pgsub with apply_workers = 2
+ *   npm run bench -- --contestants pgsub,pgsub-metrics,native --workloads W1,W2   # the metrics endpoint's cost
  *
  * Workloads (scripts/bench-apply-workloads.ts): W1 1,000,000 rows inserted in
  * transactions of 10,000; W2 pgbench's TPC-B-like transaction, 100,000 from 4 clients;
@@ -96,8 +97,12 @@ import {
 } from './bench-lib.js';
 
 const SOURCE_DB = 'bench';
-/** pgsub-lanes: pgsub with apply_workers = --lanes (opt-in: --contestants pgsub,pgsub-lanes,native). */
-const CONTESTANTS = ['pgsub', 'native', 'pgsub-lanes'] as const;
+/**
+ * pgsub-lanes: pgsub with apply_workers = --lanes; pgsub-metrics: pgsub with the metrics
+ * endpoint on, scraped every second while it applies (both opt-in: --contestants …).
+ */
+const CONTESTANTS = ['pgsub', 'native', 'pgsub-lanes', 'pgsub-metrics'] as const;
+const SCRAPE_EVERY_MS = 1000;
 type Kind = (typeof CONTESTANTS)[number];
 const isPgsub = (kind: Kind) => kind !== 'native';
 /** The issue's goals: pgsub's speedup over native (time ratio, best mode each) and its peak RSS. */
@@ -253,6 +258,15 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     PGSUB_LOG_LEVEL: 'info',
     ...PGSUB_EXTRA_ENV,
     ...(kind === 'pgsub-lanes' ? { PGSUB_APPLY_WORKERS: opts.lanes } : {}),
+    ...(kind === 'pgsub-metrics' ? { PGSUB_METRICS_LISTEN: '127.0.0.1:0' } : {}),
+  };
+  let lastScrape = 0;
+  const scrape = () => {
+    if (kind !== 'pgsub-metrics' || !child || Date.now() - lastScrape < SCRAPE_EVERY_MS) return;
+    const listening = child.logs().find((l) => l.msg === 'metrics endpoint listening');
+    if (!listening) return;
+    lastScrape = Date.now();
+    void fetch(`http://${String(listening.listen)}/metrics`).then((r) => r.text(), () => '');
   };
   let child: WatchedPgsub | null = null;
   const cleanup = async () => {
@@ -291,6 +305,7 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     },
     async check() {
       if (child && child.exitCode() !== null) throw new Error(`pgsub exited (${child.exitCode()}):\n${child.output().slice(-4000)}`);
+      scrape();
     },
     details() {
       const messages = (child?.logs() ?? []).filter((l) => l.msg !== undefined);

@@ -25,13 +25,16 @@ export abstract class PgsubError extends Error {
    * since then it is a change (a rotated password, a revoked grant) that may be undone.
    */
   readonly fatalAtStartup: boolean = false;
-  /** The exit code when this error stops the service: 2, setup the operator must fix; 1, anything else. */
-  readonly exitCode: 1 | 2 = 1;
+  /** The exit code when this error stops the service: 2, setup the operator must fix; 4, the subscription is lost; 1, anything else. */
+  readonly exitCode: 1 | 2 | 4 = 1;
   constructor(message: string, readonly context: ErrorContext = {}, options?: ErrorOptions) {
     super(message, options);
     this.name = new.target.name;
   }
 }
+
+/** Exit code of `pgsub run` when the subscription cannot go on and must be re-created (slot lost, slot ahead of the target). */
+export const EXIT_SUBSCRIPTION_LOST = 4;
 
 export type ProtocolErrorCode =
   | 'PGSUB_PROTOCOL_TRUNCATED'
@@ -85,6 +88,7 @@ export class ConnectionLostError extends PgsubError {
 export class SlotAheadError extends PgsubError {
   readonly code = 'PGSUB_SLOT_AHEAD';
   readonly retryable = false;
+  override readonly exitCode = EXIT_SUBSCRIPTION_LOST;
 }
 
 /** Publisher-side setup is unusable (wal_level, publication missing, version too old…). */
@@ -137,10 +141,8 @@ export class ControlError extends PgsubError {
 export class SlotLostError extends PgsubError {
   readonly code = 'PGSUB_SLOT_LOST';
   readonly retryable = false;
+  override readonly exitCode = EXIT_SUBSCRIPTION_LOST;
 }
-
-/** Exit code of `pgsub run` when the subscription cannot go on and must be re-created (slot lost, slot ahead of the target). */
-export const EXIT_SUBSCRIPTION_LOST = 4;
 
 /** A command names a subscription the target has no trace of (`pgsub run` creates it). */
 export class SubscriptionNotFoundError extends PgsubError {

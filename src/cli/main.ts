@@ -11,7 +11,10 @@ import { Command, CommanderError } from 'commander';
 import { loadConfig } from '../config/config.js';
 import { ConfigError, PgsubError } from '../errors.js';
 import { createLogger } from '../log.js';
-import { startRunner } from '../service/runner.js';
+import { startRunner, type Runner } from '../service/runner.js';
+import { createNotifier } from '../service/notify.js';
+import { superviseService, type Supervisor } from '../service/supervise.js';
+import { startMetricsServer, type MetricsSource } from '../service/metrics.js';
 import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
@@ -43,8 +46,19 @@ program
     const config = loadConfig({ file: opts.config, overrides: { log_level: opts.logLevel } });
     const log = createLogger(config.logLevel);
     log.info({ subscription: config.subscription, slot: config.slotName, state_dir: config.stateDir }, 'starting');
-    const runner = startRunner(config, log);
-    installStopSignals(log, () => runner.stop());
+    const notifier = createNotifier(log);
+    let supervisor: Supervisor | null = null;
+    const runner = startRunner(config, log, { onStreaming: ({ startLsn }) => supervisor?.streaming(startLsn) });
+    supervisor = superviseService(runner, notifier, log, config.receiveTimeoutMs);
+    const metrics = config.metricsListen ? await startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log).catch((err: unknown) => {
+      // Asked for and not possible (the port is taken): say so, and stop.
+      runner.stop();
+      throw new ConfigError(`metrics_listen ${config.metricsListen}: ${(err as Error).message}`, { key: 'metrics_listen' });
+    }) : null;
+    installStopSignals(log, () => {
+      supervisor?.stopping();
+      runner.stop();
+    });
     try {
       await runner.done;
       // What this process did: rowsCopied counts the rows of the table sync's copies too,
@@ -58,6 +72,9 @@ program
       if (exitCode === 2) process.stderr.write(`pgsub: ${(err as PgsubError).code}: ${(err as PgsubError).message}\n`);
       process.exitCode = exitCode;
     }
+    supervisor.stop();
+    await metrics?.close();
+    await notifier.flush();
     // Stopped: a connection attempt still pending (a server that does not answer) must not hold the exit.
     setTimeout(() => process.exit(), 1000).unref();
   });
@@ -177,6 +194,21 @@ program
       clients: Number(opts.clients),
     });
   });
+
+/** The running service as a scrape sees it (service/metrics.ts). */
+function metricsSource(runner: Runner, config: Config): MetricsSource {
+  return {
+    progress: () => runner.current()?.progress ?? null,
+    counters: runner.counters,
+    sync: runner.sync,
+    copies: () => new Map([...runner.launcher.progress].map(([k, v]) => [k, v])),
+    spoolBytes: () => runner.current()?.spoolBytes() ?? 0,
+    streaming: () => runner.current() !== null,
+    slot: () => runner.slotHealth(),
+    errors: () => ({ apply: runner.applyErrors(), sync: runner.launcher.syncErrors }),
+    info: { version: packageVersion(), subscription: config.subscription, slot: config.slotName },
+  };
+}
 
 async function withSource<T>(config: Config, fn: (replication: ReplicationConnection) => Promise<T>): Promise<T> {
   const replication = await ReplicationConnection.open(config.source, `pgsub_${config.subscription}_cli`);

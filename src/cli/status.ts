@@ -18,7 +18,7 @@ import { redactSecrets } from '../config/conninfo.js';
 import { openMaintenance, type Sql } from '../apply/target.js';
 import { PgsubError, SubscriptionNotFoundError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
-import { ReplicationConnection } from '../protocol/replication.js';
+import { ReplicationConnection, type SlotInfo } from '../protocol/replication.js';
 import { formatBytes, formatSeconds } from '../tablesync/progress.js';
 import { STATE_NAMES, type RelState } from '../tablesync/state.js';
 import { loadStats, type Stats } from '../conflict/control.js';
@@ -60,6 +60,9 @@ export type StatusReport = {
   slot_exists: boolean | null;
   slot_active: boolean | null;
   slot_confirmed_flush_lsn: string | null;
+  slot_wal_status: string | null;
+  slot_safe_wal_size: number | null;
+  slot_retained_wal_bytes: number | null;
   publisher_wal_lsn: string | null;
   origin_remote_lsn: string | null;
   last_commit_end_lsn: string | null;
@@ -83,7 +86,7 @@ export type StatusReport = {
 };
 
 interface SourceRead {
-  slot: { active: boolean; confirmedFlushLsn: Lsn | null } | null;
+  slot: SlotInfo | null;
   walLsn: Lsn;
 }
 
@@ -289,6 +292,9 @@ function buildReport(config: Config, sourceRead: PromiseSettledResult<SourceRead
     slot_exists: src === null ? null : src.slot !== null,
     slot_active: src === null ? null : (src.slot?.active ?? false),
     slot_confirmed_flush_lsn: src?.slot?.confirmedFlushLsn != null ? formatLsn(src.slot.confirmedFlushLsn) : null,
+    slot_wal_status: src?.slot?.walStatus ?? null,
+    slot_safe_wal_size: src?.slot?.safeWalSize ?? null,
+    slot_retained_wal_bytes: src?.slot?.restartLsn != null ? Number(src.walLsn - src.slot.restartLsn) : null,
     publisher_wal_lsn: src ? formatLsn(src.walLsn) : null,
     origin_remote_lsn: origin ? formatLsn(origin.remoteLsn) : null,
     last_commit_end_lsn: origin?.lastCommitEndLsn ?? null,

@@ -118,6 +118,13 @@ const fileSchema = z
     batch_rows: int(1, 4096).default(128),
     copy_inserts: boolish.default(true),
     state_dir: text().min(1).optional(),
+    // Service: metrics endpoint (off unless set), readiness, the slot and WAL guard.
+    metrics_listen: text()
+      .regex(/^(\[[^\]]+\]|[^:\s]*):\d{1,5}$/, { message: 'give host:port, e.g. 127.0.0.1:9187' })
+      .optional(),
+    ready_max_lag_mb: range(0, 1_000_000).default(16),
+    max_retained_wal_mb: range(0, 100_000_000).default(0),
+    slot_check_interval: seconds.default(10),
     log_level: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
   .strict();
@@ -175,6 +182,13 @@ export interface Config {
   stateDir: string;
   /** Where streamed transactions are spooled: <state_dir>/spool. */
   spoolDir: string;
+  /** host:port of the metrics and health endpoints (service/metrics.ts); null: off. */
+  metricsListen: string | null;
+  /** /readyz answers ready while streaming with lag at or below this. */
+  readyMaxLagBytes: number;
+  /** Retained WAL on the publisher above this is warned about (service/slot-guard.ts); 0: never. */
+  maxRetainedWalBytes: number;
+  slotCheckIntervalMs: number;
 }
 
 export const CONFIG_KEYS = Object.keys(fileSchema.shape) as (keyof FileConfig)[];
@@ -188,9 +202,10 @@ const ENV_ALIASES: Record<string, keyof FileConfig> = {
 
 /**
  * PGSUB_ variables that are not settings: the fault-test crash point (service/faults.ts)
- * and the progress line's interval, which tests shorten (service/progress-log.ts).
+ * and the intervals of the progress line and of systemd's STATUS=, which tests shorten
+ * (service/progress-log.ts, service/supervise.ts).
  */
-const NOT_SETTINGS = new Set(['PGSUB_FAULT', 'PGSUB_PROGRESS_INTERVAL_MS']);
+const NOT_SETTINGS = new Set(['PGSUB_FAULT', 'PGSUB_PROGRESS_INTERVAL_MS', 'PGSUB_NOTIFY_INTERVAL_MS']);
 const ENV_NAMES = [...CONFIG_KEYS.map((k) => `PGSUB_${k.toUpperCase()}`), ...Object.keys(ENV_ALIASES)];
 
 export interface LoadOptions {
@@ -307,6 +322,10 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
     statusIntervalMs: c.status_interval * 1000,
     receiveTimeoutMs: c.receive_timeout * 1000,
     targetTimeoutMs: c.target_timeout * 1000,
+    metricsListen: c.metrics_listen ?? null,
+    readyMaxLagBytes: Math.round(c.ready_max_lag_mb * 1024 * 1024),
+    maxRetainedWalBytes: Math.round(c.max_retained_wal_mb * 1024 * 1024),
+    slotCheckIntervalMs: c.slot_check_interval * 1000,
     retryMinDelayMs: c.retry_min_delay * 1000,
     retryMaxDelayMs: c.retry_max_delay * 1000,
     maxInFlight: c.max_in_flight,

@@ -6,6 +6,7 @@
  * `redactConninfo` is the only form of a conninfo that may reach a log line.
  */
 import fs from 'node:fs';
+import path from 'node:path';
 import type { ConnectionOptions as TlsOptions } from 'node:tls';
 import type pg from 'pg';
 import { ConfigError } from '../errors.js';
@@ -59,7 +60,7 @@ export function parseConninfo(text: string, what: string, env: NodeJS.ProcessEnv
   }
   const info: ConnInfo = { host, port, user, database: get('dbname', 'PGDATABASE') ?? user, sslmode };
   const password = get('password', 'PGPASSWORD');
-  if (password !== undefined) info.password = password;
+  if (password !== undefined) info.password = credentialPassword(password, what, env);
   const rootCert = get('sslrootcert', 'PGSSLROOTCERT');
   if (rootCert !== undefined) info.sslrootcert = rootCert;
   const app = get('application_name', 'PGAPPNAME');
@@ -73,6 +74,24 @@ export function parseConninfo(text: string, what: string, env: NodeJS.ProcessEnv
     info.connectTimeoutSeconds = secondsValue;
   }
   return info;
+}
+
+/**
+ * `password=credential:NAME` reads the password from systemd's credential NAME
+ * ($CREDENTIALS_DIRECTORY/NAME, LoadCredential= in the unit): readable only by the
+ * service, never in the environment or the config file. A trailing newline is dropped.
+ */
+function credentialPassword(value: string, what: string, env: NodeJS.ProcessEnv): string {
+  if (!value.startsWith('credential:')) return value;
+  const name = value.slice('credential:'.length);
+  const dir = env.CREDENTIALS_DIRECTORY;
+  if (!/^[A-Za-z0-9_.@-]+$/.test(name)) throw new ConfigError(`${what}: credential name ${JSON.stringify(name)} is not a file name`, { key: what });
+  if (!dir) throw new ConfigError(`${what}: password names credential ${name}, but $CREDENTIALS_DIRECTORY is not set (LoadCredential=${name}:… in the unit)`, { key: what });
+  try {
+    return fs.readFileSync(path.join(dir, name), 'utf8').replace(/\r?\n$/, '');
+  } catch (err) {
+    throw new ConfigError(`${what}: cannot read credential ${name} from $CREDENTIALS_DIRECTORY: ${(err as Error).message}`, { key: what });
+  }
 }
 
 function parseUri(text: string, what: string): Record<string, string> {

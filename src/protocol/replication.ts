@@ -33,6 +33,10 @@ export interface SlotInfo {
   confirmedFlushLsn: Lsn | null;
   /** Prepared transactions are decoded at PREPARE (set by the first START_REPLICATION asking two_phase; PG14+ slots). */
   twoPhase: boolean;
+  /** pg_replication_slots.wal_status and safe_wal_size (PG13+; null before), restart_lsn. */
+  walStatus: string | null;
+  safeWalSize: number | null;
+  restartLsn: Lsn | null;
 }
 
 export interface StartOptions {
@@ -117,8 +121,20 @@ export class ReplicationConnection {
 
   async getSlot(name: string): Promise<SlotInfo | null> {
     const twoPhase = this.serverVersionNum >= 140000 ? 'two_phase' : 'false AS two_phase';
-    const rows = await this.sql<{ plugin: string | null; slot_type: string; database: string | null; active: boolean; active_pid: string | null; confirmed_flush_lsn: string | null; two_phase: boolean }>(
-      `SELECT plugin, slot_type, database, active, active_pid, confirmed_flush_lsn::text AS confirmed_flush_lsn, ${twoPhase}
+    const walStatus = this.serverVersionNum >= 130000 ? 'wal_status, safe_wal_size::text' : 'NULL::text AS wal_status, NULL::text AS safe_wal_size';
+    const rows = await this.sql<{
+      plugin: string | null;
+      slot_type: string;
+      database: string | null;
+      active: boolean;
+      active_pid: string | null;
+      confirmed_flush_lsn: string | null;
+      two_phase: boolean;
+      wal_status: string | null;
+      safe_wal_size: string | null;
+      restart_lsn: string | null;
+    }>(
+      `SELECT plugin, slot_type, database, active, active_pid, confirmed_flush_lsn::text AS confirmed_flush_lsn, ${twoPhase}, ${walStatus}, restart_lsn::text AS restart_lsn
          FROM pg_catalog.pg_replication_slots WHERE slot_name = ${quoteLiteral(name)}`,
     );
     const row = rows[0];
@@ -131,6 +147,9 @@ export class ReplicationConnection {
       activePid: row.active_pid == null ? null : Number(row.active_pid),
       confirmedFlushLsn: row.confirmed_flush_lsn ? parseLsn(row.confirmed_flush_lsn) : null,
       twoPhase: row.two_phase === true || (row.two_phase as unknown) === 't',
+      walStatus: row.wal_status,
+      safeWalSize: row.safe_wal_size === null ? null : Number(row.safe_wal_size),
+      restartLsn: row.restart_lsn ? parseLsn(row.restart_lsn) : null,
     };
   }
 

@@ -33,6 +33,8 @@ import { ProgressReporter } from '../tablesync/progress.js';
 import { SyncStates } from '../tablesync/state.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
 import { ProgressLog, type CopiedTotals } from './progress-log.js';
+import { startSlotGuard } from './slot-guard.js';
+import type { SlotHealth } from './metrics.js';
 import { checkTablePrivileges, OwnConnections } from './preflight.js';
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
@@ -50,6 +52,12 @@ export interface Runner {
   copied(): CopiedTotals;
   /** Failed attempts by error code since the start (auth failures during a run, lost connections…). */
   failures: Record<string, number>;
+  /** End the service with this error (it is logged here). */
+  fail(err: unknown): void;
+  /** Apply errors in this process (pg_stat_subscription_stats.apply_error_count). */
+  applyErrors(): number;
+  /** The slot's health as last read on the publisher (slot-guard.ts). */
+  slotHealth(): SlotHealth | null;
 }
 
 /** Waiting is pointless: the slot is held by a walsender that is on its way out (ours, or 55006 at START_REPLICATION). */
@@ -230,6 +238,22 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     }
   };
 
+  function stop(): void {
+    stopped = true;
+    abandonStart?.();
+    session?.stop();
+    wake?.();
+  }
+  /** A failure found beside the sessions (the slot guard): logged here, the service ends with it. */
+  let fatal: unknown = null;
+  let applyErrors = 0;
+  function fail(err: unknown): void {
+    if (fatal !== null || stopped) return;
+    fatal = err;
+    log.fatal({ err: describeError(err) }, 'the subscription cannot go on');
+    stop();
+  }
+
   const done = (async () => {
     let delay = config.retryMinDelayMs;
     while (!stopped) {
@@ -307,6 +331,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           await sleep(SLOT_BUSY_RETRY_MS);
           continue;
         }
+        if (!connectionFailure(err)) applyErrors++;
         const disabled = await recordError(err, failed);
         if (stopped) return;
         if (!isRetryable(err)) {
@@ -327,10 +352,21 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     }
   })();
 
-  const finished = done.finally(() => {
-    progressLog.stop();
-    return launcher.stop();
+  // The slot on the publisher, watched beside the sessions: a lost one ends the service.
+  const slotGuard = startSlotGuard(config, log, {
+    intervalMs: config.slotCheckIntervalMs,
+    maxRetainedBytes: config.maxRetainedWalBytes,
+    onLost: (err) => fail(err),
   });
+  const finished = done
+    .finally(async () => {
+      progressLog.stop();
+      await slotGuard.stop();
+      return launcher.stop();
+    })
+    .then(() => {
+      if (fatal !== null) throw fatal;
+    });
   return {
     done: finished,
     sync,
@@ -339,11 +375,9 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     copied: () => progressLog.copiedTotals(),
     failures,
     current: () => session,
-    stop() {
-      stopped = true;
-      abandonStart?.();
-      session?.stop();
-      wake?.();
-    },
+    stop,
+    fail,
+    slotHealth: () => slotGuard.health(),
+    applyErrors: () => applyErrors,
   };
 }

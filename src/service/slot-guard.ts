@@ -70,24 +70,29 @@ export function startSlotGuard(config: Config, log: Logger, opts: SlotGuardOptio
     }
   };
 
+  // Until the slot is seen (the first session creates it) it is looked for every second.
+  let timer: NodeJS.Timeout | null = null;
   const tick = () => {
-    if (stopped || running) return;
+    if (stopped) return;
     running = check()
       .catch(async (err: unknown) => {
         log.debug({ err: redactSecrets(String((err as Error).message ?? err)) }, 'slot guard: cannot read the slot');
         await conn?.close();
         conn = null;
       })
-      .finally(() => (running = null));
+      .finally(() => {
+        running = null;
+        if (stopped) return;
+        timer = setTimeout(tick, health === null ? Math.min(1000, opts.intervalMs) : opts.intervalMs);
+        timer.unref();
+      });
   };
-  const timer = setInterval(tick, opts.intervalMs);
-  timer.unref();
   tick();
   return {
     health: () => health,
     async stop() {
       stopped = true;
-      clearInterval(timer);
+      if (timer) clearTimeout(timer);
       await running;
       await conn?.close();
     },

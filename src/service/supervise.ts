@@ -12,18 +12,20 @@
  * systemd restarts pgsub; they resume once it moves again.
  */
 import type { Logger } from '../log.js';
-import { formatLsn } from '../protocol/lsn.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { Notifier } from './notify.js';
 import type { Runner } from './runner.js';
 import { lagSeconds } from './metrics.js';
 
 export interface Supervisor {
-  streaming(): void;
+  /** A session streams (SessionEvents.onStreaming): READY=1 the first time. */
+  streaming(startLsn: Lsn): void;
   stopping(): void;
   stop(): void;
 }
 
-const STATUS_INTERVAL_MS = 5000;
+/** STATUS= every this many ms (PGSUB_NOTIFY_INTERVAL_MS shortens it for tests). */
+const STATUS_INTERVAL_MS = Number(process.env.PGSUB_NOTIFY_INTERVAL_MS ?? 5000);
 /**
  * A copy's bytes stand still while it rebuilds a large table's indexes after the data:
  * that long without a byte moved, and the copy counts as stuck.
@@ -101,10 +103,10 @@ export function superviseService(runner: Runner, notifier: Notifier, log: Logger
   watchdogTimer?.unref();
 
   return {
-    streaming() {
+    streaming(startLsn) {
       if (ready || stopped) return;
       ready = true;
-      notifier.ready(describe());
+      notifier.ready(`streaming from ${formatLsn(startLsn)}; ${runner.counters.transactionsApplied} transactions applied`);
     },
     stopping() {
       if (stopped) return;

@@ -46,6 +46,8 @@ export class Launcher {
   private publisherVersion = 0;
   /** Lane pools of batches that still have tables to start. */
   private readonly lanePools = new Set<LanePool>();
+  /** Copies that failed in this process (pg_stat_subscription_stats.sync_error_count). */
+  syncErrors = 0;
   /** Tables already warned about for their replica identity. */
   private readonly warned = new Set<string>();
   /** Tables not copied, and why (logged once). */
@@ -202,6 +204,7 @@ export class Launcher {
         if (done) this.events.onCopyFinished?.(done);
       } catch (err) {
         this.failures++;
+        this.syncErrors++;
         const message = redactSecrets(String((err as Error).message));
         this.log.error({ table: k, err: { code: (err as { code?: string }).code, message } }, 'table copy failed; will retry');
         await this.recordError(t, message);

@@ -287,3 +287,18 @@ describe('tlsOptions', () => {
     }
   });
 });
+
+test('password=credential:NAME reads the systemd credential from $CREDENTIALS_DIRECTORY', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-cred-'));
+  try {
+    fs.writeFileSync(path.join(dir, 'source'), 's3cr3t\n', { mode: 0o600 });
+    const env = { CREDENTIALS_DIRECTORY: dir };
+    assert.equal(parseConninfo('host=db user=rep password=credential:source', 'source', env).password, 's3cr3t');
+    assert.equal(parseConninfo('postgresql://rep:credential%3Asource@db/app', 'source', env).password, 's3cr3t');
+    assert.throws(() => parseConninfo('host=db password=credential:target', 'target', env), /cannot read credential target/);
+    assert.throws(() => parseConninfo('host=db password=credential:source', 'source', {}), /\$CREDENTIALS_DIRECTORY is not set/);
+    assert.throws(() => parseConninfo('host=db password=credential:../etc/passwd', 'source', env), /is not a file name/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
