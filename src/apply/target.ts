@@ -42,6 +42,8 @@ export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions
     startupParameters: {
       search_path: '',
       session_replication_role: 'replica',
+      // A target fenced read-only for a cutover (or the old primary taking changes back) still takes the apply.
+      default_transaction_read_only: 'off',
       synchronous_commit: opts.synchronousCommit,
       datestyle: 'ISO',
       intervalstyle: 'postgres',
@@ -157,7 +159,7 @@ export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
     keep_alive: KEEPALIVE_IDLE_MS / 1000,
     fetch_types: false,
     prepare: true,
-    connection: { application_name: applicationName },
+    connection: { application_name: applicationName, default_transaction_read_only: 'off' },
     onnotice: () => {},
     types: {
       pgsubText: { to: 25, from: PASS_THROUGH_OIDS, serialize: (x: unknown) => String(x), parse: (x: string) => x },

@@ -26,7 +26,7 @@ export async function openCopyClient(info: ConnInfo, applicationName: string, ro
     pgClientConfig(info, applicationName, {
       options:
         role === 'target'
-          ? '-c session_replication_role=replica -c search_path= -c datestyle=ISO'
+          ? '-c session_replication_role=replica -c search_path= -c datestyle=ISO -c default_transaction_read_only=off'
           : '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c search_path=',
     }),
   );
