@@ -36,7 +36,7 @@ import { quoteLiteral } from '../quote.js';
 import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement, syncKey } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
 import type { MappedRelation } from './relmap.js';
-import type { TxStatus, WireResult } from './wire.js';
+import type { TxStatus, WireResult } from '../target/wire.js';
 import type { TableSync } from '../tablesync/state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';

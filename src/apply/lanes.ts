@@ -37,7 +37,7 @@ import { Writers } from './lane-keys.js';
 import { BoundedQueue } from './queue.js';
 import { RelationMap } from './relmap.js';
 import { workerState, type ApplyState } from './state.js';
-import { runAlone, type WireConnection } from './target.js';
+import { runAlone, type WireConnection } from '../target/connect.js';
 
 
 /** A group ends after this many changes: lanes take turns at about this grain. */

@@ -33,8 +33,9 @@ import type { StreamSpool } from './spool.js';
 import type { ApplyCounters, ApplyState } from './state.js';
 import { ParallelApply, type ParallelApplyOptions } from './parallel.js';
 import { ApplyLanes, type ApplyLanesOptions } from './lanes.js';
-import { Pipeline, runAlone, type WireConnection } from './target.js';
-import { PipelineAbortedError } from './wire.js';
+import { runAlone, type WireConnection } from '../target/connect.js';
+import { Pipeline } from '../target/pipeline.js';
+import { PipelineAbortedError } from '../target/wire.js';
 import { annotateTargetError } from './failure.js';
 
 type WorkItem =

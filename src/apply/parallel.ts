@@ -32,7 +32,7 @@ import { beginTarget, dispatch, finishTransaction, type Ending } from './handler
 import { flushRowBatch } from './batch.js';
 import { RelationMap } from './relmap.js';
 import { workerState, type ApplyState, type RemoteTransaction } from './state.js';
-import { runAlone, type WireConnection } from './target.js';
+import { runAlone, type WireConnection } from '../target/connect.js';
 import { advanceOrigin, targetGid } from './twophase.js';
 import { syncKey } from '../tablesync/state.js';
 

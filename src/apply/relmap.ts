@@ -26,7 +26,7 @@ import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './
 import { SchemaMismatchError } from '../errors.js';
 import type { RelationMessage } from '../protocol/messages.js';
 import { quoteQualified } from '../quote.js';
-import { queryRows, type WireConnection } from './target.js';
+import { queryRows, type WireConnection } from '../target/connect.js';
 
 export interface TargetColumn {
   name: string;

@@ -11,7 +11,8 @@ import type { RelationMap } from './relmap.js';
 import type { RowBatch } from './batch.js';
 import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../tablesync/state.js';
-import { Pipeline, type WireConnection } from './target.js';
+import type { WireConnection } from '../target/connect.js';
+import { Pipeline } from '../target/pipeline.js';
 import type { ParallelApply } from './parallel.js';
 import { CONFLICT_TYPES, type ConflictConfig, type ConflictType } from '../conflict/types.js';
 

@@ -41,15 +41,10 @@ import type { Tuple, TupleValue } from '../protocol/messages.js';
 import { quoteIdent } from '../quote.js';
 import { BinaryLayoutError, rewriteOids, textForUnreceivable } from './binary.js';
 import type { MappedRelation } from './relmap.js';
-import type { WireValue } from './wire.js';
+import type { WireValue } from '../target/wire.js';
+import type { Statement } from '../target/statement.js';
 
-export interface Statement {
-  text: string;
-  /** A string is bound in text format, a Buffer in binary format. */
-  params: WireValue[];
-  /** Parse types per parameter (0: from the cast), present only when a binary value needs one. */
-  paramTypes?: number[];
-}
+export type { Statement } from '../target/statement.js';
 
 /**
  * A binary value as the target's receive function must see it (embedded OIDs rewritten),

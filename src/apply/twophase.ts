@@ -20,7 +20,8 @@ import { faultPoint } from '../service/faults.js';
 import { ProtocolError } from '../errors.js';
 import { beginTransaction, finishTransaction, requireTransaction, settleTarget } from './handlers.js';
 import type { ApplyState } from './state.js';
-import { runAlone } from './target.js';
+import { runAlone } from '../target/connect.js';
+import type { Statement } from '../target/statement.js';
 
 /** The target gid: unique per subscription and remote transaction, like native's pg_gid_<subid>_<xid>. */
 export function targetGid(subscription: string, xid: number): string {
@@ -104,7 +105,7 @@ export async function onRollbackPrepared(state: ApplyState, m: RollbackPreparedM
 }
 
 /** Move the origin (and run `extra`, which includes the origin statement when given) past a two-phase message. */
-export async function advanceOrigin(state: ApplyState, endLsn: Lsn, extra: { text: string; params: (string | null)[] }[]): Promise<void> {
+export async function advanceOrigin(state: ApplyState, endLsn: Lsn, extra: Statement[]): Promise<void> {
   if (endLsn <= state.progress.durable) return;
   await runAlone(state.conn, extra.length > 0 ? extra : [idleProgressStatement(state.subscription, endLsn)]);
   state.progress.noteDurable(endLsn);

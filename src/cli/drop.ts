@@ -11,7 +11,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import type { Config } from '../config/config.js';
 import { ControlError } from '../errors.js';
-import { openMaintenance } from '../apply/target.js';
+import { openMaintenance } from '../target/connect.js';
 import { replicationOriginName } from '../origin/replorigin.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';

@@ -17,7 +17,7 @@ import { superviseService, type Supervisor } from '../service/supervise.js';
 import { startMetricsServer, type MetricsSource } from '../service/metrics.js';
 import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
-import { openMaintenance, type Sql } from '../apply/target.js';
+import { openMaintenance, type Sql } from '../target/connect.js';
 import type { Config } from '../config/config.js';
 import { markReadyWithoutCopy, notifyChannel, requestRefresh } from '../tablesync/launcher.js';
 import { listPublishedTables } from '../tablesync/catalog.js';

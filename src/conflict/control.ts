@@ -7,12 +7,13 @@
  * Apply-path writes (conflict log rows, counters, clearing the skip LSN once used) are
  * statements in the apply transaction instead (report.ts, apply/handlers.ts).
  */
-import type { Sql } from '../apply/target.js';
+import type { Sql } from '../target/connect.js';
 import { ControlError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { LOG_COLUMNS, LOG_VALUES, logParams, type ConflictRecord } from './report.js';
 import { CONFLICT_TYPES, counterColumn, type ConflictType } from './types.js';
 import { quoteIdent } from '../quote.js';
+import type { Statement } from '../target/statement.js';
 
 export interface Control {
   enabled: boolean;
@@ -144,7 +145,7 @@ export async function enableSubscription(sql: Sql, subscription: string): Promis
  * In the apply transaction that moved the origin past the skipped transaction: the skip
  * is used, and a failure recorded for that transaction is no longer pending.
  */
-export function clearSkipStatement(subscription: string, lsn: Lsn): { text: string; params: string[] } {
+export function clearSkipStatement(subscription: string, lsn: Lsn): Statement {
   return {
     text: `UPDATE "pgsub"."subscription"
               SET skip_lsn = NULL,

@@ -24,7 +24,7 @@ import type { Tuple } from '../protocol/messages.js';
 import type { MappedRelation } from '../apply/relmap.js';
 import type { ApplyState, RemoteTransaction } from '../apply/state.js';
 import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../apply/statements.js';
-import { queryRows } from '../apply/target.js';
+import { queryRows } from '../target/connect.js';
 import { quoteIdent } from '../quote.js';
 import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from './report.js';
 import { policyFor, type ConflictType, type Policy } from './types.js';

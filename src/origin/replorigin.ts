@@ -11,6 +11,7 @@
 import { TargetSetupError } from '../errors.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp } from '../protocol/messages.js';
+import type { Statement } from '../target/statement.js';
 
 export function replicationOriginName(subscription: string): string {
   return `pgsub_${subscription}`;
@@ -42,7 +43,7 @@ export async function setupSessionOrigin(run: OriginSetupRunner, name: string): 
 }
 
 /** Statement stamping the current target transaction with the remote commit it applies. */
-export function originXactSetupStatement(endLsn: Lsn, commitTime: bigint): { text: string; params: string[] } {
+export function originXactSetupStatement(endLsn: Lsn, commitTime: bigint): Statement {
   return {
     text: 'SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)',
     params: [formatLsn(endLsn), formatPgTimestamp(commitTime)],

@@ -14,8 +14,9 @@ import { fileURLToPath } from 'node:url';
 import type { ConnInfo } from '../config/conninfo.js';
 import { formatLsn, parseLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp } from '../protocol/messages.js';
-import { openMaintenance, type Sql } from '../apply/target.js';
+import { openMaintenance, type Sql } from '../target/connect.js';
 import { origin } from './schema.js';
+import type { Statement } from '../target/statement.js';
 
 /** migrations/ sits at the package root, above src/ (tsx) or dist/src/ (built). */
 function findMigrationsFolder(): string {
@@ -110,7 +111,7 @@ export async function createOrigin(sql: Sql, subscription: string, slotName: str
 }
 
 /** Statement recording an applied remote commit; rides inside that commit's target transaction. */
-export function commitProgressStatement(subscription: string, endLsn: Lsn, commitTime: bigint, transactions = 1): { text: string; params: string[] } {
+export function commitProgressStatement(subscription: string, endLsn: Lsn, commitTime: bigint, transactions = 1): Statement {
   return {
     text:
       'UPDATE "pgsub"."origin" SET "remote_lsn" = $2::pg_catalog.pg_lsn, "last_commit_end_lsn" = $2::pg_catalog.pg_lsn, ' +
@@ -121,7 +122,7 @@ export function commitProgressStatement(subscription: string, endLsn: Lsn, commi
 }
 
 /** Statement recording an idle position before it is confirmed to the publisher. */
-export function idleProgressStatement(subscription: string, lsn: Lsn): { text: string; params: string[] } {
+export function idleProgressStatement(subscription: string, lsn: Lsn): Statement {
   return {
     text: 'UPDATE "pgsub"."origin" SET "remote_lsn" = $2::pg_catalog.pg_lsn, "updated_at" = pg_catalog.now() WHERE "subscription" = $1 AND "remote_lsn" < $2::pg_catalog.pg_lsn',
     params: [subscription, formatLsn(lsn)],
@@ -134,7 +135,7 @@ export function idleProgressStatement(subscription: string, lsn: Lsn): { text: s
  * to flush at all: a KEY SHARE lock of the origin row does both, and does not conflict with
  * the applier's updates of that row, which never change its key.
  */
-export function flushBarrierStatements(subscription: string): { text: string; params: string[] }[] {
+export function flushBarrierStatements(subscription: string): Statement[] {
   return [
     { text: 'BEGIN', params: [] },
     { text: 'SET LOCAL synchronous_commit = local', params: [] },
@@ -146,7 +147,7 @@ export function flushBarrierStatements(subscription: string): { text: string; pa
 export { ZERO_LSN };
 
 /** Inside a prepared transaction: its existence once committed (see migrations/0002). */
-export function preparedRowStatement(subscription: string, gid: string, remoteXid: number, prepareEndLsn: Lsn): { text: string; params: string[] } {
+export function preparedRowStatement(subscription: string, gid: string, remoteXid: number, prepareEndLsn: Lsn): Statement {
   return {
     text: 'INSERT INTO "pgsub"."prepared" ("subscription", "gid", "remote_xid", "prepare_end_lsn") VALUES ($1, $2, $3, $4::pg_catalog.pg_lsn)',
     params: [subscription, gid, String(remoteXid), formatLsn(prepareEndLsn)],
@@ -157,7 +158,7 @@ export function preparedRowStatement(subscription: string, gid: string, remoteXi
  * After COMMIT PREPARED / ROLLBACK PREPARED (which cannot share a transaction with
  * anything): the origin moves to that message's end and the prepared row goes.
  */
-export function finishPreparedStatements(subscription: string, gid: string, endLsn: Lsn, commitTime: bigint | null): { text: string; params: string[] }[] {
+export function finishPreparedStatements(subscription: string, gid: string, endLsn: Lsn, commitTime: bigint | null): Statement[] {
   const origin = commitTime === null
     ? idleProgressStatement(subscription, endLsn)
     : commitProgressStatement(subscription, endLsn, commitTime);
@@ -165,6 +166,6 @@ export function finishPreparedStatements(subscription: string, gid: string, endL
 }
 
 /** The prepared row of a transaction committed or rolled back on the target. */
-export function forgetPreparedStatement(subscription: string, gid: string): { text: string; params: string[] } {
+export function forgetPreparedStatement(subscription: string, gid: string): Statement {
   return { text: 'DELETE FROM "pgsub"."prepared" WHERE "subscription" = $1 AND "gid" = $2', params: [subscription, gid] };
 }

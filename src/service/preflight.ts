@@ -18,7 +18,7 @@ import { AlreadyRunningError, PrivilegeError, SlotBusyError, SlotInUseError } fr
 import type { Logger } from '../log.js';
 import { quoteIdent } from '../quote.js';
 import type { ReplicationConnection, SlotInfo } from '../protocol/replication.js';
-import { openMaintenance, runAlone, type WireConnection } from '../apply/target.js';
+import { openMaintenance, runAlone, type WireConnection } from '../target/connect.js';
 
 /** First half of the run lock's key: "pgsu" (the migrations' lock is one bigint, objsubid 1; this is two int4s, objsubid 2). */
 const RUN_LOCK_CLASS = 0x70677375;

@@ -21,7 +21,7 @@ import type { Config } from '../config/config.js';
 import { ApplyConflictError, ConnectionLostError, PgsubError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
 import { sqlstateOf } from '../connect-failure.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/loop.js';
-import { openMaintenance, setMaintenanceTimeout } from '../apply/target.js';
+import { openMaintenance, setMaintenanceTimeout } from '../target/connect.js';
 import { loadControl, recordApplyError } from '../conflict/control.js';
 import type { ConflictRecord } from '../conflict/report.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';

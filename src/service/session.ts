@@ -23,7 +23,7 @@ import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
 import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/loop.js';
 import { RelationMap } from '../apply/relmap.js';
 import type { ApplyCounters } from '../apply/state.js';
-import { openApplyConnection, openMaintenance, runAlone, type Sql, type WireConnection } from '../apply/target.js';
+import { openApplyConnection, openMaintenance, runAlone, type Sql, type WireConnection } from '../target/connect.js';
 import { refusal } from '../connect-failure.js';
 import { claimSlot, takeRunLock, type OwnConnections } from './preflight.js';
 

@@ -124,7 +124,7 @@ async function copyAndFinish(ctx: SyncJobContext, t: PublishedTable, previous: T
   const rebuilt = await inTransaction(control, async (run) => {
     const built = await restoreIndexes(run, config.subscription, t.schema, t.table);
     const done = setStateStatement(config.subscription, t, 'f', syncLsn);
-    await run(done.text, done.params);
+    await run(done.text, [...done.params]);
     return built;
   });
   if (rebuilt.length > 0) log.info({ table: `${t.schema}.${t.table}`, indexes: rebuilt, seconds: (Date.now() - indexStart) / 1000 }, 'indexes rebuilt after the copy');
@@ -180,9 +180,9 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
     // Empty now: its indexes can be built once, after the rows are in (deferred-indexes.ts).
     if (config.deferIndexes && info.relkind === 'r') await deferIndexes(runOn(control), config.subscription, t.schema, t.table);
     const state = setStateStatement(config.subscription, t, 'd', syncLsn);
-    await control.query(state.text, state.params);
+    await control.query(state.text, [...state.params]);
     const clear = clearSyncProgressStatement(config.subscription, t);
-    await control.query(clear.text, clear.params);
+    await control.query(clear.text, [...clear.params]);
     await control.query(`UPDATE "pgsub"."subscription_rel" SET "rows_copied" = 0, "bytes_copied" = 0 WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`, [config.subscription, t.schema, t.table]);
     await control.query('COMMIT');
   } catch (err) {

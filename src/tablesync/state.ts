@@ -22,6 +22,7 @@
  * and the origin: from there on both rules agree.
  */
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
+import type { Statement } from '../target/statement.js';
 
 export type RelState = 'i' | 'd' | 'f' | 's' | 'r';
 
@@ -34,10 +35,6 @@ export interface TableSync {
   syncLsn: Lsn | null;
 }
 
-export interface Statement {
-  text: string;
-  params: (string | null)[];
-}
 
 const key = (schema: string, table: string) => `${schema}\u0000${table}`;
 /** The lookup key of a table (getByKey), for callers that look the same table up per row. */

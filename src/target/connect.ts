@@ -13,15 +13,14 @@
  * bytes unanswered for target_timeout destroy it (postgres.js fails the query and opens a
  * new connection for the next one), so a silent network cannot hang startup or the
  * launcher's long-lived connection forever.
- *
- * `Pipeline` bounds how many statements are outstanding and surfaces the first error in
- * send order.
+
  */
 import net from 'node:net';
 import pg from 'pg';
 import postgres from 'postgres';
 import { KEEPALIVE_IDLE_MS, pgClientConfig, tlsOptions, type ConnInfo } from '../config/conninfo.js';
 import { WireConnection, type WireResult, type WireValue } from './wire.js';
+import type { Statement } from './statement.js';
 
 export type Sql = postgres.Sql<Record<string, never>>;
 export type { WireConnection, WireValue };
@@ -76,19 +75,13 @@ async function backendBusy(info: ConnInfo, applicationName: string, pid: number,
   }
 }
 
-export interface StandaloneStatement {
-  text: string;
-  params: readonly WireValue[];
-  wantRows?: boolean;
-}
-
 /**
  * Statements that form one implicit transaction of their own (up to the Sync). Their
  * rejections are observed before the Sync is awaited, so a failing one is reported once,
  * here, and never as an unhandled rejection.
  */
-export async function runAlone(conn: WireConnection, statements: StandaloneStatement[]): Promise<WireResult[]> {
-  const results = statements.map((s) => conn.execute(s.text, s.params, s.wantRows ? { wantRows: true } : undefined));
+export async function runAlone(conn: WireConnection, statements: readonly Statement[]): Promise<WireResult[]> {
+  const results = statements.map((s) => conn.execute(s.text, s.params, s.wantRows || s.paramTypes ? { wantRows: s.wantRows, paramTypes: s.paramTypes } : undefined));
   for (const r of results) r.catch(() => {});
   await conn.sync();
   return Promise.all(results);
@@ -165,65 +158,4 @@ export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
       pgsubText: { to: 25, from: PASS_THROUGH_OIDS, serialize: (x: unknown) => String(x), parse: (x: string) => x },
     },
   } as unknown as postgres.Options<Record<string, never>>) as unknown as Sql;
-}
-
-/**
- * A window of statements in flight. `push` never lets more than `limit` statements, or
- * more than `byteLimit` bytes of their values, be outstanding: past that it waits for the
- * oldest, which is also where errors surface, oldest first, so the root cause (not
- * "current transaction is aborted") is what gets reported. Bytes matter for wide rows:
- * a count alone would let a thousand 1 MB values pile up in the socket buffer.
- */
-export class Pipeline {
-  private readonly inFlight: { promise: Promise<unknown>; bytes: number; weight: number }[] = [];
-  private head = 0;
-  private bytes = 0;
-  /** Statements in flight, a multi-row one counting once per row: the limit bounds rows. */
-  private weight = 0;
-
-  constructor(
-    private readonly limit: number,
-    private readonly byteLimit = 16 * 1024 * 1024,
-  ) {}
-
-  async push<T>(promise: Promise<T>, bytes = 0, weight = 1): Promise<void> {
-    // Rejections are observed when drained; this keeps Node from flagging them early.
-    promise.catch(() => {});
-    this.inFlight.push({ promise, bytes, weight });
-    this.bytes += bytes;
-    this.weight += weight;
-    while (this.size > 1 && (this.weight > this.limit || this.bytes > this.byteLimit)) await this.takeOldest();
-    if (this.head > 4096) {
-      this.inFlight.splice(0, this.head);
-      this.head = 0;
-    }
-  }
-
-  private async takeOldest(): Promise<void> {
-    const oldest = this.inFlight[this.head++]!;
-    this.bytes -= oldest.bytes;
-    this.weight -= oldest.weight;
-    await oldest.promise;
-  }
-
-  get size(): number {
-    return this.inFlight.length - this.head;
-  }
-
-  /** Wait for everything sent; throw the first failure in send order. */
-  async drain(): Promise<void> {
-    try {
-      while (this.head < this.inFlight.length) await this.takeOldest();
-    } finally {
-      this.reset();
-    }
-  }
-
-  /** Forget outstanding statements after a failure; their rejections stay observed. */
-  reset(): void {
-    this.inFlight.length = 0;
-    this.head = 0;
-    this.bytes = 0;
-    this.weight = 0;
-  }
 }
