@@ -26,7 +26,7 @@
  * (10,000 rows for W1, one row for W4) and pgbench's scale 1 stay as they are, and W3's
  * logical_decoding_work_mem shrinks with its transaction.
  */
-import type { MappedRelation } from '../src/apply/relmap.js';
+import type { MappedRelation } from '../src/apply/sql/relmap.js';
 import type pg from 'pg';
 
 export type WorkloadId = 'W1' | 'W2' | 'W3' | 'W4';

@@ -14,8 +14,8 @@
  *   flock /tmp/pgsub-bench.lock npx tsx scripts/bench-copy-insert.ts [rows] [major]
  */
 import { readFileSync } from 'node:fs';
-import { copyInsertStatement } from '../src/apply/copy-rows.js';
-import { insertManyStatement } from '../src/apply/statements.js';
+import { copyInsertStatement } from '../src/apply/sql/copy-rows.js';
+import { insertManyStatement } from '../src/apply/sql/statements.js';
 import { WireConnection, type WireResult } from '../src/target/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';
 import type { Tuple } from '../src/protocol/messages.js';

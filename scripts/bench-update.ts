@@ -18,8 +18,8 @@
  */
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { updateManyStatement } from '../src/apply/statements.js';
-import { updateArraysStatement } from '../src/apply/update-rows.js';
+import { updateManyStatement } from '../src/apply/sql/statements.js';
+import { updateArraysStatement } from '../src/apply/sql/update-rows.js';
 import { WireConnection, type WireResult } from '../src/target/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';
 import type { Tuple } from '../src/protocol/messages.js';

@@ -27,13 +27,13 @@
 import { ApplyError } from '../errors.js';
 import type { Tuple, TupleValue } from '../protocol/messages.js';
 import { sendStatement } from './handlers.js';
-import type { MappedRelation } from './relmap.js';
+import type { MappedRelation } from './sql/relmap.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
-import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect, type Statement } from './statements.js';
-import { copyInsertStatement, type CopyStatement } from './copy-rows.js';
-import { copyFromInsertMessages } from './copy-messages.js';
+import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect, type Statement } from './sql/statements.js';
+import { copyInsertStatement, type CopyStatement } from './sql/copy-rows.js';
+import { copyFromInsertMessages } from './sql/copy-messages.js';
 import { decode } from '../protocol/decoder.js';
-import { updateArraysStatement } from './update-rows.js';
+import { updateArraysStatement } from './sql/update-rows.js';
 
 /**
  * A batch of at least this many inserts goes out as COPY when the settings and values

@@ -35,13 +35,13 @@ import { carefulDelete, carefulInsert, carefulUpdate } from '../conflict/resolve
 import { quoteLiteral } from '../quote.js';
 import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement, syncKey } from '../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from './state.js';
-import type { MappedRelation } from './relmap.js';
+import type { MappedRelation } from './sql/relmap.js';
 import type { TxStatus, WireResult } from '../target/wire.js';
 import type { TableSync } from '../tablesync/state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
-import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './statements.js';
-import { INSERT_TUPLE_OFFSET, insertsCopyAsSent } from './copy-messages.js';
+import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect, type Statement } from './sql/statements.js';
+import { INSERT_TUPLE_OFFSET, insertsCopyAsSent } from './sql/copy-messages.js';
 import { batchInsert, batchInsertMessage, batchUpdate, flushForChange, flushRowBatch, noteRowWrite, rowKey } from './batch.js';
 
 type Handler<T extends MessageTag> = (state: ApplyState, message: Extract<PgOutputMessage, { tag: T }>) => Promise<void> | void;

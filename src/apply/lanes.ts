@@ -35,7 +35,7 @@ import type { Logger } from '../log.js';
 import { commitGroup, dispatch, insertAsSent, settleTarget } from './handlers.js';
 import { Writers } from './lane-keys.js';
 import { BoundedQueue } from './queue.js';
-import { RelationMap } from './relmap.js';
+import { RelationMap } from './sql/relmap.js';
 import { workerState, type ApplyState } from './state.js';
 import { runAlone, type WireConnection } from '../target/connect.js';
 

@@ -27,7 +27,7 @@ import { flushBarrierStatements, idleProgressStatement } from '../origin/store.j
 import type { Progress } from '../origin/progress.js';
 import { commitGroup, dispatch, insertAsSent, settleTarget } from './handlers.js';
 import { BoundedQueue } from './queue.js';
-import type { RelationMap } from './relmap.js';
+import type { RelationMap } from './sql/relmap.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../tablesync/state.js';
 import type { StreamSpool } from './spool.js';
 import type { ApplyCounters, ApplyState } from './state.js';
@@ -36,7 +36,7 @@ import { ApplyLanes, type ApplyLanesOptions } from './lanes.js';
 import { runAlone, type WireConnection } from '../target/connect.js';
 import { Pipeline } from '../target/pipeline.js';
 import { PipelineAbortedError } from '../target/wire.js';
-import { annotateTargetError } from './failure.js';
+import { annotateTargetError } from './sql/failure.js';
 
 type WorkItem =
   /** A pgoutput message, decoded by the applier: the queue holds bytes only once (no wrapper object per message). */

@@ -30,7 +30,7 @@ import type { PgOutputMessage, RelationMessage, StreamCommitMessage, StreamPrepa
 import { faultPoint } from '../service/faults.js';
 import { beginTarget, dispatch, finishTransaction, type Ending } from './handlers.js';
 import { flushRowBatch } from './batch.js';
-import { RelationMap } from './relmap.js';
+import { RelationMap } from './sql/relmap.js';
 import { workerState, type ApplyState, type RemoteTransaction } from './state.js';
 import { runAlone, type WireConnection } from '../target/connect.js';
 import { advanceOrigin, targetGid } from './twophase.js';

@@ -7,7 +7,7 @@
 import type { Logger } from '../log.js';
 import type { Lsn } from '../protocol/lsn.js';
 import type { Progress } from '../origin/progress.js';
-import type { RelationMap } from './relmap.js';
+import type { RelationMap } from './sql/relmap.js';
 import type { RowBatch } from './batch.js';
 import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../tablesync/state.js';

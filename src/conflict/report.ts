@@ -11,8 +11,8 @@
  */
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp, type Tuple } from '../protocol/messages.js';
-import type { MappedRelation } from '../apply/relmap.js';
-import type { Statement } from '../apply/statements.js';
+import type { MappedRelation } from '../apply/sql/relmap.js';
+import type { Statement } from '../apply/sql/statements.js';
 import { quoteIdent } from '../quote.js';
 import { counterColumn, type ConflictType, type Policy } from './types.js';
 

@@ -21,9 +21,9 @@
 import { ApplyConflictError } from '../errors.js';
 import { formatLsn } from '../protocol/lsn.js';
 import type { Tuple } from '../protocol/messages.js';
-import type { MappedRelation } from '../apply/relmap.js';
+import type { MappedRelation } from '../apply/sql/relmap.js';
 import type { ApplyState, RemoteTransaction } from '../apply/state.js';
-import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../apply/statements.js';
+import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../apply/sql/statements.js';
 import { queryRows } from '../target/connect.js';
 import { quoteIdent } from '../quote.js';
 import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from './report.js';

@@ -21,7 +21,7 @@ import { Progress } from '../origin/progress.js';
 import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
 import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
 import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/loop.js';
-import { RelationMap } from '../apply/relmap.js';
+import { RelationMap } from '../apply/sql/relmap.js';
 import type { ApplyCounters } from '../apply/state.js';
 import { openApplyConnection, openMaintenance, runAlone, type Sql, type WireConnection } from '../target/connect.js';
 import { refusal } from '../connect-failure.js';

@@ -40,8 +40,8 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { RelationMap } from '../../src/apply/relmap.js';
-import { insertStatement } from '../../src/apply/statements.js';
+import { RelationMap } from '../../src/apply/sql/relmap.js';
+import { insertStatement } from '../../src/apply/sql/statements.js';
 import { openApplyConnection } from '../../src/target/connect.js';
 import { loadConfig } from '../../src/config/config.js';
 import { parseConninfo } from '../../src/config/conninfo.js';

@@ -21,9 +21,9 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { BinaryLayoutError, FIRST_GENBKI_OID, oidPlan, rewriteOids, type TargetTypeInfo } from '../../src/apply/binary.js';
-import type { BinaryColumns, MappedRelation } from '../../src/apply/relmap.js';
-import { deleteStatement, insertStatement, updateStatement } from '../../src/apply/statements.js';
+import { BinaryLayoutError, FIRST_GENBKI_OID, oidPlan, rewriteOids, type TargetTypeInfo } from '../../src/apply/sql/binary.js';
+import type { BinaryColumns, MappedRelation } from '../../src/apply/sql/relmap.js';
+import { deleteStatement, insertStatement, updateStatement } from '../../src/apply/sql/statements.js';
 import { SchemaMismatchError } from '../../src/errors.js';
 import type { TupleValue } from '../../src/protocol/messages.js';
 

@@ -7,8 +7,8 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import type { MappedRelation, TargetColumn } from '../../src/apply/relmap.js';
-import { deleteStatement, insertManyStatement, insertStatement, maxBatchRows, truncateStatement, updateManyStatement, updateStatement } from '../../src/apply/statements.js';
+import type { MappedRelation, TargetColumn } from '../../src/apply/sql/relmap.js';
+import { deleteStatement, insertManyStatement, insertStatement, maxBatchRows, truncateStatement, updateManyStatement, updateStatement } from '../../src/apply/sql/statements.js';
 import { ApplyError } from '../../src/errors.js';
 import type { RelationMessage, ReplicaIdentity, Tuple } from '../../src/protocol/messages.js';
 

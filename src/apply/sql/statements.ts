@@ -36,15 +36,15 @@
  * User-defined type OIDs embedded in arrays and composites are rewritten to the
  * target's (binary.ts) before binding.
  */
-import { ApplyError, SchemaMismatchError } from '../errors.js';
-import type { Tuple, TupleValue } from '../protocol/messages.js';
-import { quoteIdent } from '../quote.js';
+import { ApplyError, SchemaMismatchError } from '../../errors.js';
+import type { Tuple, TupleValue } from '../../protocol/messages.js';
+import { quoteIdent } from '../../quote.js';
 import { BinaryLayoutError, rewriteOids, textForUnreceivable } from './binary.js';
 import type { MappedRelation } from './relmap.js';
-import type { WireValue } from '../target/wire.js';
-import type { Statement } from '../target/statement.js';
+import type { WireValue } from '../../target/wire.js';
+import type { Statement } from '../../target/statement.js';
 
-export type { Statement } from '../target/statement.js';
+export type { Statement } from '../../target/statement.js';
 
 /**
  * A binary value as the target's receive function must see it (embedded OIDs rewritten),

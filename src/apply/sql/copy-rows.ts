@@ -28,7 +28,7 @@
  * backend in ResourceOwnerAddToHash/Forget at 1024 rows per COPY). The cost per row peaks
  * around 500–1000 rows per COPY; 128 or 4096+ rows are cheap (scripts/bench-copy-insert.ts).
  */
-import type { Tuple } from '../protocol/messages.js';
+import type { Tuple } from '../../protocol/messages.js';
 import type { MappedRelation } from './relmap.js';
 import { binaryValue, cached, column } from './statements.js';
 

@@ -23,10 +23,10 @@
  * only when a remote column has a user-defined type (and binary mode is not known to be off).
  */
 import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './binary.js';
-import { SchemaMismatchError } from '../errors.js';
-import type { RelationMessage } from '../protocol/messages.js';
-import { quoteQualified } from '../quote.js';
-import { queryRows, type WireConnection } from '../target/connect.js';
+import { SchemaMismatchError } from '../../errors.js';
+import type { RelationMessage } from '../../protocol/messages.js';
+import { quoteQualified } from '../../quote.js';
+import { queryRows, type WireConnection } from '../../target/connect.js';
 
 export interface TargetColumn {
   name: string;

@@ -29,7 +29,7 @@
  * has the last word. These are pure functions over Buffers; the input is never modified.
  */
 
-import { SchemaMismatchError } from '../errors.js';
+import { SchemaMismatchError } from '../../errors.js';
 
 /** OIDs below this are assigned by genbki and identical in every cluster of a major and across majors. */
 export const FIRST_GENBKI_OID = 10000;

@@ -37,7 +37,7 @@
  * Detect) a count short of the batch's raises update_missing inside the statement, as
  * updateManyStatement does.
  */
-import type { Tuple } from '../protocol/messages.js';
+import type { Tuple } from '../../protocol/messages.js';
 import type { MappedRelation } from './relmap.js';
 import { binaryValue, cached, column, noteParam, target, type Detect, type Statement } from './statements.js';
 
