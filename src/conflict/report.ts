@@ -11,14 +11,20 @@
  */
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp, type Tuple } from '../protocol/messages.js';
-import type { MappedRelation } from '../apply/sql/relmap.js';
-import type { Statement } from '../apply/sql/statements.js';
+import type { RelationMessage } from '../protocol/messages.js';
+import type { Statement } from '../target/statement.js';
 import { quoteIdent } from '../quote.js';
 import { counterColumn, type ConflictType, type Policy } from './types.js';
 
+/** What a conflict record says of the relation: the publisher's description of it, and its name for logs. */
+export interface ConflictRelation {
+  remote: RelationMessage;
+  displayName: string;
+}
+
 export interface ConflictRecord {
   type: ConflictType | 'transaction_skipped';
-  relation: MappedRelation | null;
+  relation: ConflictRelation | null;
   key: Record<string, string | null> | null;
   remoteTuple: Record<string, string | null> | null;
   /** JSON text as the target rendered it (to_jsonb), or null. */
@@ -33,7 +39,7 @@ export interface ConflictRecord {
 }
 
 /** Column name → text form of the sent value; `indexes` limits it (a key). */
-export function tupleJson(rel: MappedRelation, tuple: Tuple | undefined, indexes?: readonly number[]): Record<string, string | null> | null {
+export function tupleJson(rel: ConflictRelation, tuple: Tuple | undefined, indexes?: readonly number[]): Record<string, string | null> | null {
   if (!tuple) return null;
   const out: Record<string, string | null> = {};
   for (const i of indexes ?? tuple.map((_, k) => k)) {
@@ -46,7 +52,7 @@ export function tupleJson(rel: MappedRelation, tuple: Tuple | undefined, indexes
   return out;
 }
 
-export function unchangedColumns(rel: MappedRelation, tuple: Tuple | undefined): string[] {
+export function unchangedColumns(rel: ConflictRelation, tuple: Tuple | undefined): string[] {
   return (tuple ?? []).flatMap((v, i) => (v.kind === 'unchanged' ? [rel.remote.columns[i]?.name ?? `#${i}`] : []));
 }
 

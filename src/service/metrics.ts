@@ -19,7 +19,7 @@ import http from 'node:http';
 import { Counter, Gauge, Registry } from 'prom-client';
 import type { Logger } from '../log.js';
 import { pgTimeToEpochMs, type Progress } from '../origin/progress.js';
-import type { ApplyCounters } from '../apply/state.js';
+import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
 import { STATE_NAMES, type SyncStates } from '../tablesync/state.js';
 import type { TableProgress } from '../tablesync/job.js';

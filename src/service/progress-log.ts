@@ -12,7 +12,7 @@
  */
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
-import type { ApplyCounters } from '../apply/state.js';
+import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { lagSeconds } from './metrics.js';
 import { formatLsn } from '../protocol/lsn.js';
 import type { TableProgress } from '../tablesync/job.js';

@@ -20,14 +20,14 @@
 import type { Config } from '../config/config.js';
 import { ApplyConflictError, ConnectionLostError, PgsubError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
 import { sqlstateOf } from '../connect-failure.js';
-import { CarefulReplayError, GroupRetryError } from '../apply/loop.js';
+import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
 import { openMaintenance, setMaintenanceTimeout } from '../target/connect.js';
 import { loadControl, recordApplyError } from '../conflict/control.js';
 import type { ConflictRecord } from '../conflict/report.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
-import { newCounters, type ApplyCounters } from '../apply/state.js';
+import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
 import { Launcher } from '../tablesync/launcher.js';
 import { ProgressReporter } from '../tablesync/progress.js';
 import { SyncStates } from '../tablesync/state.js';

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import pino from 'pino';
 import { Writable } from 'node:stream';
 import { loadConfig } from '../../src/config/config.js';
-import { newCounters } from '../../src/apply/state.js';
+import { newCounters } from '../../src/apply/txn/apply-state.js';
 import { Progress } from '../../src/origin/progress.js';
 import type { Lsn } from '../../src/protocol/lsn.js';
 import { SyncStates } from '../../src/tablesync/state.js';

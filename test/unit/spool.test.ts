@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { test } from 'node:test';
-import { StreamSpool } from '../../src/apply/spool.js';
+import { StreamSpool } from '../../src/apply/txn/spool.js';
 
 function tmp(): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-spool-unit-'));

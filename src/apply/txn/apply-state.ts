@@ -4,17 +4,19 @@
  * transaction being applied, progress positions and counters. Handlers read and change
  * it; only the applier creates it.
  */
-import type { Logger } from '../log.js';
-import type { Lsn } from '../protocol/lsn.js';
-import type { Progress } from '../origin/progress.js';
-import type { RelationMap } from './sql/relmap.js';
-import type { RowBatch } from './batch.js';
+import type { Logger } from '../../log.js';
+import type { Lsn } from '../../protocol/lsn.js';
+import type { PgOutputMessage, StreamCommitMessage, StreamPrepareMessage } from '../../protocol/messages.js';
+import type { Progress } from '../../origin/progress.js';
+import type { RelationMap } from '../sql/relmap.js';
+import type { MappedRelation } from '../sql/relmap.js';
+import type { Detect } from '../sql/statements.js';
+import type { Tuple } from '../../protocol/messages.js';
 import type { StreamSpool } from './spool.js';
-import type { SyncStates, TableSync } from '../tablesync/state.js';
-import type { WireConnection } from '../target/connect.js';
-import { Pipeline } from '../target/pipeline.js';
-import type { ParallelApply } from './parallel.js';
-import { CONFLICT_TYPES, type ConflictConfig, type ConflictType } from '../conflict/types.js';
+import type { SyncStates, TableSync } from '../../tablesync/state.js';
+import type { WireConnection } from '../../target/connect.js';
+import { Pipeline } from '../../target/pipeline.js';
+import { CONFLICT_TYPES, type ConflictConfig, type ConflictType } from '../../conflict/types.js';
 
 export interface RemoteTransaction {
   xid: number;
@@ -71,7 +73,7 @@ export interface ApplyState {
   readonly sync: SyncStates;
   readonly spool: StreamSpool;
   /** streaming = parallel: eager apply of one streamed transaction at a time (parallel.ts). */
-  readonly parallel: ParallelApply | null;
+  readonly parallel: ParallelPort | null;
   readonly conflicts: ConflictConfig;
   /** This session's replication origin id when the target tracks commit origins (origin_differs checks); else null. */
   readonly originId: number | null;
@@ -187,4 +189,45 @@ export function workerState(leader: ApplyState, conn: WireConnection, relations:
     onDurable: () => leader.onDurable(),
     ...overrides,
   };
+}
+
+/**
+ * The handler table's entry point (handlers/dispatch.ts), handed to every path that
+ * replays messages (a streamed transaction's spool, a careful replay, lanes, parallel
+ * apply) instead of imported by it: the layers below handlers never import it.
+ */
+export type Dispatch = (state: ApplyState, message: PgOutputMessage, raw: Buffer) => Promise<void> | void;
+
+/**
+ * streaming = parallel, as the stream handlers see it (run/parallel.ts implements it):
+ * one streamed transaction applied eagerly on a connection of its own while it arrives.
+ */
+export interface ParallelPort {
+  isEager(xid: number): boolean;
+  onStreamStart(xid: number, firstSegment: boolean): Promise<void>;
+  onChange(xid: number, subXid: number, message: PgOutputMessage, raw: Buffer): Promise<void> | void;
+  onStreamAbort(xid: number, subXid: number): Promise<void>;
+  /** STREAM COMMIT of the eager transaction; false: not eager, replay the spool. */
+  commit(m: StreamCommitMessage): Promise<boolean>;
+  prepare(m: StreamPrepareMessage): Promise<boolean>;
+  /** Give up eager apply of `xid` (it will be replayed from the spool, or was prepared already). */
+  abandon(xid: number): Promise<void>;
+}
+
+/** Row changes of one relation waiting to go out as one multi-row statement or COPY (batch.ts). */
+export interface RowBatch {
+  kind: 'insert' | 'update';
+  relationId: number;
+  rel: MappedRelation;
+  /** update: the columns sent (unchanged TOAST ones are left out) and the detection, as one key. */
+  shape: string;
+  setIndexes: number[];
+  detect: Detect | null;
+  tuples: Tuple[];
+  /** insert: Insert messages not decoded, to become COPY input as sent (copy-messages.ts); a batch holds these or tuples. */
+  messages: Buffer[];
+  /** update: position of each key in `tuples` — a second update of the row replaces it. */
+  keys: Map<string, number>;
+  bytes: number;
+  xid: number;
 }

@@ -5,14 +5,15 @@
  * whole transaction; STREAM COMMIT replays the spooled messages through the same handlers
  * into one target transaction that also records the origin, then deletes the file.
  */
-import { ProtocolError } from '../errors.js';
-import { decode } from '../protocol/decoder.js';
-import { formatLsn, type Lsn } from '../protocol/lsn.js';
-import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamPrepareMessage, StreamStartMessage, StreamStopMessage } from '../protocol/messages.js';
-import { beginTransaction, dispatch, finishTransaction, settleTarget } from './handlers.js';
-import type { RemoteTransaction } from './state.js';
+import { ProtocolError } from '../../errors.js';
+import { decode } from '../../protocol/decoder.js';
+import { formatLsn, type Lsn } from '../../protocol/lsn.js';
+import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamPrepareMessage, StreamStartMessage, StreamStopMessage } from '../../protocol/messages.js';
+import { beginTransaction } from '../txn/transaction.js';
+import { finishTransaction, settleTarget } from '../txn/commit.js';
+import type { RemoteTransaction } from '../txn/apply-state.js';
 import { advanceOrigin, isPrepared, prepareOnTarget, targetGid } from './twophase.js';
-import type { ApplyState } from './state.js';
+import type { ApplyState, Dispatch } from '../txn/apply-state.js';
 
 export async function onStreamStart(state: ApplyState, m: StreamStartMessage): Promise<void> {
   if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM START of xid ${m.xid} inside transaction ${state.xact.xid}`);
@@ -50,7 +51,7 @@ export async function onStreamAbort(state: ApplyState, m: StreamAbortMessage): P
 }
 
 /** Replay a spooled transaction's changes into state.xact (opened on first change). */
-async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: bigint): Promise<RemoteTransaction> {
+async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: bigint, dispatch: Dispatch): Promise<RemoteTransaction> {
   if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `end of streamed xid ${xid} inside another transaction`);
   const behind = finalLsn < state.progress.durable;
   const xact: RemoteTransaction = { xid, finalLsn, commitTime: time, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
@@ -68,7 +69,7 @@ async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: 
   return xact;
 }
 
-export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage): Promise<void> {
+export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage, dispatch: Dispatch): Promise<void> {
   if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM COMMIT of xid ${m.xid} inside another transaction`);
   await settleTarget(state);
   // The transaction `pgsub skip` names is never committed eagerly: the spool path skips it.
@@ -77,14 +78,14 @@ export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage):
     state.spool.discard(m.xid);
     return;
   }
-  const xact = await replaySpool(state, m.xid, m.commitLsn, m.commitTime);
+  const xact = await replaySpool(state, m.xid, m.commitLsn, m.commitTime, dispatch);
   await finishTransaction(state, xact, m.endLsn, m.commitTime);
   state.spool.discard(m.xid);
   state.log.debug({ xid: m.xid, lsn: formatLsn(m.commitLsn), changes: xact.changes }, 'streamed transaction applied');
 }
 
 /** STREAM PREPARE (streaming with two_phase): the spooled transaction becomes a prepared one. */
-export async function onStreamPrepare(state: ApplyState, m: StreamPrepareMessage): Promise<void> {
+export async function onStreamPrepare(state: ApplyState, m: StreamPrepareMessage, dispatch: Dispatch): Promise<void> {
   await settleTarget(state);
   if (await isPrepared(state, targetGid(state.subscription, m.xid))) {
     // Resent after a restart: prepared already.
@@ -98,7 +99,7 @@ export async function onStreamPrepare(state: ApplyState, m: StreamPrepareMessage
     state.spool.discard(m.xid);
     return;
   }
-  await replaySpool(state, m.xid, m.prepareLsn, m.prepareTime);
+  await replaySpool(state, m.xid, m.prepareLsn, m.prepareTime, dispatch);
   await prepareOnTarget(state, m.xid, m.endLsn, m.prepareTime);
   state.spool.discard(m.xid);
 }

@@ -24,16 +24,16 @@
  * it, commits being at source commit boundaries). Hot rows (a pgbench branch) then cost
  * one row version per flush instead of one per change.
  */
-import { ApplyError } from '../errors.js';
-import type { Tuple, TupleValue } from '../protocol/messages.js';
-import { sendStatement } from './handlers.js';
-import type { MappedRelation } from './sql/relmap.js';
-import type { ApplyState, RemoteTransaction } from './state.js';
-import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect, type Statement } from './sql/statements.js';
-import { copyInsertStatement, type CopyStatement } from './sql/copy-rows.js';
-import { copyFromInsertMessages } from './sql/copy-messages.js';
-import { decode } from '../protocol/decoder.js';
-import { updateArraysStatement } from './sql/update-rows.js';
+import { ApplyError } from '../../errors.js';
+import type { Tuple, TupleValue } from '../../protocol/messages.js';
+import { sendStatement } from './transaction.js';
+import type { MappedRelation } from '../sql/relmap.js';
+import type { ApplyState, RemoteTransaction, RowBatch } from './apply-state.js';
+import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect, type Statement } from '../sql/statements.js';
+import { copyInsertStatement, type CopyStatement } from '../sql/copy-rows.js';
+import { copyFromInsertMessages } from '../sql/copy-messages.js';
+import { decode } from '../../protocol/decoder.js';
+import { updateArraysStatement } from '../sql/update-rows.js';
 
 /**
  * A batch of at least this many inserts goes out as COPY when the settings and values
@@ -74,22 +74,6 @@ const ALL_COLUMNS = new WeakMap<MappedRelation, number[]>();
 /** A batch stops growing here, whatever the row count: wide rows. */
 const BATCH_BYTES = 1024 * 1024;
 
-export interface RowBatch {
-  kind: 'insert' | 'update';
-  relationId: number;
-  rel: MappedRelation;
-  /** update: the columns sent (unchanged TOAST ones are left out) and the detection, as one key. */
-  shape: string;
-  setIndexes: number[];
-  detect: Detect | null;
-  tuples: Tuple[];
-  /** insert: Insert messages not decoded, to become COPY input as sent (copy-messages.ts); a batch holds these or tuples. */
-  messages: Buffer[];
-  /** update: position of each key in `tuples` — a second update of the row replaces it. */
-  keys: Map<string, number>;
-  bytes: number;
-  xid: number;
-}
 
 function valueKey(v: TupleValue | undefined): string {
   if (!v || v.kind === 'null' || v.kind === 'unchanged') return v?.kind ?? '';

@@ -26,18 +26,19 @@
  *    when the oldest group waits on a lock another lane holds (a uniqueness the keys do not
  *    cover): that wait would otherwise last forever, the later lane waiting for its turn.
  */
-import { TAG } from '../protocol/tags.js';
-import { ApplyError } from '../errors.js';
-import { decode } from '../protocol/decoder.js';
-import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
-import type { BeginMessage, RelationMessage } from '../protocol/messages.js';
-import type { Logger } from '../log.js';
-import { commitGroup, dispatch, insertAsSent, settleTarget } from './handlers.js';
+import { TAG } from '../../protocol/tags.js';
+import { ApplyError } from '../../errors.js';
+import { decode } from '../../protocol/decoder.js';
+import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
+import type { BeginMessage, RelationMessage } from '../../protocol/messages.js';
+import type { Logger } from '../../log.js';
+import { commitGroup, settleTarget } from '../txn/commit.js';
+import { insertAsSent } from '../handlers/changes.js';
 import { Writers } from './lane-keys.js';
 import { BoundedQueue } from './queue.js';
-import { RelationMap } from './sql/relmap.js';
-import { workerState, type ApplyState } from './state.js';
-import { runAlone, type WireConnection } from '../target/connect.js';
+import { RelationMap } from '../sql/relmap.js';
+import { workerState, type ApplyState, type Dispatch } from '../txn/apply-state.js';
+import { runAlone, type WireConnection } from '../../target/connect.js';
 
 
 /** A group ends after this many changes: lanes take turns at about this grain. */
@@ -60,6 +61,8 @@ const ORIGIN_SETUP = 'SELECT pg_catalog.pg_replication_origin_session_setup($1)'
 
 export interface ApplyLanesOptions {
   lanes: number;
+  /** The handler table (handlers/dispatch.ts), given by the loop. */
+  dispatch: Dispatch;
   /** A target connection set up like the apply connection (target.ts). */
   openConnection(purpose: string): Promise<WireConnection>;
   originName: string;
@@ -417,7 +420,7 @@ export class ApplyLanes {
       if (item.waitFor > this.#committedThrough) await this.#untilCommitted(item.waitFor);
       const raw = item.raw;
       let pending = raw[0] === TAG.INSERT ? insertAsSent(lane.state, raw) : false;
-      if (pending === false) pending = dispatch(lane.state, decode(raw, DECODE_CONTEXT), raw);
+      if (pending === false) pending = this.opts.dispatch(lane.state, decode(raw, DECODE_CONTEXT), raw);
       if (pending) await pending;
     }
   }

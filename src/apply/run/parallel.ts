@@ -24,17 +24,18 @@
  * Only one session may hold a replication origin, so for the eager commit the leader
  * hands `pgsub_<subscription>` to the eager connection and takes it back afterwards.
  */
-import { ProtocolError } from '../errors.js';
-import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
-import type { PgOutputMessage, RelationMessage, StreamCommitMessage, StreamPrepareMessage } from '../protocol/messages.js';
-import { faultPoint } from '../service/faults.js';
-import { beginTarget, dispatch, finishTransaction, type Ending } from './handlers.js';
-import { flushRowBatch } from './batch.js';
-import { RelationMap } from './sql/relmap.js';
-import { workerState, type ApplyState, type RemoteTransaction } from './state.js';
-import { runAlone, type WireConnection } from '../target/connect.js';
-import { advanceOrigin, targetGid } from './twophase.js';
-import { syncKey } from '../tablesync/state.js';
+import { ProtocolError } from '../../errors.js';
+import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
+import type { PgOutputMessage, RelationMessage, StreamCommitMessage, StreamPrepareMessage } from '../../protocol/messages.js';
+import { faultPoint } from '../../faults.js';
+import { beginTarget } from '../txn/transaction.js';
+import { finishTransaction, type Ending } from '../txn/commit.js';
+import { flushRowBatch } from '../txn/batch.js';
+import { RelationMap } from '../sql/relmap.js';
+import { workerState, type ApplyState, type RemoteTransaction, type Dispatch, type ParallelPort } from '../txn/apply-state.js';
+import { runAlone, type WireConnection } from '../../target/connect.js';
+import { advanceOrigin, targetGid } from '../handlers/twophase.js';
+import { syncKey } from '../../tablesync/state.js';
 
 const MAX_LSN = asLsn(0xffffffffffffffffn);
 const WATCH_INTERVAL_MS = 250;
@@ -42,6 +43,8 @@ const LOCK_WAIT_LIMIT_MS = 5000;
 const DATA_CHANGES: ReadonlySet<PgOutputMessage['tag']> = new Set(['insert', 'update', 'delete', 'truncate']);
 
 export interface ParallelApplyOptions {
+  /** The handler table (handlers/dispatch.ts), given by the loop. */
+  dispatch: Dispatch;
   /** Opens a target connection set up like the apply connection (target.ts). */
   openConnection(purpose: 'parallel' | 'watch'): Promise<WireConnection>;
   originName: string;
@@ -76,7 +79,7 @@ export interface ParallelCounters {
   fallbacks: number;
 }
 
-export class ParallelApply {
+export class ParallelApply implements ParallelPort {
   readonly counters: ParallelCounters = { eagerTransactions: 0, fallbacks: 0 };
   #worker: Worker | null = null;
   #watch: WireConnection | null = null;
@@ -127,7 +130,7 @@ export class ParallelApply {
     }
     let applied: Promise<void> | void;
     try {
-      applied = dispatch(worker.state, message, raw);
+      applied = this.opts.dispatch(worker.state, message, raw);
     } catch (err) {
       return this.#failed(eager, err);
     }
@@ -145,7 +148,7 @@ export class ParallelApply {
     eager.busySince = Date.now();
     try {
       await this.#enterSubtransaction(worker, eager, subXid);
-      await dispatch(worker.state, message, raw);
+      await this.opts.dispatch(worker.state, message, raw);
     } catch (err) {
       await this.#failed(eager, err);
     } finally {

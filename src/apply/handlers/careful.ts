@@ -18,16 +18,16 @@
  * transaction (report.ts). Unique indexes with expressions or predicates are not
  * searched: a violation of one is an ordinary apply error (23505), retried.
  */
-import { ApplyConflictError } from '../errors.js';
-import { formatLsn } from '../protocol/lsn.js';
-import type { Tuple } from '../protocol/messages.js';
-import type { MappedRelation } from '../apply/sql/relmap.js';
-import type { ApplyState, RemoteTransaction } from '../apply/state.js';
-import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../apply/sql/statements.js';
-import { queryRows } from '../target/connect.js';
-import { quoteIdent } from '../quote.js';
-import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from './report.js';
-import { policyFor, type ConflictType, type Policy } from './types.js';
+import { ApplyConflictError } from '../../errors.js';
+import { formatLsn } from '../../protocol/lsn.js';
+import type { Tuple } from '../../protocol/messages.js';
+import type { MappedRelation } from '../sql/relmap.js';
+import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
+import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../sql/statements.js';
+import { queryRows } from '../../target/connect.js';
+import { quoteIdent } from '../../quote.js';
+import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from '../../conflict/report.js';
+import { policyFor, type ConflictType, type Policy } from '../../conflict/types.js';
 
 interface LocalRow {
   reloid: string;

@@ -8,8 +8,8 @@
  * everything before", and the lane's decoder reports them properly. `Writers` keeps, per
  * identity, the last group of transactions that wrote it: the group a change waits for.
  */
-import { TAG } from '../protocol/tags.js';
-import type { RelationMessage } from '../protocol/messages.js';
+import { TAG } from '../../protocol/tags.js';
+import type { RelationMessage } from '../../protocol/messages.js';
 
 const TUPLE_NEW = 0x4e; // 'N'
 const TUPLE_KEY = 0x4b; // 'K'

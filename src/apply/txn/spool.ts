@@ -13,7 +13,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { ProtocolError } from '../errors.js';
+import { ProtocolError } from '../../errors.js';
 
 const WRITE_BUFFER_BYTES = 256 * 1024;
 

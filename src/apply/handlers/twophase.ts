@@ -12,16 +12,17 @@
  *    if a crash comes between the two, the resent COMMIT PREPARED finds the gid gone and
  *    its pgsub.prepared row committed — it was committed — and only moves the origin.
  */
-import { formatLsn, type Lsn } from '../protocol/lsn.js';
-import type { BeginPrepareMessage, CommitPreparedMessage, PrepareMessage, RollbackPreparedMessage } from '../protocol/messages.js';
-import { finishPreparedStatements, forgetPreparedStatement, idleProgressStatement } from '../origin/store.js';
-import { quoteLiteral } from '../quote.js';
-import { faultPoint } from '../service/faults.js';
-import { ProtocolError } from '../errors.js';
-import { beginTransaction, finishTransaction, requireTransaction, settleTarget } from './handlers.js';
-import type { ApplyState } from './state.js';
-import { runAlone } from '../target/connect.js';
-import type { Statement } from '../target/statement.js';
+import { formatLsn, type Lsn } from '../../protocol/lsn.js';
+import type { BeginPrepareMessage, CommitPreparedMessage, PrepareMessage, RollbackPreparedMessage } from '../../protocol/messages.js';
+import { finishPreparedStatements, forgetPreparedStatement, idleProgressStatement } from '../../origin/store.js';
+import { quoteLiteral } from '../../quote.js';
+import { faultPoint } from '../../faults.js';
+import { ProtocolError } from '../../errors.js';
+import { beginTransaction, requireTransaction } from '../txn/transaction.js';
+import { finishTransaction, settleTarget } from '../txn/commit.js';
+import type { ApplyState } from '../txn/apply-state.js';
+import { runAlone } from '../../target/connect.js';
+import type { Statement } from '../../target/statement.js';
 
 /** The target gid: unique per subscription and remote transaction, like native's pg_gid_<subid>_<xid>. */
 export function targetGid(subscription: string, xid: number): string {

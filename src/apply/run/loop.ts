@@ -15,28 +15,30 @@
  * dispatches the kept messages again in careful mode, then continues with the queue. A
  * transaction too large to keep is replayed by a new session instead (CarefulReplayError).
  */
-import { TAG } from '../protocol/tags.js';
-import { ConnectionLostError, PgsubError } from '../errors.js';
-import { isConflictSignal } from '../conflict/detect.js';
-import type { ConflictConfig } from '../conflict/types.js';
-import type { Logger } from '../log.js';
-import { decode } from '../protocol/decoder.js';
-import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
-import type { ReplicationStream } from '../protocol/replication.js';
-import { flushBarrierStatements, idleProgressStatement } from '../origin/store.js';
-import type { Progress } from '../origin/progress.js';
-import { commitGroup, dispatch, insertAsSent, settleTarget } from './handlers.js';
+import { TAG } from '../../protocol/tags.js';
+import { ConnectionLostError, PgsubError } from '../../errors.js';
+import { isConflictSignal } from '../../conflict/detect.js';
+import type { ConflictConfig } from '../../conflict/types.js';
+import type { Logger } from '../../log.js';
+import { decode } from '../../protocol/decoder.js';
+import { formatLsn, parseLsn, type Lsn } from '../../protocol/lsn.js';
+import type { ReplicationStream } from '../../protocol/replication.js';
+import { flushBarrierStatements, idleProgressStatement } from '../../origin/store.js';
+import type { Progress } from '../../origin/progress.js';
+import { commitGroup, settleTarget } from '../txn/commit.js';
+import { dispatch } from '../handlers/dispatch.js';
+import { insertAsSent } from '../handlers/changes.js';
 import { BoundedQueue } from './queue.js';
-import type { RelationMap } from './sql/relmap.js';
-import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../tablesync/state.js';
-import type { StreamSpool } from './spool.js';
-import type { ApplyCounters, ApplyState } from './state.js';
+import type { RelationMap } from '../sql/relmap.js';
+import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../../tablesync/state.js';
+import type { StreamSpool } from '../txn/spool.js';
+import type { ApplyCounters, ApplyState } from '../txn/apply-state.js';
 import { ParallelApply, type ParallelApplyOptions } from './parallel.js';
 import { ApplyLanes, type ApplyLanesOptions } from './lanes.js';
-import { runAlone, type WireConnection } from '../target/connect.js';
-import { Pipeline } from '../target/pipeline.js';
-import { PipelineAbortedError } from '../target/wire.js';
-import { annotateTargetError } from './sql/failure.js';
+import { runAlone, type WireConnection } from '../../target/connect.js';
+import { Pipeline } from '../../target/pipeline.js';
+import { PipelineAbortedError } from '../../target/wire.js';
+import { annotateTargetError } from '../sql/failure.js';
 
 type WorkItem =
   /** A pgoutput message, decoded by the applier: the queue holds bytes only once (no wrapper object per message). */
@@ -106,9 +108,9 @@ export interface ApplyLoopOptions {
   /** No grouping of transactions finishing at or before this LSN (after a GroupRetryError). */
   noGroupUntil?: Lsn | null;
   /** apply_workers > 1: independent transactions applied in parallel while behind (lanes.ts). */
-  lanes?: Omit<ApplyLanesOptions, 'onFailure' | 'groupTransactions' | 'noGroupUntil'> | null;
+  lanes?: Omit<ApplyLanesOptions, 'onFailure' | 'groupTransactions' | 'noGroupUntil' | 'dispatch'> | null;
   /** streaming = parallel, in a session that starts at the origin (never re-streams applied commits). */
-  parallel?: ParallelApplyOptions | null;
+  parallel?: Omit<ParallelApplyOptions, 'dispatch' | 'waiters'> | null;
   /** Minimum spacing of idle-position records in the target. */
   idleRecordIntervalMs?: number;
   conflicts: ConflictConfig;
@@ -223,13 +225,14 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
 
   // The leader waits for every lane before a stream message: a lane waiting on the eager
   // transaction stops it as surely as its own wait would.
-  if (opts.parallel) parallelHolder.value = new ParallelApply(state, { ...opts.parallel, waiters: () => [opts.conn.processId, ...(lanes?.pids() ?? [])] });
+  if (opts.parallel) parallelHolder.value = new ParallelApply(state, { ...opts.parallel, dispatch, waiters: () => [opts.conn.processId, ...(lanes?.pids() ?? [])] });
   const lanes =
     opts.lanes && opts.lanes.lanes > 1
       ? new ApplyLanes(
           state,
           {
             ...opts.lanes,
+            dispatch,
             groupTransactions,
             noGroupUntil: opts.noGroupUntil ?? null,
             // A lane's failure is not tied to one known transaction: retry one by one up to the last routed.

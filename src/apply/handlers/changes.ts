@@ -1,0 +1,141 @@
+/**
+ * INSERT, UPDATE, DELETE and TRUNCATE (worker.c's apply_handle_insert/_update/_delete/
+ * _truncate). A change that may join a batch (txn/batch.ts) takes the fast path, which
+ * allocates nothing per row; the others become one statement each (sql/statements.ts).
+ * With conflict detection on, the statements abort the transaction on a conflict and the
+ * loop replays it carefully, where each change goes to careful.ts.
+ */
+import type { DeleteMessage, InsertMessage, TruncateMessage, UpdateMessage } from '../../protocol/messages.js';
+import { carefulDelete, carefulInsert, carefulUpdate } from './careful.js';
+import type { ApplyState } from '../txn/apply-state.js';
+import type { MappedRelation } from '../sql/relmap.js';
+import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect } from '../sql/statements.js';
+import { INSERT_TUPLE_OFFSET, insertsCopyAsSent } from '../sql/copy-messages.js';
+import { batchInsert, batchInsertMessage, batchUpdate, flushForChange, noteRowWrite, rowKey } from '../txn/batch.js';
+import { applies, changeTarget, requireTransaction, sendStatement } from '../txn/transaction.js';
+
+const DETECT = new WeakMap<ApplyState, Detect | null>();
+
+/** Detection on the pipelined path: statements that abort the transaction on a conflict (conflict/detect.ts). */
+export function detect(state: ApplyState): Detect | null {
+  // Constant for a session: one object, not one per change (this runs per row).
+  let d = DETECT.get(state);
+  if (d === undefined) DETECT.set(state, (d = state.conflicts.detect ? { originId: state.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null));
+  return d;
+}
+
+/**
+ * The transaction a batchable change joins without any waiting: the target transaction is
+ * open, the relation mapped and batching, the change applies. Null: take the full path.
+ * Runs once per row, so it allocates nothing.
+ */
+export function fastTarget(state: ApplyState, relationId: number): MappedRelation | null {
+  const xact = state.xact;
+  // Not open: a new remote transaction inside a group joins the open target one, no BEGIN.
+  if (xact === null || (!xact.open && state.group === null) || xact.skip || xact.alreadyPrepared || state.careful || state.batchRows <= 1) return null;
+  const rel = state.relations.cached(relationId);
+  if (rel === undefined || rel.ordered || !applies(state, xact, relationId)) return null;
+  xact.open = true;
+  return rel;
+}
+
+/**
+ * An Insert message before decoding (loop.ts, outside streams): batched as it came when its
+ * relation's rows go to binary COPY as sent (copy-messages.ts) and the change takes the
+ * fast path. False: decode it and dispatch as usual.
+ */
+export function insertAsSent(state: ApplyState, message: Buffer): Promise<void> | void | false {
+  if (!state.copyInserts || state.streamXid !== null || message.length < INSERT_TUPLE_OFFSET + 2) return false;
+  const relationId = message.readUInt32BE(1);
+  const known = state.relations.cached(relationId);
+  if (known === undefined || known.rowSecurity || !insertsCopyAsSent(known)) return false;
+  const rel = fastTarget(state, relationId);
+  if (rel === null) return false;
+  const xact = state.xact!;
+  xact.changes++;
+  return batchInsertMessage(state, xact, relationId, rel, message);
+}
+
+export function onInsert(state: ApplyState, m: InsertMessage): Promise<void> | void {
+  const rel = fastTarget(state, m.relationId);
+  if (rel === null) return insertChange(state, m);
+  const xact = state.xact!;
+  xact.changes++;
+  return batchInsert(state, xact, m.relationId, rel, m.newTuple);
+}
+
+export async function insertChange(state: ApplyState, m: InsertMessage): Promise<void> {
+  const xact = await changeTarget(state, 'INSERT', m.relationId);
+  if (!xact) return;
+  const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulInsert(state, xact, rel, m.newTuple);
+  // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
+  if (state.batchRows > 1 && !rel.ordered) return batchInsert(state, xact, m.relationId, rel, m.newTuple);
+  await flushForChange(state, m.relationId, rel);
+  await sendStatement(state, insertStatement(rel, m.newTuple));
+}
+
+export function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> | void {
+  const rel = fastTarget(state, m.relationId);
+  if (rel !== null && m.oldKind === undefined) {
+    const key = rowKey(rel, m.newTuple);
+    if (key !== null) {
+      const xact = state.xact!;
+      const batched = batchUpdate(state, xact, m.relationId, rel, undefined, m.newTuple, detect(state), key);
+      if (batched !== false) {
+        xact.changes++;
+        return batched;
+      }
+    }
+  }
+  return updateChange(state, m);
+}
+
+export async function updateChange(state: ApplyState, m: UpdateMessage): Promise<void> {
+  const xact = await changeTarget(state, 'UPDATE', m.relationId);
+  if (!xact) return;
+  const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
+  const key = m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null;
+  const d = detect(state);
+  // A batched update counts as a row write when its batch goes out (batch.ts).
+  if (state.batchRows > 1 && key !== null) {
+    const batched = batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d, key);
+    if (batched !== false) return batched;
+  }
+  if (state.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
+  await flushForChange(state, m.relationId, rel);
+  if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
+  await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
+    if (count === 0) {
+      // Detection off: native's update_missing default, skipped, logged and counted in memory.
+      state.counters.updateMissing++;
+      state.log.warn({ conflict: 'update_missing', table: rel.displayName, xid: xact.xid }, 'row to update not found; change skipped');
+    }
+  });
+}
+
+export async function onDelete(state: ApplyState, m: DeleteMessage): Promise<void> {
+  const xact = await changeTarget(state, 'DELETE', m.relationId);
+  if (!xact) return;
+  const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (state.careful) return carefulDelete(state, xact, rel, m.oldKind, m.oldTuple);
+  await flushForChange(state, m.relationId, rel);
+  const d = detect(state);
+  if (d) return sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple, d));
+  await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
+    if (count === 0) {
+      state.counters.deleteMissing++;
+      state.log.warn({ conflict: 'delete_missing', table: rel.displayName, xid: xact.xid }, 'row to delete not found; change skipped');
+    }
+  });
+}
+
+export async function onTruncate(state: ApplyState, m: TruncateMessage): Promise<void> {
+  const xact = requireTransaction(state, 'TRUNCATE');
+  const ids = m.relationIds.filter((id) => applies(state, xact, id));
+  if (ids.length === 0 || !(await changeTarget(state, 'TRUNCATE', ids[0]!))) return;
+  const rels = [];
+  for (const id of ids) rels.push(await state.relations.resolve(state.conn, id));
+  await sendStatement(state, truncateStatement(rels, m.restartIdentity));
+}

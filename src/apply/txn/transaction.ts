@@ -1,0 +1,87 @@
+/**
+ * The remote transaction being applied, on the target side: opening it (its record in the
+ * apply state, the skip or careful mark), which of its changes apply to which table (the
+ * sync-state rule, tablesync/state.ts), opening the target transaction at its first
+ * change, and pipelining a statement into it. Only the txn layer writes the current
+ * transaction (here and in commit.ts).
+ */
+import { ProtocolError } from '../../errors.js';
+import { formatLsn } from '../../protocol/lsn.js';
+import type { BeginMessage, RelationMessage } from '../../protocol/messages.js';
+import { syncKey } from '../../tablesync/state.js';
+import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
+import { type Statement } from '../sql/statements.js';
+
+export function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
+  if (!state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received outside a transaction`);
+  return state.xact;
+}
+
+/**
+ * Whether this transaction's changes to a relation are applied (tablesync/state.ts):
+ * ready tables take commits at or after the origin, syncing tables commits at or after
+ * their own position, tables still being copied nothing.
+ */
+export function applies(state: ApplyState, xact: RemoteTransaction, relationId: number): boolean {
+  const remote = state.relations.remoteRelation(relationId);
+  // One lookup per change: this runs for every row, so the key is built once per Relation message.
+  let key = SYNC_KEYS.get(remote);
+  if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name)));
+  const entry = state.sync.getByKey(key);
+  if (!entry) state.onUnknownTable(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name);
+  // Not behind yet below the origin: a prepare decoded late, at its COMMIT PREPARED
+  // (twophase.ts onBeginPrepare), which every ready table takes as at the origin.
+  const durable = state.progress.durable;
+  const lsn = xact.behind || xact.finalLsn >= durable ? xact.finalLsn : durable;
+  if (!state.sync.entryApplies(entry, lsn, durable)) return false;
+  if (entry && entry.state !== 'r') xact.syncTouched.add(entry);
+  return true;
+}
+
+const SYNC_KEYS = new WeakMap<RelationMessage, string>();
+
+/**
+ * BEGIN of a target transaction applying remote changes. With synchronous_commit = off
+ * (native's default) only these commits are asynchronous — the origin still moves with
+ * them, but feedback waits for the target's WAL flush (origin/progress.ts); idle records,
+ * two-phase steps and skips stay synchronous.
+ */
+export async function beginTarget(state: ApplyState): Promise<void> {
+  await state.pipeline.push(state.conn.execute('BEGIN'));
+  if (state.asyncCommit) await state.pipeline.push(state.conn.execute('SET LOCAL synchronous_commit = off'));
+}
+
+/** The transaction to apply into, opening the target transaction on first use; null when skipped. */
+export async function changeTarget(state: ApplyState, what: string, relationId: number): Promise<RemoteTransaction | null> {
+  const xact = requireTransaction(state, what);
+  if (xact.alreadyPrepared || !applies(state, xact, relationId) || xact.skip) return null;
+  if (!xact.open) {
+    xact.open = true;
+    // Inside a group the target transaction is open already.
+    if (!state.group) await beginTarget(state);
+  }
+  xact.changes++;
+  return xact;
+}
+
+/** Pipeline a statement; `rows`: how many changes it carries (a batch), for the in-flight bound. */
+export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void, rows = 1): Promise<void> {
+  const result = state.conn.execute(statement.text, statement.params, statement.paramTypes ? { paramTypes: statement.paramTypes } : undefined);
+  let bytes = 0;
+  for (const v of statement.params) if (v !== null) bytes += v.length;
+  return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes, rows);
+}
+
+export function startRemote(state: ApplyState, m: BeginMessage, behind: boolean): void {
+  state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
+  beginTransaction(state, state.xact);
+}
+
+/** Per remote transaction, whatever its kind: skip it (`pgsub skip`), or apply it carefully. */
+export function beginTransaction(state: ApplyState, xact: RemoteTransaction): void {
+  if (state.skipLsn !== null && xact.finalLsn === state.skipLsn) {
+    xact.skip = true;
+    state.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'skipping remote transaction (pgsub skip)');
+  }
+  if (state.carefulLsn !== null && xact.finalLsn === state.carefulLsn) state.careful = true;
+}
