@@ -284,7 +284,8 @@ function portIsFree(port: number): Promise<boolean> {
   });
 }
 
-async function pickPort(): Promise<number> {
+/** A free loopback port in the harness's range (below 32768, outside the ephemeral ports). */
+export async function pickPort(): Promise<number> {
   for (let i = 0; i < 200; i++) {
     const port = PORT_MIN + Math.floor(Math.random() * (PORT_MAX - PORT_MIN));
     if (usedPorts.has(port)) continue;

@@ -2,7 +2,7 @@ import type { Cluster } from './cluster.js';
 import { currentWalLsn, slotConfirmedLsn } from './compare.js';
 
 export { pgBinDir, installedMajors, hydrateSymlinks, setBinRoot, SHARED_BIN_ROOT } from './binaries.js';
-export { startCluster, stopAllClusters, DEFAULT_SETTINGS } from './cluster.js';
+export { startCluster, stopAllClusters, DEFAULT_SETTINGS, pickPort } from './cluster.js';
 export type { Cluster, ClusterOptions } from './cluster.js';
 
 /** Resolve/reject with `p`, or reject with a descriptive error after `ms` milliseconds. */

@@ -10,7 +10,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { compareTables, connect, lsnToBigint, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, waitForCatchUp, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { compareTables, connect, lsnToBigint, pickPort, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, waitForCatchUp, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 let publisher: Cluster;
 let target: Cluster;
@@ -65,9 +65,10 @@ function parse(body: string): Map<string, number> {
 const originLsn = async (sub: string) => lsnToBigint((await target.query(`SELECT remote_lsn::text AS l FROM pgsub.origin WHERE subscription = $1`, [sub], 'dst'))[0].l);
 
 test('metrics scraped during replication match the databases; healthz and readyz', { timeout: 300_000 }, async () => {
-  const p = start('met', { PGSUB_METRICS_LISTEN: '127.0.0.1:0' });
+  const port = await pickPort();
+  const p = start('met', { PGSUB_METRICS_LISTEN: `127.0.0.1:${port}` });
   const listening = await p.waitForLog('metrics endpoint listening');
-  const port = Number(String(listening.listen).split(':').pop());
+  assert.equal(String(listening.listen), `127.0.0.1:${port}`);
   await p.waitForLog('streaming started', 120_000);
   for (let i = 0; i < 200; i++) await publisher.query(`INSERT INTO public.b VALUES (${i}, 'b')`, [], 'src');
   await waitForCatchUp(publisher, 'src', 'met');
