@@ -342,7 +342,7 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
     // The walsender only accepts these characters in slot names.
     throw new ConfigError(`slot_name ${JSON.stringify(config.slotName)} may contain only lower-case letters, digits and underscores`, { key: 'slot_name' });
   }
-  rejectUnimplemented(c, streaming);
+  rejectUnimplemented(c);
   Object.freeze(config.source);
   Object.freeze(config.target);
   Object.freeze(config.publications);
@@ -360,7 +360,7 @@ function conflictConfig(c: FileConfig['conflicts']): ConflictConfig {
 }
 
 /** Options users know from CREATE SUBSCRIPTION whose non-default values are not built yet. */
-function rejectUnimplemented(c: FileConfig, streaming: string): void {
+function rejectUnimplemented(c: FileConfig): void {
   const refuse = (key: string, value: unknown, hint: string) => {
     throw new NotImplementedError(`${key} = ${String(value)} is not implemented yet: ${hint}`, { key });
   };

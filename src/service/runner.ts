@@ -123,7 +123,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       .finally(() => sql.end({ timeout: 5 }).catch(() => {}));
   };
   // The 30 s progress line; it also counts the rows each finished copy brought.
-  const progressLog = new ProgressLog(config, log, { counters, sync, session: () => session, copyRunning: () => launcher.busy });
+  const progressLog = new ProgressLog(log, { counters, sync, session: () => session, copyRunning: () => launcher.busy });
   const launcher = new Launcher(config, log, sync, {
     onCopyFinished: (t) => {
       progressLog.copyFinished(launcher.progress.get(`${t.schema}.${t.table}`));

@@ -8,7 +8,7 @@
  * the slot (preflight.ts). A lost apply connection ends the session at once, even idle.
  */
 import type { Config } from '../config/config.js';
-import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError, TargetSetupError } from '../errors.js';
+import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
 import { clearPassedError, loadControl } from '../conflict/control.js';
 import type { SyncStates } from '../tablesync/state.js';
 import { StreamSpool } from '../apply/txn/spool.js';

@@ -277,10 +277,10 @@ export class ApplyLanes {
 
   async #canOpen(raw: Buffer): Promise<boolean> {
     const main = this.main;
-    if (main.xact !== null || main.streamXid !== null || main.careful) return false;
+    if (main.tx.xact !== null || main.mode.streamXid !== null || main.mode.careful) return false;
     if (!this.#eligible(decode(raw, DECODE_CONTEXT) as BeginMessage)) return false;
     // Tables still syncing have per-table positions the lanes do not keep.
-    if (main.sync.all().some((t) => t.state !== 'r')) return false;
+    if (main.session.sync.all().some((t) => t.state !== 'r')) return false;
     // What the main connection has under way commits first (its errors are the loop's).
     await settleTarget(main);
     if (this.#originOnMain) {
@@ -293,8 +293,8 @@ export class ApplyLanes {
   #eligible(m: BeginMessage): boolean {
     const main = this.main;
     const until = this.opts.noGroupUntil;
-    if (m.finalLsn < main.progress.durable || (until !== null && m.finalLsn <= until)) return false;
-    return main.skipLsn !== m.finalLsn && main.carefulLsn !== m.finalLsn;
+    if (m.finalLsn < main.session.progress.durable || (until !== null && m.finalLsn <= until)) return false;
+    return main.mode.skipLsn !== m.finalLsn && main.mode.carefulLsn !== m.finalLsn;
   }
 
   /** A BEGIN going to a lane: a failure retries one by one up to its commit. */
@@ -403,7 +403,6 @@ export class ApplyLanes {
     lane.state = workerState(main, conn, relations, this.opts.maxInFlight, {
       // The leader decides where a group ends (the end marker).
       canGroup: () => true,
-      groupTransactions: Number.MAX_SAFE_INTEGER,
       commitTurn: { originName: this.opts.originName, acquire: () => this.#untilCommitted(lane.seq - 1) },
     });
     return lane;

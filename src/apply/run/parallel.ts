@@ -36,6 +36,8 @@ import { workerState, type ApplyState, type RemoteTransaction, type Dispatch, ty
 import { runAlone, type WireConnection } from '../../target/connect.js';
 import { advanceOrigin, targetGid } from '../handlers/twophase.js';
 import { syncKey } from '../../tablesync/state.js';
+import { startRemote } from '../txn/transaction.js';
+import { endTarget } from '../txn/commit.js';
 
 const MAX_LSN = asLsn(0xffffffffffffffffn);
 const WATCH_INTERVAL_MS = 250;
@@ -103,14 +105,13 @@ export class ParallelApply implements ParallelPort {
     if (!firstSegment || this.#eager || this.#closed) return;
     try {
       const worker = await this.#ensureWorker();
-      const xact: RemoteTransaction = { xid, finalLsn: MAX_LSN, commitTime: 0n, behind: false, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
-      worker.state.xact = xact;
+      const xact = startRemote(worker.state, { xid, finalLsn: MAX_LSN, commitTime: 0n, behind: false });
       this.#eager = { xid, xact, savepoints: [], busySince: null, finishing: false };
       this.counters.eagerTransactions++;
-      this.leader.log.debug({ xid }, 'streamed transaction applied in parallel');
+      this.leader.session.log.debug({ xid }, 'streamed transaction applied in parallel');
     } catch (err) {
       // No second connection (e.g. max_connections): this transaction is spooled only.
-      this.leader.log.warn({ xid, err }, 'parallel apply connection unavailable; transaction spooled');
+      this.leader.session.log.warn({ xid, err }, 'parallel apply connection unavailable; transaction spooled');
     }
   }
 
@@ -189,7 +190,7 @@ export class ParallelApply implements ParallelPort {
 
   /** STREAM PREPARE of the eager transaction: prepare it under its gid, then move the origin. */
   async prepare(m: StreamPrepareMessage): Promise<boolean> {
-    const done = await this.#finish(m.xid, m.prepareLsn, m.endLsn, m.prepareTime, { kind: 'prepare', gid: targetGid(this.leader.subscription, m.xid) });
+    const done = await this.#finish(m.xid, m.prepareLsn, m.endLsn, m.prepareTime, { kind: 'prepare', gid: targetGid(this.leader.session.subscription, m.xid) });
     if (!done) return false;
     faultPoint('after-prepare');
     await advanceOrigin(this.leader, m.endLsn, []);
@@ -222,7 +223,7 @@ export class ParallelApply implements ParallelPort {
     eager.busySince = Date.now();
     try {
       // Pending batches go out now, not with the commit: every answer, and so every
-      // affected-row count (state.resultsBeforeCommit), is in before COMMIT is sent.
+      // affected-row count (state.policy.resultsBeforeCommit), is in before COMMIT is sent.
       await flushRowBatch(worker.state);
       await worker.state.pipeline.drain();
     } catch (err) {
@@ -234,9 +235,9 @@ export class ParallelApply implements ParallelPort {
     const { xact } = eager;
     xact.finalLsn = finalLsn;
     xact.commitTime = time;
-    if (finalLsn < this.leader.progress.durable) {
+    if (finalLsn < this.leader.session.progress.durable) {
       // Cannot happen in a session that allows parallel apply (loop.ts); never apply twice.
-      throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `streamed xid ${xid} ends at ${formatLsn(finalLsn)}, below the origin ${formatLsn(this.leader.progress.durable)}`);
+      throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `streamed xid ${xid} ends at ${formatLsn(finalLsn)}, below the origin ${formatLsn(this.leader.session.progress.durable)}`);
     }
     if (xact.open) {
       // The commit record must carry the origin: hand it over for this one commit.
@@ -255,7 +256,7 @@ export class ParallelApply implements ParallelPort {
       this.#stopWatching();
       await finishTransaction(worker.state, xact, endLsn, time, ending);
     }
-    this.leader.log.debug({ xid, lsn: formatLsn(finalLsn), changes: xact.changes }, 'parallel transaction finished');
+    this.leader.session.log.debug({ xid, lsn: formatLsn(finalLsn), changes: xact.changes }, 'parallel transaction finished');
     return true;
   }
 
@@ -265,8 +266,7 @@ export class ParallelApply implements ParallelPort {
     this.#eager = null;
     this.#stopWatching();
     if (!worker) return;
-    worker.state.xact = null;
-    worker.state.rowBatches.clear();
+    endTarget(worker.state);
     if (!eager.xact.open) return;
     try {
       worker.state.pipeline.reset();
@@ -286,7 +286,7 @@ export class ParallelApply implements ParallelPort {
     this.#stopWatching();
     this.counters.fallbacks++;
     const error = err instanceof Error ? err.message : undefined;
-    this.leader.log.info({ xid: eager.xid, reason, error }, 'parallel apply fell back to the spool');
+    this.leader.session.log.info({ xid: eager.xid, reason, error }, 'parallel apply fell back to the spool');
     await this.#dropWorker();
   }
 
@@ -299,7 +299,7 @@ export class ParallelApply implements ParallelPort {
       const watch = await this.#ensureWatch();
       await runAlone(watch, [{ text: 'SELECT pg_catalog.pg_terminate_backend($1::pg_catalog.int4)', params: [String(worker.conn.processId)] }]);
     } catch (err) {
-      this.leader.log.warn({ err }, 'could not terminate the parallel apply backend; closing its connection');
+      this.leader.session.log.warn({ err }, 'could not terminate the parallel apply backend; closing its connection');
     }
     await worker.conn.close().catch(() => {});
   }
@@ -318,8 +318,8 @@ export class ParallelApply implements ParallelPort {
     // Once per change: the lookup key is built once per Relation message.
     let key = SYNC_KEYS.get(remote);
     if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(schemaOf(remote), remote.name)));
-    const entry = this.leader.sync.getByKey(key);
-    const ready = entry ? entry.state === 'r' : this.leader.sync.entryApplies(undefined, MAX_LSN, ZERO_LSN);
+    const entry = this.leader.session.sync.getByKey(key);
+    const ready = entry ? entry.state === 'r' : this.leader.session.sync.entryApplies(undefined, MAX_LSN, ZERO_LSN);
     return ready ? null : `${schemaOf(remote)}.${remote.name}`;
   }
 
@@ -391,7 +391,7 @@ export class ParallelApply implements ParallelPort {
         await this.#fallBack(eager, `the parallel transaction has waited on a lock for over ${LOCK_WAIT_LIMIT_MS / 1000} s`);
       }
     } catch (err) {
-      this.leader.log.warn({ err }, 'parallel apply watchdog query failed');
+      this.leader.session.log.warn({ err }, 'parallel apply watchdog query failed');
     } finally {
       this.#checking = false;
     }
