@@ -41,6 +41,11 @@ export interface RelationMessage {
   replicaIdentity: ReplicaIdentity;
   columns: RelationColumn[];
 }
+/** The schema a Relation or Type message names: pgoutput sends pg_catalog as an empty namespace. */
+export function schemaOf(message: { namespace: string }): string {
+  return message.namespace === '' ? 'pg_catalog' : message.namespace;
+}
+
 export interface TypeMessage { tag: 'type'; xid?: number; typeOid: number; namespace: string; name: string }
 export interface InsertMessage { tag: 'insert'; xid?: number; relationId: number; newTuple: Tuple }
 export interface UpdateMessage {

@@ -10,7 +10,8 @@ import { carefulDelete, carefulInsert, carefulUpdate } from './careful.js';
 import type { ApplyState } from '../txn/apply-state.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect } from '../sql/statements.js';
-import { INSERT_TUPLE_OFFSET, insertsCopyAsSent } from '../sql/copy-messages.js';
+import { insertsCopyAsSent } from '../sql/copy-messages.js';
+import { INSERT_TUPLE_OFFSET, peekRelationId } from '../../protocol/peek.js';
 import { batchInsert, batchInsertMessage, batchUpdate, flushForChange, noteRowWrite, rowKey } from '../txn/batch.js';
 import { applies, changeTarget, requireTransaction, sendStatement } from '../txn/transaction.js';
 
@@ -46,7 +47,7 @@ export function fastTarget(state: ApplyState, relationId: number): MappedRelatio
  */
 export function insertAsSent(state: ApplyState, message: Buffer): Promise<void> | void | false {
   if (!state.session.copyInserts || state.mode.streamXid !== null || message.length < INSERT_TUPLE_OFFSET + 2) return false;
-  const relationId = message.readUInt32BE(1);
+  const relationId = peekRelationId(message);
   const known = state.relations.cached(relationId);
   if (known === undefined || known.rowSecurity || !insertsCopyAsSent(known)) return false;
   const rel = fastTarget(state, relationId);

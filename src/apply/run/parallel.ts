@@ -24,11 +24,13 @@
  * Only one session may hold a replication origin, so for the eager commit the leader
  * hands `pgsub_<subscription>` to the eager connection and takes it back afterwards.
  */
+import { LockWatch } from './watchdog.js';
 import { ProtocolError } from '../../errors.js';
 import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
-import type { PgOutputMessage, RelationMessage, StreamCommitMessage, StreamPrepareMessage } from '../../protocol/messages.js';
+import { schemaOf, type PgOutputMessage, type RelationMessage, type StreamCommitMessage, type StreamPrepareMessage } from '../../protocol/messages.js';
 import { faultPoint } from '../../faults.js';
-import { beginTarget } from '../txn/transaction.js';
+import { beginTarget, sendStatement } from '../txn/transaction.js';
+import { originSessionResetStatement, originSessionSetupStatement } from '../../origin/replorigin.js';
 import { finishTransaction, type Ending } from '../txn/commit.js';
 import { flushRowBatch } from '../txn/batch.js';
 import { RelationMap } from '../sql/relmap.js';
@@ -84,16 +86,16 @@ export interface ParallelCounters {
 export class ParallelApply implements ParallelPort {
   readonly counters: ParallelCounters = { eagerTransactions: 0, fallbacks: 0 };
   #worker: Worker | null = null;
-  #watch: WireConnection | null = null;
   #eager: Eager | null = null;
-  #timer: NodeJS.Timeout | null = null;
-  #checking = false;
   #closed = false;
+  readonly #watch: LockWatch;
 
   constructor(
     private readonly leader: ApplyState,
     private readonly opts: ParallelApplyOptions,
-  ) {}
+  ) {
+    this.#watch = new LockWatch(() => opts.openConnection('watch'), leader.session.log, 'parallel apply');
+  }
 
   /** Is `xid` being applied eagerly? */
   isEager(xid: number): boolean {
@@ -211,8 +213,7 @@ export class ParallelApply implements ParallelPort {
     this.#worker = null;
     // Closing the socket rolls back an open eager transaction.
     await worker?.conn.close().catch(() => {});
-    await this.#watch?.close().catch(() => {});
-    this.#watch = null;
+    await this.#watch.close();
   }
 
   async #finish(xid: number, finalLsn: Lsn, endLsn: Lsn, time: bigint, ending: Ending): Promise<boolean> {
@@ -241,15 +242,15 @@ export class ParallelApply implements ParallelPort {
     }
     if (xact.open) {
       // The commit record must carry the origin: hand it over for this one commit.
-      await runAlone(this.leader.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_reset()', params: [] }]);
+      await runAlone(this.leader.conn, [originSessionResetStatement()]);
       try {
-        await worker.state.pipeline.push(worker.conn.execute('SELECT pg_catalog.pg_replication_origin_session_setup($1)', [this.opts.originName]));
+        await sendStatement(worker.state, originSessionSetupStatement(this.opts.originName));
         await finishTransaction(worker.state, xact, endLsn, time, ending);
       } finally {
         this.#eager = null;
         this.#stopWatching();
-        await runAlone(worker.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_reset()', params: [] }]);
-        await runAlone(this.leader.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_setup($1)', params: [this.opts.originName] }]);
+        await runAlone(worker.conn, [originSessionResetStatement()]);
+        await runAlone(this.leader.conn, [originSessionSetupStatement(this.opts.originName)]);
       }
     } else {
       this.#eager = null;
@@ -296,8 +297,7 @@ export class ParallelApply implements ParallelPort {
     if (!worker) return;
     worker.state.pipeline.reset();
     try {
-      const watch = await this.#ensureWatch();
-      await runAlone(watch, [{ text: 'SELECT pg_catalog.pg_terminate_backend($1::pg_catalog.int4)', params: [String(worker.conn.processId)] }]);
+      await this.#watch.terminate(worker.conn.processId);
     } catch (err) {
       this.leader.session.log.warn({ err }, 'could not terminate the parallel apply backend; closing its connection');
     }
@@ -350,60 +350,33 @@ export class ParallelApply implements ParallelPort {
     return this.#worker;
   }
 
-  async #ensureWatch(): Promise<WireConnection> {
-    this.#watch ??= await this.opts.openConnection('watch');
-    return this.#watch;
-  }
-
   #startWatching(): void {
-    if (this.#timer) return;
-    this.#timer = setInterval(() => void this.#checkBlocking(), WATCH_INTERVAL_MS);
-    this.#timer.unref();
+    this.#watch.start(WATCH_INTERVAL_MS, () => this.#checkBlocking());
   }
 
   #stopWatching(): void {
-    if (this.#timer) clearInterval(this.#timer);
-    this.#timer = null;
+    this.#watch.stop();
   }
 
   /** The watchdog: is the leader waiting for the eager transaction, or the eager one stuck on a lock? */
   async #checkBlocking(): Promise<void> {
     const eager = this.#eager;
     const worker = this.#worker;
-    if (this.#checking || !eager || !worker || eager.finishing) return;
-    this.#checking = true;
-    try {
-      const watch = await this.#ensureWatch();
-      const waiters = this.opts.waiters?.() ?? [this.leader.conn.processId];
-      const [result] = await runAlone(watch, [
-        {
-          text: `SELECT COALESCE((SELECT bool_or($2::pg_catalog.int4 = ANY (pg_catalog.pg_blocking_pids(w))) FROM pg_catalog.unnest($1::pg_catalog.int4[]) AS w), false),
-                        (SELECT wait_event_type = 'Lock' FROM pg_catalog.pg_stat_activity WHERE pid = $2::pg_catalog.int4)`,
-          params: [`{${waiters.join(',')}}`, String(worker.conn.processId)],
-          wantRows: true,
-        },
-      ]);
-      const [leaderBlocked, eagerWaitsOnLock] = result?.rows[0] ?? [];
+    if (!eager || !worker || eager.finishing) return;
+    const waiters = this.opts.waiters?.() ?? [this.leader.conn.processId];
+    const leaderBlocked = await this.#watch.blocks([worker.conn.processId], waiters);
+    if (this.#eager !== eager || eager.finishing) return;
+    if (leaderBlocked) {
+      await this.#fallBack(eager, 'the leader or an apply lane waits for a lock the parallel transaction holds');
+    } else if (eager.busySince !== null && Date.now() - eager.busySince > LOCK_WAIT_LIMIT_MS && (await this.#watch.waitsOnLock(worker.conn.processId))) {
       if (this.#eager !== eager || eager.finishing) return;
-      if (leaderBlocked === 't') {
-        await this.#fallBack(eager, 'the leader or an apply lane waits for a lock the parallel transaction holds');
-      } else if (eagerWaitsOnLock === 't' && eager.busySince !== null && Date.now() - eager.busySince > LOCK_WAIT_LIMIT_MS) {
-        await this.#fallBack(eager, `the parallel transaction has waited on a lock for over ${LOCK_WAIT_LIMIT_MS / 1000} s`);
-      }
-    } catch (err) {
-      this.leader.session.log.warn({ err }, 'parallel apply watchdog query failed');
-    } finally {
-      this.#checking = false;
+      await this.#fallBack(eager, `the parallel transaction has waited on a lock for over ${LOCK_WAIT_LIMIT_MS / 1000} s`);
     }
   }
+
 }
 
 const SYNC_KEYS = new WeakMap<RelationMessage, string>();
-
-/** An empty namespace on the wire means pg_catalog (pgoutput's convention). */
-function schemaOf(remote: RelationMessage): string {
-  return remote.namespace === '' ? 'pg_catalog' : remote.namespace;
-}
 
 function savepointName(subXid: number): string {
   return `"pgsub_sub_${subXid}"`;

@@ -24,7 +24,7 @@
  */
 import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './binary.js';
 import { SchemaMismatchError } from '../../errors.js';
-import type { RelationMessage } from '../../protocol/messages.js';
+import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { quoteQualified } from '../../quote.js';
 import { queryRows, type WireConnection } from '../../target/connect.js';
 
@@ -151,7 +151,7 @@ export class RelationMap {
     if (cached) return cached;
     const remote = this.remoteRelation(relationId);
     // An empty namespace on the wire means pg_catalog (pgoutput's convention).
-    const schema = remote.namespace === '' ? 'pg_catalog' : remote.namespace;
+    const schema = schemaOf(remote);
     const displayName = `${schema}.${remote.name}`;
     const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
     // Catalog rows come back as text: booleans arrive as 't'/'f'.
@@ -235,7 +235,7 @@ export class RelationMap {
     if (user.length > 0) {
       const names = user.map((i) => {
         const t = this.types.get(remote.columns[i]!.typeOid);
-        return t ? { namespace: t.namespace === '' ? 'pg_catalog' : t.namespace, name: t.name } : null;
+        return t ? { namespace: schemaOf(t), name: t.name } : null;
       });
       const types = await targetTypes(
         conn,

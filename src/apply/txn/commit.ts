@@ -8,7 +8,7 @@
  */
 import { ApplyError } from '../../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../../protocol/lsn.js';
-import { originXactSetupStatement } from '../../origin/replorigin.js';
+import { originSessionResetStatement, originSessionSetupStatement, originXactSetupStatement } from '../../origin/replorigin.js';
 import { commitProgressStatement, idleProgressStatement, preparedRowStatement } from '../../origin/store.js';
 import { clearSkipStatement } from '../../conflict/control.js';
 import { conflictLogStatement } from '../../conflict/report.js';
@@ -108,7 +108,7 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
   if (turn) {
     // An apply lane: commits keep source order, and the origin is this session's only for the commit.
     await turn.acquire();
-    await state.pipeline.push(state.conn.execute('SELECT pg_catalog.pg_replication_origin_session_setup($1)', [turn.originName]));
+    await sendStatement(state, originSessionSetupStatement(turn.originName));
   }
   // The commit record carries the remote LSN and time, like a native apply's (origin.c).
   await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
@@ -139,7 +139,7 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
   // Where the target's WAL stood right after the asynchronous commit: flushed past this, it is safe.
   const walAfter = state.session.asyncCommit && !prepare && !synchronous ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
   if (walAfter) await state.pipeline.push(walAfter);
-  if (turn) await state.pipeline.push(state.conn.execute('SELECT pg_catalog.pg_replication_origin_session_reset()'));
+  if (turn) await sendStatement(state, originSessionResetStatement());
   // In the middle of a backlog the next transaction is applied while this commit is under
   // way: waiting for it would leave the target idle for a round trip per commit. No Sync
   // follows such a COMMIT: should it fail, the server skips everything after it up to the

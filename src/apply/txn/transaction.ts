@@ -7,7 +7,7 @@
  */
 import { ProtocolError } from '../../errors.js';
 import { formatLsn, type Lsn } from '../../protocol/lsn.js';
-import type { RelationMessage } from '../../protocol/messages.js';
+import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { syncKey } from '../../tablesync/state.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { type Statement } from '../sql/statements.js';
@@ -26,9 +26,9 @@ export function applies(state: ApplyState, xact: RemoteTransaction, relationId: 
   const remote = state.relations.remoteRelation(relationId);
   // One lookup per change: this runs for every row, so the key is built once per Relation message.
   let key = SYNC_KEYS.get(remote);
-  if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name)));
+  if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(schemaOf(remote), remote.name)));
   const entry = state.session.sync.getByKey(key);
-  if (!entry) state.session.onUnknownTable(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name);
+  if (!entry) state.session.onUnknownTable(schemaOf(remote), remote.name);
   // Not behind yet below the origin: a prepare decoded late, at its COMMIT PREPARED
   // (twophase.ts onBeginPrepare), which every ready table takes as at the origin.
   const durable = state.session.progress.durable;
