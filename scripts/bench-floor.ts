@@ -19,7 +19,7 @@
 import { parseArgs } from 'node:util';
 import type pg from 'pg';
 import { parseConninfo } from '../src/config/conninfo.js';
-import { protoVersionFor } from '../src/protocol/version.js';
+import { protoVersionFor } from '../src/protocol/proto-version.js';
 import { ReplicationConnection } from '../src/protocol/replication.js';
 import { ZERO_LSN } from '../src/protocol/lsn.js';
 import { startCluster, stopAllClusters } from '../test/harness/index.js';

@@ -19,8 +19,8 @@ import { openMaintenance, type Sql } from '../target/connect.js';
 import { PgsubError, SubscriptionNotFoundError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection, type SlotInfo } from '../protocol/replication.js';
-import { formatBytes, formatSeconds } from '../tablesync/progress.js';
-import { STATE_NAMES, type RelState } from '../tablesync/state.js';
+import { formatBytes, formatSeconds } from '../tablesync/copy-report.js';
+import { STATE_NAMES, type RelState } from '../tablesync/sync-state.js';
 import { loadStats, type Stats } from '../conflict/control.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
 

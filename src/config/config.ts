@@ -171,7 +171,7 @@ export interface Config {
   queueSize: number;
   /** Most source transactions applied in one target transaction while behind (1: one each). */
   groupTransactions: number;
-  /** Target connections applying independent transactions in parallel while behind (1: the apply connection only; apply/lanes.ts). */
+  /** Target connections applying independent transactions in parallel while behind (1: the apply connection only; apply/run/lanes.ts). */
   applyWorkers: number;
   /** Most rows per multi-row INSERT for a run of inserts into one table (1: one statement per row). */
   batchRows: number;

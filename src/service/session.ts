@@ -10,14 +10,14 @@
 import type { Config } from '../config/config.js';
 import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
 import { clearPassedError, loadControl } from '../conflict/control.js';
-import type { SyncStates } from '../tablesync/state.js';
+import type { SyncStates } from '../tablesync/sync-state.js';
 import { StreamSpool } from '../apply/txn/spool.js';
 import { quoteLiteral } from '../quote.js';
 import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
-import { protoVersionFor } from '../protocol/version.js';
-import { Progress } from '../origin/progress.js';
+import { protoVersionFor } from '../protocol/proto-version.js';
+import { Progress } from '../origin/positions.js';
 import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
 import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
 import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/run/loop.js';

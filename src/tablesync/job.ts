@@ -3,10 +3,10 @@
  * LSN from a temporary slot, record the table as datasync at that LSN, empty it in the
  * target if this is a retry (or the config asks), copy it, and record it as finishedcopy
  * at that LSN. The stream then applies exactly the transactions committing at or after it
- * (see state.ts). A crash anywhere before finishedcopy leaves datasync, and the next
+ * (see sync-state.ts). A crash anywhere before finishedcopy leaves datasync, and the next
  * attempt starts over with a new snapshot.
  *
- * A table copied whole runs on a lane (lanes.ts): a walsender transaction holding a
+ * A table copied whole runs on a lane (copy-lanes.ts): a walsender transaction holding a
  * snapshot shared with the other whole-table copies of the same refresh, and a target
  * connection, both reused from table to table. A large table (64 MB of heap or more, or
  * split into page ranges) gets a snapshot of its own, exported to one publisher and one
@@ -22,8 +22,8 @@ import { quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
 import { openCopyClient, relayInto, splitRanges, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
-import type { LanePool } from './lanes.js';
-import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './state.js';
+import type { LanePool } from './copy-lanes.js';
+import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './sync-state.js';
 
 export interface TableProgress {
   schema: string;

@@ -6,7 +6,7 @@
  * periodically, on demand (`pgsub refresh`, or a Relation message for a table it does not
  * know), and `resync` copies one table again while the others keep streaming.
  * It tells the runner when a finished copy needs the stream to re-deliver what that table
- * missed (state.ts), and holds the live progress shown by status and the terminal.
+ * missed (sync-state.ts), and holds the live progress shown by status and the terminal.
  */
 import PQueue from 'p-queue';
 import type { Config } from '../config/config.js';
@@ -19,8 +19,8 @@ import { ZERO_LSN } from '../protocol/lsn.js';
 import { listPublishedTables, type PublishedTable } from './catalog.js';
 import { restoreIndexes, runOnSql } from './deferred-indexes.js';
 import { syncTable, type TableProgress } from './job.js';
-import { LanePool, openLane } from './lanes.js';
-import { rowToSync, type SyncStates, type TableSync } from './state.js';
+import { LanePool, openLane } from './copy-lanes.js';
+import { rowToSync, type SyncStates, type TableSync } from './sync-state.js';
 
 export interface LauncherEvents {
   /** A table finished its copy; the stream must start from its position. */
@@ -157,7 +157,7 @@ export class Launcher {
       return;
     }
     // Feedback held for every table of the batch before any of its lanes takes a snapshot
-    // (lanes.ts), then the batch shares them.
+    // (copy-lanes.ts), then the batch shares them.
     for (const t of due) this.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn: ZERO_LSN });
     const lanes = new LanePool(() => openLane(this.config, `pgsub_${this.config.subscription}_sync`), due.length);
     this.lanePools.add(lanes);

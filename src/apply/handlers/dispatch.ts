@@ -16,7 +16,7 @@ import type { ApplyState, Dispatch } from '../txn/apply-state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
 import { flushRowBatch } from '../txn/batch.js';
-import { onBegin, onCommit, onMessage, onOrigin, onRelation, onType } from './transaction.js';
+import { onBegin, onCommit, onMessage, onOrigin, onRelation, onType } from './begin-commit.js';
 import { onDelete, onInsert, onTruncate, onUpdate } from './changes.js';
 
 /** A handler; `dispatch` for the ones that replay messages (a streamed transaction's spool). */

@@ -3,7 +3,7 @@
  *  - the receiver reads CopyData frames, answers keepalives, decodes pgoutput messages
  *    and queues them (bounded: a full queue stops the reading, back-pressuring the socket);
  *  - the applier takes queued items in order and dispatches them to the handlers.
- * Feedback ('r') reports only the durable position (see origin/progress.ts): after each
+ * Feedback ('r') reports only the durable position (see origin/positions.ts): after each
  * applied commit, every status interval, and at once when the publisher asks. A silent
  * publisher is pinged after half the receive timeout and dropped after all of it.
  * Stopping rolls back an open target transaction: a partial source transaction is never
@@ -24,13 +24,13 @@ import { decode } from '../../protocol/decoder.js';
 import { formatLsn, parseLsn, type Lsn } from '../../protocol/lsn.js';
 import type { ReplicationStream } from '../../protocol/replication.js';
 import { flushBarrierStatements, idleProgressStatement } from '../../origin/store.js';
-import type { Progress } from '../../origin/progress.js';
+import type { Progress } from '../../origin/positions.js';
 import { commitGroup, settleTarget } from '../txn/commit.js';
 import { dispatch } from '../handlers/dispatch.js';
 import { insertAsSent } from '../handlers/changes.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from '../sql/relmap.js';
-import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../../tablesync/state.js';
+import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../../tablesync/sync-state.js';
 import type { StreamSpool } from '../txn/spool.js';
 import { newTxState, type ApplyCounters, type ApplySession, type ApplyState } from '../txn/apply-state.js';
 import { ParallelApply, type ParallelApplyOptions } from './parallel.js';

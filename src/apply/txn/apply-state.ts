@@ -7,13 +7,13 @@
 import type { Logger } from '../../log.js';
 import type { Lsn } from '../../protocol/lsn.js';
 import type { PgOutputMessage, StreamCommitMessage, StreamPrepareMessage } from '../../protocol/messages.js';
-import type { Progress } from '../../origin/progress.js';
+import type { Progress } from '../../origin/positions.js';
 import type { RelationMap } from '../sql/relmap.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import type { Detect } from '../sql/statements.js';
 import type { Tuple } from '../../protocol/messages.js';
 import type { StreamSpool } from './spool.js';
-import type { SyncStates, TableSync } from '../../tablesync/state.js';
+import type { SyncStates, TableSync } from '../../tablesync/sync-state.js';
 import type { WireConnection } from '../../target/connect.js';
 import { Pipeline } from '../../target/pipeline.js';
 import { CONFLICT_TYPES, type ConflictConfig, type ConflictType } from '../../conflict/types.js';

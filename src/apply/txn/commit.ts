@@ -13,11 +13,11 @@ import { commitProgressStatement, idleProgressStatement, preparedRowStatement } 
 import { clearSkipStatement } from '../../conflict/control.js';
 import { conflictLogStatement } from '../../conflict/report.js';
 import { quoteLiteral } from '../../quote.js';
-import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../../tablesync/state.js';
-import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
+import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../../tablesync/sync-state.js';
+import type { ApplyState, RemoteTransaction } from './apply-state.js';
 import type { TxStatus, WireResult } from '../../target/wire.js';
-import type { TableSync } from '../../tablesync/state.js';
-import { flushRowBatch } from '../txn/batch.js';
+import type { TableSync } from '../../tablesync/sync-state.js';
+import { flushRowBatch } from './batch.js';
 import { sendStatement } from './transaction.js';
 
 /** The skipped transaction's end: the origin moves past it, with a log row, and the skip LSN is cleared. */
@@ -128,7 +128,7 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
     await sendStatement(state, setStateStatement(state.session.subscription, t, 'r', null));
     await sendStatement(state, clearSyncProgressStatement(state.session.subscription, t));
   }
-  // A table catching up, or becoming ready, moves the feedback hold (tablesync/state.ts
+  // A table catching up, or becoming ready, moves the feedback hold (tablesync/sync-state.ts
   // heldLsn) once its commit is answered, without the flush tracking origin positions get:
   // that commit must be on disk when answered, so it is synchronous (the session's default).
   const synchronous = state.session.asyncCommit && !prepare && (xact.syncTouched.size > 0 || promoted.length > 0);

@@ -1,15 +1,15 @@
 /**
  * The remote transaction being applied, on the target side: opening it (its record in the
  * apply state, the skip or careful mark), which of its changes apply to which table (the
- * sync-state rule, tablesync/state.ts), opening the target transaction at its first
+ * sync-state rule, tablesync/sync-state.ts), opening the target transaction at its first
  * change, and pipelining a statement into it. Only the txn layer writes the current
  * transaction (here and in commit.ts).
  */
 import { ProtocolError } from '../../errors.js';
 import { formatLsn, type Lsn } from '../../protocol/lsn.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
-import { syncKey } from '../../tablesync/state.js';
-import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
+import { syncKey } from '../../tablesync/sync-state.js';
+import type { ApplyState, RemoteTransaction } from './apply-state.js';
 import { type Statement } from '../sql/statements.js';
 
 export function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
@@ -18,7 +18,7 @@ export function requireTransaction(state: ApplyState, what: string): RemoteTrans
 }
 
 /**
- * Whether this transaction's changes to a relation are applied (tablesync/state.ts):
+ * Whether this transaction's changes to a relation are applied (tablesync/sync-state.ts):
  * ready tables take commits at or after the origin, syncing tables commits at or after
  * their own position, tables still being copied nothing.
  */
@@ -43,7 +43,7 @@ const SYNC_KEYS = new WeakMap<RelationMessage, string>();
 /**
  * BEGIN of a target transaction applying remote changes. With synchronous_commit = off
  * (native's default) only these commits are asynchronous — the origin still moves with
- * them, but feedback waits for the target's WAL flush (origin/progress.ts); idle records,
+ * them, but feedback waits for the target's WAL flush (origin/positions.ts); idle records,
  * two-phase steps and skips stay synchronous.
  */
 export async function beginTarget(state: ApplyState): Promise<void> {
