@@ -8,9 +8,8 @@
  * with the connection.
  *
  * Before this, every table cost a walsender, a temporary slot, a second publisher
- * connection importing the exported snapshot, and two target connections — about 35 ms of
- * a 50 ms job for a small table on a busy 2-core machine, and four backends started per
- * table on the servers.
+ * connection importing the exported snapshot, and two target connections — most of a
+ * small table's job (docs/design-measurements.md), and four backends started per table.
  *
  * Why sharing is exact: a table's copy must hold every change that committed before its
  * sync LSN and none after, and the stream must still be able to deliver everything after

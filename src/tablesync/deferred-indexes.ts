@@ -1,8 +1,7 @@
 /**
  * Indexes built after the copy (`defer_indexes`). Loading rows into a table with a
  * primary key inserts every key into a btree one at a time — on PostgreSQL 18 that is more
- * than half of the target's work for a narrow table (2,000,000 rows: 3.2 s of backend CPU
- * with the key, 1.4 s without it, 0.7 s to build the key afterwards) — and ranges copied in
+ * than half of the target's work for a narrow table (docs/design-measurements.md) — and ranges copied in
  * parallel insert into the middle of the tree, splitting pages half-full. So when a table
  * is empty at the start of its copy, the copy's first transaction drops the indexes it can
  * safely drop and records their definitions in pgsub.deferred_index; the transaction that
@@ -114,9 +113,7 @@ export async function restoreIndexes(run: Run, subscription: string, schema: str
     );
     // One backend builds, not a parallel build, unless the target was configured for one:
     // parallel workers each sort into temporary files the leader then merges, and other
-    // tables' copies run beside the build anyway. 2,000,000 int8 keys: 0.42-0.64 s alone
-    // against 0.66-0.84 s with the default 2 workers (a text key 1.65-2.0 s against
-    // 1.93-2.38 s; PG18, 2 cores); bench:sync's single table 0.2 s less target CPU.
+    // tables' copies run beside the build anyway (docs/design-measurements.md).
     await run(
       `SELECT pg_catalog.set_config('max_parallel_maintenance_workers', '0', true)
          FROM pg_catalog.pg_settings WHERE name = 'max_parallel_maintenance_workers' AND source = 'default'`,

@@ -82,8 +82,7 @@ export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous
 /**
  * A large table, whole or in page ranges, under an exported snapshot of its own, one
  * connection pair per range. A COPY on a lane's walsender cost the publisher more CPU per
- * byte than on a plain backend (the 269 MB table: 0.92-0.98 s against 0.81-0.89 s, and
- * 3.07 s against 2.66-2.88 s in all), so lanes are for the smaller tables, whose time
+ * byte than on a plain backend (docs/design-measurements.md), so lanes are for the smaller tables, whose time
  * goes into connections and slots rather than bytes.
  */
 async function syncOnOwnSnapshot(ctx: SyncJobContext, t: PublishedTable, previous: TableSync, ranges: CopyRange[]): Promise<void> {

@@ -47,9 +47,8 @@ const COPY_MIN_ROWS = 8;
  * Inserts batched as sent (copy-messages.ts) gather up to this many rows or bytes: one
  * COPY per source transaction of a bulk load. The target's COPY creates a slot per
  * buffered row (up to 1000) and registers each with the resource owner, whose cost grows
- * with their number: per row a COPY of ~1000 rows costs about 1.5× one of 128, while one
- * of 10,000 costs 0.8× (scripts/bench-copy-insert.ts, PG 18: backend CPU per 1M rows 1.5 s
- * at 10,000 rows per COPY, 1.65–1.75 s at 4096, 1.85–1.95 s at 128). So a run of at least
+ * with their number, and per row a long COPY costs less than short ones
+ * (scripts/bench-copy-insert.ts; docs/design-measurements.md). So a run of at least
  * LARGE_COPY_ROWS goes as one COPY, a shorter one as COPYs of batch_rows rows.
  */
 const AS_SENT_MAX_ROWS = 16_384;
