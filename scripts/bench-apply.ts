@@ -237,7 +237,7 @@ async function dropSlot(s: Servers, slot: string): Promise<void> {
   await pollUntil(async () => {
     const st = await slotState(s.pubMonitor, slot);
     if (st && !st.active) await s.pubMonitor.query('SELECT pg_catalog.pg_drop_replication_slot($1)', [slot]);
-    return !st || !st.active;
+    return !st?.active;
   }, 30_000);
 }
 

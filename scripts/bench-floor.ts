@@ -103,7 +103,10 @@ try {
         messages += batch.items.length;
         if (!walsender) {
           const pid = (await c.query<{ pid: number | null }>('SELECT active_pid AS pid FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]?.pid;
-          if (pid) (cpu.addProcess('walsender', pid, true), (walsender = true));
+          if (pid) {
+            cpu.addProcess('walsender', pid, true);
+            walsender = true;
+          }
         }
         if (batch.items.some((m) => Buffer.isBuffer(m) && m[0] === MESSAGE_TAG)) break;
       }

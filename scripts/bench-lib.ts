@@ -591,7 +591,7 @@ export function parsePgsubEnv(list: string[]): Record<string, string> {
 
 /** The text of a script's header comment, for --help. */
 export function headerText(scriptUrl: string): string {
-  return readFileSync(fileURLToPath(scriptUrl), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '') + '\n';
+  return `${readFileSync(fileURLToPath(scriptUrl), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '')}\n`;
 }
 
 /** A pg.Client for measuring and driving workloads; an error while idle (server stopped) is left to the next query. */

@@ -112,7 +112,7 @@ const { values: opts } = parseArgs({
   },
 });
 if (opts.help) {
-  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '') + '\n');
+  process.stdout.write(`${readFileSync(fileURLToPath(import.meta.url), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '')}\n`);
   process.exit(0);
 }
 const ROWS = Number(opts.rows);
@@ -434,7 +434,7 @@ async function dropSlot(s: Servers, slot: string): Promise<void> {
   await pollUntil(`slot ${slot} to be released`, async () => {
     const row = await slotRow(s, slot);
     if (row && !row.active) await s.pubMonitor.query('SELECT pg_catalog.pg_drop_replication_slot($1)', [slot]);
-    return !row || !row.active;
+    return !row?.active;
   }, 30_000);
 }
 

@@ -101,7 +101,7 @@ const { values: opts } = parseArgs({
   },
 });
 if (opts.help) {
-  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '') + '\n');
+  process.stdout.write(`${readFileSync(fileURLToPath(import.meta.url), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '')}\n`);
   process.exit(0);
 }
 const ROWS = Number(opts.rows);
@@ -363,7 +363,7 @@ async function runPgsub(s: Servers, d: Dataset, c: Extract<Contestant, { kind: '
     await pollUntil(async () => {
       const [slot] = await s.pub.query<{ active: boolean }>('SELECT active FROM pg_replication_slots WHERE slot_name = $1', [sub]);
       if (slot && !slot.active) await s.pub.query('SELECT pg_drop_replication_slot($1)', [sub]);
-      return !slot || !slot.active;
+      return !slot?.active;
     }, 30_000);
     await s.tgt.query('SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname = $1', [`pgsub_${sub}`]);
   });

@@ -173,7 +173,7 @@ function match(actual: unknown, pattern: Pattern, at: string, errors: string[]):
       errors.push(`${at}: expected array of ${pattern.length}, got ${JSON.stringify(toJson(actual))}`);
       return;
     }
-    pattern.forEach((p, i) => match(actual[i], p, `${at}[${i}]`, errors));
+    for (const [i, p] of pattern.entries()) match(actual[i], p, `${at}[${i}]`, errors);
     return;
   }
   if (pattern !== null && typeof pattern === 'object') {

@@ -45,13 +45,17 @@ function sources(dir) {
   return out;
 }
 
+/** The problems of src/ as it is on disk. */
 export function checkLayers() {
-  const files = sources('src');
+  return layerProblems(new Map(sources('src').map((file) => [file, readFileSync(path.join(root, file), 'utf8')])));
+}
+
+/** The problems of a set of modules: path (from the repository root) → source text. */
+export function layerProblems(modules) {
   const graph = new Map();
   const problems = [];
   const spec = /(?:^|\n)\s*(?:import|export)\s[^;]*?from\s+['"](\.[^'"]+)['"]|import\(\s*['"](\.[^'"]+)['"]\s*\)/g;
-  for (const file of files) {
-    const text = readFileSync(path.join(root, file), 'utf8');
+  for (const [file, text] of modules) {
     const deps = [];
     for (const m of text.matchAll(spec)) {
       const target = path.posix.normalize(path.posix.join(path.posix.dirname(file), (m[1] ?? m[2]).replace(/\.js$/, '.ts')));

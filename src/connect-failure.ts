@@ -6,7 +6,7 @@
  * Messages carry the redacted conninfo only, never a password.
  */
 import { redactConninfo, redactSecrets, type ConnInfo } from './config/conninfo.js';
-import { AuthenticationError, ConnectionLostError, PgsubError, PrivilegeError, type Side } from './errors.js';
+import { AuthenticationError, ConnectionLostError, type PgsubError, PrivilegeError, type Side } from './errors.js';
 
 /** What was being opened: the walsender, an apply session (session_replication_role), or pgsub's schema. */
 export type ConnectionPurpose = 'replication' | 'apply' | 'schema';

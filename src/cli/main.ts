@@ -24,7 +24,7 @@ import { listPublishedTables } from '../tablesync/catalog.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { enableSubscription, requestSkip } from '../conflict/control.js';
 import { migrateTarget } from '../origin/store.js';
-import { formatLsn, parseLsn } from '../protocol/lsn.js';
+import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { packageVersion } from './version.js';
 
 const program = new Command();
@@ -132,7 +132,7 @@ program
   .option('-c, --config <file>', 'YAML or JSON config file')
   .action(async (opts: { config?: string; lsn: string }) => {
     const config = loadConfig({ file: opts.config });
-    let lsn;
+    let lsn: Lsn;
     try {
       lsn = parseLsn(opts.lsn);
     } catch {

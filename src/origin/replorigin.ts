@@ -17,9 +17,7 @@ export function replicationOriginName(subscription: string): string {
   return `pgsub_${subscription}`;
 }
 
-export interface OriginSetupRunner {
-  (text: string, params: (string | null)[]): Promise<unknown>;
-}
+export type OriginSetupRunner = (text: string, params: (string | null)[]) => Promise<unknown>
 
 /** Create the origin if needed and bind it to this session. */
 export async function setupSessionOrigin(run: OriginSetupRunner, name: string): Promise<void> {

@@ -113,8 +113,14 @@ async function watchedSocket(info: ConnInfo, timeoutMs: number): Promise<net.Soc
   const connectMs = (info.connectTimeoutSeconds ?? 30) * 1000;
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => socket.destroy(new Error(`connect timeout (${connectMs / 1000} s) to ${info.host}:${info.port}`)), connectMs);
-    socket.once('connect', () => (clearTimeout(timer), resolve()));
-    socket.once('error', (err) => (clearTimeout(timer), reject(err)));
+    socket.once('connect', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    socket.once('error', (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
   });
   // What postgres.js names in its errors (it sets these on sockets it connects itself).
   Object.assign(socket, { host: info.host, port: info.port });

@@ -44,6 +44,7 @@ export interface Cluster {
   url(database?: string): string;
   /** Run SQL through a short-lived `pg` Client. Without params the simple protocol is used,
    *  so several statements are allowed; the rows of the last statement are returned. */
+  // biome-ignore lint/suspicious/noExplicitAny: tests read rows of any shape; callers that care pass T
   query<T = any>(sql: string, params?: unknown[], database?: string): Promise<T[]>;
   createDatabase(name: string): Promise<void>;
   /** Fast shutdown, then remove the cluster's directories. Idempotent. */
@@ -360,7 +361,7 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
       port = await pickPort();
       usedPorts.add(port);
       const lines = Object.entries({ ...settings, port }).map(([k, v]) => `${k} = ${quoteConfValue(v)}`);
-      await fsp.writeFile(harnessConf, lines.join('\n') + '\n');
+      await fsp.writeFile(harnessConf, `${lines.join('\n')}\n`);
       if (isRoot()) {
         const u = serverUser();
         await fsp.chown(harnessConf, u.uid, u.gid);
@@ -402,6 +403,7 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
     url(database = 'postgres') {
       return `postgres://${SUPERUSER}@${HOST}:${port}/${encodeURIComponent(database)}`;
     },
+    // biome-ignore lint/suspicious/noExplicitAny: as declared in Cluster
     async query<T = any>(sql: string, params?: unknown[], database = 'postgres'): Promise<T[]> {
       const client = new pg.Client({ host: HOST, port, user: SUPERUSER, database });
       client.on('error', () => {}); // e.g. server stopped while idle; the query itself rejects

@@ -39,7 +39,7 @@ let publisher: Cluster;
 let target: Cluster;
 let work: string;
 let receiver: ChildProcess;
-let received: { at: number; data: string }[] = [];
+const received: { at: number; data: string }[] = [];
 const children: PgsubProcess[] = [];
 
 before(async () => {
@@ -57,7 +57,7 @@ before(async () => {
   const listening = new Promise<void>((resolve) => {
     receiver.stdout!.on('data', (chunk: Buffer) => {
       buffer += chunk.toString();
-      let nl;
+      let nl: number;
       while ((nl = buffer.indexOf('\n')) >= 0) {
         const line = JSON.parse(buffer.slice(0, nl)) as { listening?: string; at?: number; data?: string };
         buffer = buffer.slice(nl + 1);

@@ -520,6 +520,6 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
       sourceDb,
     );
     const got = await target.query<Record<string, string>>(`${SESSION} SELECT ${columns.map((c, i) => `array_agg(${c.name}::text ORDER BY id) AS c${i}`).join(', ')} FROM ty.rw`, [], db);
-    columns.forEach((c, i) => assert.deepEqual(got[0]![`c${i}`], expected[0]![`c${i}`], c.name));
+    for (const [i, c] of columns.entries()) assert.deepEqual(got[0]![`c${i}`], expected[0]![`c${i}`], c.name);
   });
 });

@@ -15,7 +15,7 @@ import { spawnPgsub, startCluster, stopAllClusters, waitFor, waitForCatchUp, wit
 
 const README = fs.readFileSync(path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'README.md'), 'utf8');
 const SECTION = README.slice(README.indexOf('## Replicate between your own two servers'), README.indexOf('## Exit codes'));
-const blocks = (lang: string) => [...SECTION.matchAll(new RegExp('```' + lang + '\\n([\\s\\S]*?)```', 'g'))].map((m) => m[1]!);
+const blocks = (lang: string) => [...SECTION.matchAll(new RegExp(`\`\`\`${lang}\\n([\\s\\S]*?)\`\`\``, 'g'))].map((m) => m[1]!);
 const sqlFor = (side: string) => {
   const block = blocks('sql').find((b) => b.startsWith(`-- on the ${side}\n`));
   assert.ok(block, `README's walkthrough has an SQL block for the ${side}`);

@@ -127,7 +127,7 @@ describe('copyInsertStatement', () => {
 
   test('sizes are exact for many rows of mixed widths', () => {
     const tuples: Tuple[] = [];
-    for (let i = 0; i < 2000; i++) tuples.push([t(String(i)), i % 7 === 0 ? NULL : t('x'.repeat(i % 50) + '\t\\é'), t('😀'.repeat(i % 3))]);
+    for (let i = 0; i < 2000; i++) tuples.push([t(String(i)), i % 7 === 0 ? NULL : t(`${'x'.repeat(i % 50)}\t\\é`), t('😀'.repeat(i % 3))]);
     const out = copyInsertStatement(rel, tuples)!.data[0]!.toString('utf8');
     const lines = out.split('\n');
     assert.equal(lines.length, 2001);

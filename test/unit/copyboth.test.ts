@@ -39,7 +39,7 @@ function keepalive(walEnd: bigint, reply: boolean): Buffer {
   return message('d', body);
 }
 
-const payloads = [Buffer.from('Bbegin'), Buffer.from('I' + 'x'.repeat(400)), Buffer.alloc(0), Buffer.from('Ccommit')];
+const payloads = [Buffer.from('Bbegin'), Buffer.from(`I${'x'.repeat(400)}`), Buffer.alloc(0), Buffer.from('Ccommit')];
 const frames = payloads.map((p, i) => xlogData(BigInt(0x1000 + i), p));
 const start = message('W', Buffer.from([0, 0, 0]));
 const notice = message('N', Buffer.from('SNOTICE\0\0'));
@@ -51,7 +51,10 @@ function fakeConnection(chunks: Buffer[]) {
   const handedBack: Buffer[] = [];
   const written: Buffer[] = [];
   const stream = new Readable({ read() {} }) as Readable & { write(b: Buffer): boolean; writableEnded: boolean };
-  stream.write = (b: Buffer) => (written.push(b), true);
+  stream.write = (b: Buffer) => {
+    written.push(b);
+    return true;
+  };
   stream.writableEnded = false;
   stream.on('data', (b: Buffer) => handedBack.push(b));
   const connection = {

@@ -26,10 +26,10 @@ test('records replay in order across segments and write-buffer flushes', async (
   spool.prepare();
   spool.start(7, true);
   const many = Array.from({ length: 5000 }, (_, i) => `record ${i} ${'x'.repeat(i % 300)}`);
-  many.slice(0, 2500).forEach((m) => spool.append(7, 7, Buffer.from(m)));
+  for (const m of many.slice(0, 2500)) spool.append(7, 7, Buffer.from(m));
   spool.stop(7);
   spool.start(7, false);
-  many.slice(2500).forEach((m) => spool.append(7, 7, Buffer.from(m)));
+  for (const m of many.slice(2500)) spool.append(7, 7, Buffer.from(m));
   spool.stop(7);
   assert.deepEqual(await replayed(spool, 7), many);
 });

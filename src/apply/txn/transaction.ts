@@ -10,7 +10,7 @@ import { formatLsn, type Lsn } from '../../protocol/lsn.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { syncKey } from '../../tablesync/sync-state.js';
 import type { ApplyState, RemoteTransaction } from './apply-state.js';
-import { type Statement } from '../sql/statements.js';
+import type { Statement } from '../sql/statements.js';
 
 export function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
   if (!state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received outside a transaction`);
