@@ -113,7 +113,11 @@ try {
       const seconds = round((performance.now() - t0) / 1000);
       const report = cpu.stop();
       await replication.close();
-      await pollUntil(async () => !(await c.query<{ active: boolean }>('SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]!.active, 10_000, 20);
+      await pollUntil(
+        async () => !(await c.query<{ active: boolean }>('SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]!.active,
+        10_000,
+        20,
+      );
       await c.query('SELECT pg_catalog.pg_drop_replication_slot($1)', [slot]);
       const r: Read = { workload: w.id, read: i + 1, seconds, walsenderCpu: report.groups.walsender ?? 0, batches, messages };
       reads.push(r);

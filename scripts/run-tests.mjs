@@ -72,14 +72,7 @@ if (files.some((f) => !f.startsWith('test/unit/')) && !process.env.PGSUB_TEST_FR
   env.PGSUB_TEST_BIN = path.join(root, outdir, 'main.js');
 }
 
-const args = [
-  '--import', 'tsx',
-  '--test',
-  '--test-concurrency=1',
-  '--test-timeout=600000',
-  ...nodeFlags,
-  ...files,
-];
+const args = ['--import', 'tsx', '--test', '--test-concurrency=1', '--test-timeout=600000', ...nodeFlags, ...files];
 console.error(`run-tests: ${files.length} file(s): ${files.join(' ')}`);
 const child = spawn(process.execPath, args, { stdio: 'inherit', env });
 for (const sig of ['SIGINT', 'SIGTERM']) {

@@ -40,10 +40,7 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
   try {
     // Both starts are waited for, also when one fails: a server still starting would
     // outlive the cleanup below.
-    const starting = Promise.allSettled([
-      startCluster({ major: opts.publisherMajor, name: 'demo-publisher' }),
-      startCluster({ major: opts.targetMajor, name: 'demo-target' }),
-    ]);
+    const starting = Promise.allSettled([startCluster({ major: opts.publisherMajor, name: 'demo-publisher' }), startCluster({ major: opts.targetMajor, name: 'demo-target' })]);
     // After startCluster registered the harness's exit handler (it stops the servers), so
     // this one runs after it: the servers' binaries go last.
     process.on('exit', binaries.remove);
@@ -96,7 +93,9 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
     );
     out(`\n  initial copy: ${copy?.rows ?? 0} rows in ${copy?.seconds ?? '?'} s (in parallel, while the workload ran)`);
     const c = runner.counters;
-    out(`  streamed: ${c.transactionsApplied} transactions (${c.changesApplied} changes) applied in ${seconds.toFixed(1)} s: ${Math.round(c.transactionsApplied / seconds)} tx/s, ${Math.round(c.changesApplied / seconds)} rows/s`);
+    out(
+      `  streamed: ${c.transactionsApplied} transactions (${c.changesApplied} changes) applied in ${seconds.toFixed(1)} s: ${Math.round(c.transactionsApplied / seconds)} tx/s, ${Math.round(c.changesApplied / seconds)} rows/s`,
+    );
     out(cmp.equal ? '  target equals source ✔' : '  target differs from source ✘');
     return cmp.equal ? 0 : 1;
   } finally {

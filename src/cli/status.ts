@@ -81,9 +81,9 @@ export type StatusReport = {
   last_error_pending: boolean | null;
   apply_error_count: number | null;
 } & Conflicts & {
-  stats_reset: string | null;
-  tables: TableStatus[] | null;
-};
+    stats_reset: string | null;
+    tables: TableStatus[] | null;
+  };
 
 interface SourceRead {
   slot: SlotInfo | null;
@@ -216,11 +216,27 @@ async function readOrigin(sql: Sql, subscription: string): Promise<OriginRead | 
     [subscription],
   );
   if (!row) return null;
-  return { remoteLsn: parseLsn(row.remote_lsn), lastCommitEndLsn: row.last_commit_end_lsn, lastCommitTime: row.last_commit_time, transactionsApplied: Number(row.transactions_applied) };
+  return {
+    remoteLsn: parseLsn(row.remote_lsn),
+    lastCommitEndLsn: row.last_commit_end_lsn,
+    lastCommitTime: row.last_commit_time,
+    transactionsApplied: Number(row.transactions_applied),
+  };
 }
 
 async function readTables(sql: Sql, subscription: string): Promise<TableStatus[]> {
-  type Row = { schema_name: string; table_name: string; state: string; sync_lsn: string | null; rows_copied: string; bytes_copied: string; seconds: string | null; last_error: string | null; last_error_at: string | null; error_count: string };
+  type Row = {
+    schema_name: string;
+    table_name: string;
+    state: string;
+    sync_lsn: string | null;
+    rows_copied: string;
+    bytes_copied: string;
+    seconds: string | null;
+    last_error: string | null;
+    last_error_at: string | null;
+    error_count: string;
+  };
   const query = (errors: boolean) =>
     sql.unsafe<Row[]>(
       `SELECT "schema_name", "table_name", "state", "sync_lsn"::text AS sync_lsn, "rows_copied"::text AS rows_copied, "bytes_copied"::text AS bytes_copied,

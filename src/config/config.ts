@@ -27,13 +27,29 @@ const boolEnum = <const T extends readonly [string, ...string[]]>(values: T, sho
 const oneOf = <const T extends readonly [string, ...string[]]>(values: T) => z.enum(values, { error: (iss) => `${showValue(iss.input)} is not one of ${values.join(', ')}` });
 const text = () => z.string({ error: (iss) => `${showValue(iss.input)} is not a string` });
 /** A number, or a string holding one (environment variables); an empty string is not 0. */
-const numeric = z.union([z.number(), z.string().trim().regex(/^[-+]?(\d+(\.\d*)?|\.\d+)(e[-+]?\d+)?$/i).transform(Number)], {
-  error: (iss) => `${showValue(iss.input)} is not a number`,
-});
+const numeric = z.union(
+  [
+    z.number(),
+    z
+      .string()
+      .trim()
+      .regex(/^[-+]?(\d+(\.\d*)?|\.\d+)(e[-+]?\d+)?$/i)
+      .transform(Number),
+  ],
+  {
+    error: (iss) => `${showValue(iss.input)} is not a number`,
+  },
+);
 const atLeast = (min: number) => ({ error: (iss: { input?: unknown }) => `must be at least ${min}, got ${showValue(iss.input)}` });
 const atMost = (max: number) => ({ error: (iss: { input?: unknown }) => `must be at most ${max}, got ${showValue(iss.input)}` });
 const int = (min: number, max: number) =>
-  numeric.pipe(z.number().int({ error: (iss) => `must be a whole number, got ${showValue(iss.input)}` }).min(min, atLeast(min)).max(max, atMost(max)));
+  numeric.pipe(
+    z
+      .number()
+      .int({ error: (iss) => `must be a whole number, got ${showValue(iss.input)}` })
+      .min(min, atLeast(min))
+      .max(max, atMost(max)),
+  );
 const range = (min: number, max: number) => numeric.pipe(z.number().min(min, atLeast(min)).max(max, atMost(max)));
 const seconds = numeric.pipe(z.number().positive({ error: (iss) => `must be more than 0 (seconds), got ${showValue(iss.input)}` }));
 const identifier = text().min(1).max(63);
@@ -232,7 +248,13 @@ export function loadConfig(opts: LoadOptions = {}): Config {
       const hint = didYouMean(name, ENV_NAMES) || ` (known: ${CONFIG_KEYS.join(', ')})`;
       throw new ConfigError(`environment variable ${name} is not a pgsub setting${hint}`, { key: name });
     }
-    raw[key] = key === 'publication' ? value.split(',').map((s) => s.trim()).filter(Boolean) : value;
+    raw[key] =
+      key === 'publication'
+        ? value
+            .split(',')
+            .map((s) => s.trim())
+            .filter(Boolean)
+        : value;
     origins[key] = name;
   }
   for (const [key, value] of Object.entries(opts.overrides ?? {})) {
@@ -301,7 +323,12 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
     subscription: c.subscription,
     source: parseConninfo(c.source, 'source', env),
     target: parseConninfo(c.target, 'target', env),
-    publications: Array.isArray(c.publication) ? c.publication : c.publication.split(',').map((s) => s.trim()).filter(Boolean),
+    publications: Array.isArray(c.publication)
+      ? c.publication
+      : c.publication
+          .split(',')
+          .map((s) => s.trim())
+          .filter(Boolean),
     slotName: c.slot_name ?? c.subscription,
     copyData: c.copy_data,
     truncateBeforeCopy: c.truncate_before_copy,
@@ -366,7 +393,7 @@ function rejectUnimplemented(c: FileConfig): void {
   };
   if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
-  if (!c.password_required) refuse('password_required', false, 'pgsub connects as a client; authentication is the server\'s choice');
+  if (!c.password_required) refuse('password_required', false, "pgsub connects as a client; authentication is the server's choice");
   if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');
   if (c.failover) refuse('failover', true, 'failover slots are not built yet');
 }

@@ -17,15 +17,12 @@ export function replicationOriginName(subscription: string): string {
   return `pgsub_${subscription}`;
 }
 
-export type OriginSetupRunner = (text: string, params: (string | null)[]) => Promise<unknown>
+export type OriginSetupRunner = (text: string, params: (string | null)[]) => Promise<unknown>;
 
 /** Create the origin if needed and bind it to this session. */
 export async function setupSessionOrigin(run: OriginSetupRunner, name: string): Promise<void> {
   try {
-    await run(
-      'SELECT pg_catalog.pg_replication_origin_create($1) WHERE pg_catalog.pg_replication_origin_oid($1) IS NULL',
-      [name],
-    );
+    await run('SELECT pg_catalog.pg_replication_origin_create($1) WHERE pg_catalog.pg_replication_origin_oid($1) IS NULL', [name]);
     const setup = originSessionSetupStatement(name);
     await run(setup.text, [name]);
   } catch (err) {

@@ -169,7 +169,14 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     reportedUnknown.add(name);
     void launcher.refresh().catch(() => {});
   };
-  const deps: { sync: SyncStates; beforeStreaming: () => Promise<void>; onUnknownTable: typeof onUnknownTable; carefulLsn: Lsn | null; noGroupUntil: Lsn | null; own: OwnConnections } = {
+  const deps: {
+    sync: SyncStates;
+    beforeStreaming: () => Promise<void>;
+    onUnknownTable: typeof onUnknownTable;
+    carefulLsn: Lsn | null;
+    noGroupUntil: Lsn | null;
+    own: OwnConnections;
+  } = {
     own,
     sync,
     beforeStreaming,
@@ -339,12 +346,18 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           throw err;
         }
         if (disabled) {
-          log.error({ err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; subscription disabled (disable_on_error)');
+          log.error(
+            { err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+            'apply failed; subscription disabled (disable_on_error)',
+          );
           await waitForEnable();
           delay = config.retryMinDelayMs;
           continue;
         }
-        log.error({ err: describeError(err), retryInMs: delay, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; retrying');
+        log.error(
+          { err: describeError(err), retryInMs: delay, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+          'apply failed; retrying',
+        );
         // Not unref'd: between sessions this timer is what keeps the service alive.
         await sleep(delay);
         delay = Math.min(delay * 2, config.retryMaxDelayMs);

@@ -62,7 +62,11 @@ export function startSlotGuard(config: Config, log: Logger, opts: SlotGuardOptio
     }
     const retained = health.retainedWalBytes ?? 0;
     if (opts.maxRetainedBytes > 0 && retained > opts.maxRetainedBytes) {
-      if (!overBudget) log.warn({ slot: config.slotName, retainedWalBytes: retained, maxRetainedWalBytes: opts.maxRetainedBytes, walStatus: row.wal_status, safeWalSizeBytes: health.safeWalSizeBytes }, 'the slot retains more WAL on the publisher than max_retained_wal');
+      if (!overBudget)
+        log.warn(
+          { slot: config.slotName, retainedWalBytes: retained, maxRetainedWalBytes: opts.maxRetainedBytes, walStatus: row.wal_status, safeWalSizeBytes: health.safeWalSizeBytes },
+          'the slot retains more WAL on the publisher than max_retained_wal',
+        );
       overBudget = true;
     } else if (overBudget) {
       overBudget = false;

@@ -47,7 +47,10 @@ let slotCounter = 0;
 
 /** Open a lane: both connections, the temporary slot and its snapshot. */
 export async function openLane(config: Config, applicationName: string): Promise<Lane> {
-  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_${++slotCounter}`.slice(0, 63).toLowerCase().replace(/[^a-z0-9_]/g, '_');
+  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_${++slotCounter}`
+    .slice(0, 63)
+    .toLowerCase()
+    .replace(/[^a-z0-9_]/g, '_');
   const source = new pg.Client(
     pgClientConfig(config.source, applicationName, {
       replication: 'database',

@@ -92,7 +92,14 @@ export async function startCopyIn(target: pg.Client, t: PublishedTable, options:
  * binary format the header and trailer ride in messages too, so live counts may be off by
  * those; the returned rows are the target's own count.
  */
-export async function relayInto(writer: CopyIn, source: pg.Client, t: PublishedTable, range: CopyRange, binary: boolean, onData: (bytes: number, rows: number) => void): Promise<{ rows: number; bytes: number }> {
+export async function relayInto(
+  writer: CopyIn,
+  source: pg.Client,
+  t: PublishedTable,
+  range: CopyRange,
+  binary: boolean,
+  onData: (bytes: number, rows: number) => void,
+): Promise<{ rows: number; bytes: number }> {
   const reader = new CopyOutRelay(sourceCopySql(t, range, binary), (messages, bytes) => onData(bytes, messages));
   source.query(reader as unknown as pg.QueryConfig);
   await pipeline(reader, writer);

@@ -73,16 +73,21 @@ export async function deferIndexes(run: Run, subscription: string, schema: strin
     [schema, table],
   )) as unknown as Candidate[];
   if (rows.length === 0) return [];
-  const [next] = await run(
-    `SELECT COALESCE(max("ord"), 0)::int AS ord FROM "pgsub"."deferred_index" WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
-    [subscription, schema, table],
-  );
+  const [next] = await run(`SELECT COALESCE(max("ord"), 0)::int AS ord FROM "pgsub"."deferred_index" WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`, [
+    subscription,
+    schema,
+    table,
+  ]);
   let ord = Number(next?.ord ?? 0);
   for (const r of rows) {
-    await run(
-      `INSERT INTO "pgsub"."deferred_index" ("subscription", "schema_name", "table_name", "ord", "index_name", "definition") VALUES ($1, $2, $3, $4, $5, $6)`,
-      [subscription, schema, table, ++ord, r.index_name, r.definition],
-    );
+    await run(`INSERT INTO "pgsub"."deferred_index" ("subscription", "schema_name", "table_name", "ord", "index_name", "definition") VALUES ($1, $2, $3, $4, $5, $6)`, [
+      subscription,
+      schema,
+      table,
+      ++ord,
+      r.index_name,
+      r.definition,
+    ]);
     await run(
       r.constraint_name !== null
         ? `ALTER TABLE ONLY ${quoteQualified(schema, table)} DROP CONSTRAINT ${quoteIdent(r.constraint_name)}`

@@ -88,7 +88,10 @@ export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous
 async function syncOnOwnSnapshot(ctx: SyncJobContext, t: PublishedTable, previous: TableSync, ranges: CopyRange[]): Promise<void> {
   const { config } = ctx;
   const appName = `pgsub_${config.subscription}_sync`;
-  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_t${++slotCounter}`.slice(0, 63).toLowerCase().replace(/[^a-z0-9_]/g, '_');
+  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_t${++slotCounter}`
+    .slice(0, 63)
+    .toLowerCase()
+    .replace(/[^a-z0-9_]/g, '_');
   const replication = await ReplicationConnection.open(config.source, appName);
   let control: pg.Client | null = null;
   try {
@@ -108,7 +111,15 @@ async function syncOnOwnSnapshot(ctx: SyncJobContext, t: PublishedTable, previou
  * Datasync at `syncLsn`, the copy (`copy`, told whether it may FREEZE; returns per range
  * whether it did), then the indexes back and finishedcopy, on the `control` connection.
  */
-async function copyAndFinish(ctx: SyncJobContext, t: PublishedTable, previous: TableSync, control: pg.Client, syncLsn: Lsn, ranges: number, copy: (freeze: boolean) => Promise<boolean[]>): Promise<void> {
+async function copyAndFinish(
+  ctx: SyncJobContext,
+  t: PublishedTable,
+  previous: TableSync,
+  control: pg.Client,
+  syncLsn: Lsn,
+  ranges: number,
+  copy: (freeze: boolean) => Promise<boolean[]>,
+): Promise<void> {
   const { config, log } = ctx;
   const { truncatable } = await prepareTarget(control, config, t, previous, syncLsn);
   ctx.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn });
@@ -182,7 +193,11 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
     await control.query(state.text, [...state.params]);
     const clear = clearSyncProgressStatement(config.subscription, t);
     await control.query(clear.text, [...clear.params]);
-    await control.query(`UPDATE "pgsub"."subscription_rel" SET "rows_copied" = 0, "bytes_copied" = 0 WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`, [config.subscription, t.schema, t.table]);
+    await control.query(`UPDATE "pgsub"."subscription_rel" SET "rows_copied" = 0, "bytes_copied" = 0 WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`, [
+      config.subscription,
+      t.schema,
+      t.table,
+    ]);
     await control.query('COMMIT');
   } catch (err) {
     await control.query('ROLLBACK').catch(() => {});

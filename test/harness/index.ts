@@ -31,10 +31,7 @@ export interface WaitForOptions {
  * Poll `cond` until it returns true. Errors thrown by `cond` count as "not yet"; the last
  * one is included in the timeout error.
  */
-export async function waitFor(
-  cond: () => Promise<boolean> | boolean,
-  { timeoutMs = 10_000, intervalMs = 50, what = 'condition' }: WaitForOptions = {},
-): Promise<void> {
+export async function waitFor(cond: () => Promise<boolean> | boolean, { timeoutMs = 10_000, intervalMs = 50, what = 'condition' }: WaitForOptions = {}): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let lastErr: unknown;
   let attempts = 0;

@@ -70,7 +70,10 @@ async function relay(chunks: Buffer[]): Promise<{ out: Buffer[]; handedBack: Buf
 
 function splits(buf: Buffer, cuts: number[]): Buffer[] {
   const at = [0, ...cuts, buf.length];
-  return at.slice(1).map((end, i) => buf.subarray(at[i]!, end)).filter((b) => b.length > 0);
+  return at
+    .slice(1)
+    .map((end, i) => buf.subarray(at[i]!, end))
+    .filter((b) => b.length > 0);
 }
 
 /** Every output chunk is a run of whole CopyData messages. */

@@ -82,7 +82,10 @@ async function readAll(reader: CopyBothReader): Promise<{ items: ReceivedBatch['
 
 function splits(buf: Buffer, cuts: number[]): Buffer[] {
   const at = [0, ...cuts, buf.length];
-  return at.slice(1).map((end, i) => buf.subarray(at[i]!, end)).filter((b) => b.length > 0);
+  return at
+    .slice(1)
+    .map((end, i) => buf.subarray(at[i]!, end))
+    .filter((b) => b.length > 0);
 }
 
 async function run(chunks: Buffer[]) {
@@ -170,7 +173,12 @@ test('an unknown frame tag is a ProtocolError naming it', async () => {
   const { connection } = fakeConnection([Buffer.concat([start, frames[0]!, bad])]);
   const reader = new CopyBothReader('START_REPLICATION …', 0);
   reader.submit(connection as never);
-  await assert.rejects(readAll(reader).then((r) => { if (r.error) throw r.error; }), (err: Error & { code?: string }) => err.code === 'PGSUB_PROTOCOL_UNKNOWN_MESSAGE' && /0x7a/.test(err.message));
+  await assert.rejects(
+    readAll(reader).then((r) => {
+      if (r.error) throw r.error;
+    }),
+    (err: Error & { code?: string }) => err.code === 'PGSUB_PROTOCOL_UNKNOWN_MESSAGE' && /0x7a/.test(err.message),
+  );
 });
 
 test('status updates go out as CopyData once CopyBoth has started, not before', async () => {

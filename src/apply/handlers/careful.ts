@@ -137,9 +137,20 @@ async function uniqueHits(state: ApplyState, rel: MappedRelation, tuple: Tuple, 
 }
 
 /** The local row a change locates by its replica identity, locked; null when missing. */
-async function locate(state: ApplyState, rel: MappedRelation, what: 'UPDATE' | 'DELETE', oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple | undefined): Promise<LocalRow | null> {
+async function locate(
+  state: ApplyState,
+  rel: MappedRelation,
+  what: 'UPDATE' | 'DELETE',
+  oldKind: 'key' | 'old' | undefined,
+  oldTuple: Tuple | undefined,
+  newTuple: Tuple | undefined,
+): Promise<LocalRow | null> {
   const loc = locator(rel, what, oldKind, oldTuple, newTuple);
-  const text = cached(rel, `L|${loc.shape}|${state.session.originId ?? ''}`, () => `SELECT ${localColumns(state)} FROM ${target(rel)} AS pgsub_local WHERE ${whereClause(rel, loc, 1)} LIMIT 1 FOR UPDATE OF pgsub_local`);
+  const text = cached(
+    rel,
+    `L|${loc.shape}|${state.session.originId ?? ''}`,
+    () => `SELECT ${localColumns(state)} FROM ${target(rel)} AS pgsub_local WHERE ${whereClause(rel, loc, 1)} LIMIT 1 FOR UPDATE OF pgsub_local`,
+  );
   const params = new Params(rel);
   addLocatorParams(params, loc);
   const [row] = await run(state, params.statement(text));
@@ -234,7 +245,14 @@ export async function carefulInsert(state: ApplyState, xact: RemoteTransaction, 
   await run(state, insertStatement(rel, tuple));
 }
 
-export async function carefulUpdate(state: ApplyState, xact: RemoteTransaction, rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple): Promise<void> {
+export async function carefulUpdate(
+  state: ApplyState,
+  xact: RemoteTransaction,
+  rel: MappedRelation,
+  oldKind: 'key' | 'old' | undefined,
+  oldTuple: Tuple | undefined,
+  newTuple: Tuple,
+): Promise<void> {
   await state.pipeline.drain();
   const key = keyOf(rel, oldKind, oldTuple, newTuple);
   const row = await locate(state, rel, 'UPDATE', oldKind, oldTuple, newTuple);
@@ -243,12 +261,24 @@ export async function carefulUpdate(state: ApplyState, xact: RemoteTransaction, 
     const unchanged = unchangedColumns(rel, newTuple);
     // apply_remote inserts the new row, which needs every value: unchanged TOAST values were not sent.
     const impossible = unchanged.length > 0 ? `the new row cannot be inserted: values of ${unchanged.join(', ')} were not sent (unchanged TOAST)` : null;
-    const policy = await decide(state, xact, rel, { type: 'update_missing', key, remote: newTuple, local: [], detail: impossible }, impossible && policyFor(state.session.conflicts, rel.displayName, 'update_missing') === 'apply_remote' ? 'skip' : undefined);
+    const policy = await decide(
+      state,
+      xact,
+      rel,
+      { type: 'update_missing', key, remote: newTuple, local: [], detail: impossible },
+      impossible && policyFor(state.session.conflicts, rel.displayName, 'update_missing') === 'apply_remote' ? 'skip' : undefined,
+    );
     if (policy === 'apply_remote') await run(state, insertStatement(rel, newTuple));
     return;
   }
   if (originDiffers(state, row)) {
-    const policy = await decide(state, xact, rel, { type: 'update_origin_differs', key, remote: newTuple, local: [row], detail: `row last written by origin ${row.origin} at ${row.ts}` });
+    const policy = await decide(state, xact, rel, {
+      type: 'update_origin_differs',
+      key,
+      remote: newTuple,
+      local: [row],
+      detail: `row last written by origin ${row.origin} at ${row.ts}`,
+    });
     if (policy !== 'apply_remote') return;
   }
   const hits = await uniqueHits(state, rel, newTuple, row);
@@ -271,7 +301,13 @@ export async function carefulDelete(state: ApplyState, xact: RemoteTransaction, 
     return;
   }
   if (originDiffers(state, row)) {
-    const policy = await decide(state, xact, rel, { type: 'delete_origin_differs', key, remote: oldTuple, local: [row], detail: `row last written by origin ${row.origin} at ${row.ts}` });
+    const policy = await decide(state, xact, rel, {
+      type: 'delete_origin_differs',
+      key,
+      remote: oldTuple,
+      local: [row],
+      detail: `row last written by origin ${row.origin} at ${row.ts}`,
+    });
     if (policy !== 'apply_remote') return;
   }
   await run(state, rowDelete(rel, row));

@@ -43,7 +43,6 @@ import { RelationMap } from '../sql/relmap.js';
 import { workerState, type ApplyState, type Dispatch } from '../txn/apply-state.js';
 import { runAlone, type WireConnection } from '../../target/connect.js';
 
-
 /** A group ends after this many changes: lanes take turns at about this grain. */
 const GROUP_CHANGES = 8192;
 /** Bytes queued for one lane before the leader waits for it. */
@@ -401,7 +400,14 @@ export class ApplyLanes {
     const main = this.main;
     const relations = new RelationMap(this.opts.targetVersionNum, { binary: this.opts.binary });
     relations.seedFrom(main.relations);
-    const lane: Lane = { index, conn, seq: 0, queue: new BoundedQueue<LaneItem>(LANE_QUEUE_ITEMS, LANE_QUEUE_BYTES), task: Promise.resolve(), state: null as unknown as ApplyState };
+    const lane: Lane = {
+      index,
+      conn,
+      seq: 0,
+      queue: new BoundedQueue<LaneItem>(LANE_QUEUE_ITEMS, LANE_QUEUE_BYTES),
+      task: Promise.resolve(),
+      state: null as unknown as ApplyState,
+    };
     lane.state = workerState(main, conn, relations, this.opts.maxInFlight, {
       // The leader decides where a group ends (the end marker).
       canGroup: () => true,
@@ -490,5 +496,4 @@ export class ApplyLanes {
       this.#fail(new ApplyError(`apply lane ${headLane.index + 1} waits on a lock held by a later lane (a uniqueness the row identities do not cover)`, { group: head }), true);
     }
   }
-
 }

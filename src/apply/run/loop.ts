@@ -64,7 +64,10 @@ const REPLAY_BYTES = 16 * 1024 * 1024;
 export class GroupRetryError extends PgsubError {
   readonly code = 'PGSUB_GROUP_RETRY';
   readonly retryable = true;
-  constructor(readonly untilLsn: Lsn, cause: unknown) {
+  constructor(
+    readonly untilLsn: Lsn,
+    cause: unknown,
+  ) {
     super(`a statement failed inside a group of transactions; re-applying them one by one up to ${formatLsn(untilLsn)}`, { untilLsn: formatLsn(untilLsn) }, { cause });
   }
 }
@@ -73,7 +76,10 @@ export class GroupRetryError extends PgsubError {
 export class CarefulReplayError extends PgsubError {
   readonly code = 'PGSUB_CAREFUL_REPLAY';
   readonly retryable = true;
-  constructor(readonly finishLsn: Lsn, cause: unknown) {
+  constructor(
+    readonly finishLsn: Lsn,
+    cause: unknown,
+  ) {
     super(`conflict in a remote transaction larger than the replay buffer; re-applying it carefully from ${formatLsn(finishLsn)}`, { finishLsn: formatLsn(finishLsn) }, { cause });
   }
 }
@@ -334,7 +340,10 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     const xact = state.tx.xact;
     if (!opts.conflicts.detect || state.mode.careful || xact === null || !isConflictSignal(root)) return false;
     if (keptTooLarge || kept === null) throw new CarefulReplayError(xact.finalLsn, root);
-    log.debug({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn), messages: kept.length, cause: (root as Error).message }, 'conflict in the pipeline; re-applying the transaction carefully');
+    log.debug(
+      { xid: xact.xid, finishLsn: formatLsn(xact.finalLsn), messages: kept.length, cause: (root as Error).message },
+      'conflict in the pipeline; re-applying the transaction carefully',
+    );
     await rollbackTarget();
     state.mode.careful = true;
     opts.counters.carefulReplays++;
@@ -362,8 +371,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
           if (isMessage) {
             const r = lanes.route(item, queue.length);
             routed = r === true || r === false ? r : await r;
-          }
-          else routed = lanes.busy; // a position while lanes run: the next serial step records one
+          } else routed = lanes.busy; // a position while lanes run: the next serial step records one
           if (routed) lanes.endIfIdle(queue.length);
           else if (lanes.needsConverge) await lanes.converge();
         } catch (err) {
@@ -392,8 +400,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
               // end of what may be a huge transaction (they pin their frames' memory).
               keptTooLarge = true;
               kept = [];
-            }
-            else kept.push(raw);
+            } else kept.push(raw);
           }
         }
         // An insert that joins a COPY as sent is never decoded (its failures come as the
@@ -422,8 +429,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         } catch (err) {
           throw groupFailure(err);
         }
-      }
-      else if (!isMessage && item.kind === 'position' && state.tx.xact === null) progress.noteProcessed(item.lsn);
+      } else if (!isMessage && item.kind === 'position' && state.tx.xact === null) progress.noteProcessed(item.lsn);
       const now = Date.now();
       if (
         state.tx.xact === null &&
@@ -466,22 +472,25 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     : null;
   flushTimer?.unref();
 
-  const timer = setInterval(() => {
-    const now = Date.now();
-    if (now - lastFeedbackAt >= opts.statusIntervalMs) sendFeedback();
-    const silentFor = now - lastFrameAt;
-    if (!queue.full) {
-      if (silentFor >= opts.receiveTimeoutMs) {
-        fail(new ConnectionLostError(`no message from the publisher for ${Math.round(silentFor / 1000)} s (receive_timeout)`));
-      } else if (silentFor >= opts.receiveTimeoutMs / 2 && !pingSent) {
-        pingSent = true;
-        sendFeedback(true);
+  const timer = setInterval(
+    () => {
+      const now = Date.now();
+      if (now - lastFeedbackAt >= opts.statusIntervalMs) sendFeedback();
+      const silentFor = now - lastFrameAt;
+      if (!queue.full) {
+        if (silentFor >= opts.receiveTimeoutMs) {
+          fail(new ConnectionLostError(`no message from the publisher for ${Math.round(silentFor / 1000)} s (receive_timeout)`));
+        } else if (silentFor >= opts.receiveTimeoutMs / 2 && !pingSent) {
+          pingSent = true;
+          sendFeedback(true);
+        }
       }
-    }
-    if (queue.length === 0 && progress.hasUnrecordedPosition && now - lastRecordAt >= idleRecordIntervalMs) {
-      void queue.put({ kind: 'tick' });
-    }
-  }, Math.min(250, opts.statusIntervalMs));
+      if (queue.length === 0 && progress.hasUnrecordedPosition && now - lastRecordAt >= idleRecordIntervalMs) {
+        void queue.put({ kind: 'tick' });
+      }
+    },
+    Math.min(250, opts.statusIntervalMs),
+  );
   timer.unref();
 
   const receiver = receive().catch(fail);

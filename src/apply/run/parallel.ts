@@ -141,8 +141,13 @@ export class ParallelApply implements ParallelPort {
     // Waiting on the eager connection from here (the watchdog looks at how long).
     eager.busySince = Date.now();
     return applied.then(
-      () => { eager.busySince = null; },
-      (err: unknown) => { eager.busySince = null; return this.#failed(eager, err); },
+      () => {
+        eager.busySince = null;
+      },
+      (err: unknown) => {
+        eager.busySince = null;
+        return this.#failed(eager, err);
+      },
     );
   }
 
@@ -238,7 +243,10 @@ export class ParallelApply implements ParallelPort {
     xact.commitTime = time;
     if (finalLsn < this.leader.session.progress.durable) {
       // Cannot happen in a session that allows parallel apply (loop.ts); never apply twice.
-      throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `streamed xid ${xid} ends at ${formatLsn(finalLsn)}, below the origin ${formatLsn(this.leader.session.progress.durable)}`);
+      throw new ProtocolError(
+        'PGSUB_PROTOCOL_OUT_OF_ORDER',
+        `streamed xid ${xid} ends at ${formatLsn(finalLsn)}, below the origin ${formatLsn(this.leader.session.progress.durable)}`,
+      );
     }
     if (xact.open) {
       // The commit record must carry the origin: hand it over for this one commit.
@@ -373,7 +381,6 @@ export class ParallelApply implements ParallelPort {
       await this.#fallBack(eager, `the parallel transaction has waited on a lock for over ${LOCK_WAIT_LIMIT_MS / 1000} s`);
     }
   }
-
 }
 
 const SYNC_KEYS = new WeakMap<RelationMessage, string>();

@@ -155,7 +155,16 @@ export class RelationMap {
     const displayName = `${schema}.${remote.name}`;
     const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
     // Catalog rows come back as text: booleans arrive as 't'/'f'.
-    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string; rls: string; arraytype: string | null }>(
+    const rows = await queryRows<{
+      attname: string | null;
+      atttypid: string;
+      typnsp: string | null;
+      typname: string | null;
+      generated: string;
+      relkind: string;
+      rls: string;
+      arraytype: string | null;
+    }>(
       conn,
       ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype'],
       `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
@@ -202,7 +211,11 @@ export class RelationMap {
       );
     }
     if (remote.replicaIdentity === 'full') {
-      const equality = await typeEquality(conn, this.targetVersionNum, targetColumns.map((c) => c.typeOid));
+      const equality = await typeEquality(
+        conn,
+        this.targetVersionNum,
+        targetColumns.map((c) => c.typeOid),
+      );
       for (const c of targetColumns) c.hasEquality = equality.get(c.typeOid) ?? false;
     }
     const mapped: MappedRelation = {
@@ -418,7 +431,11 @@ async function typeEquality(conn: WireConnection, targetVersionNum: number, type
     if (t) {
       if (t.typtype === 'd') result = has(Number(t.base));
       else if (Number(t.elem) !== 0) result = has(Number(t.elem));
-      else if (t.typtype === 'c') result = (t.fields ?? '').split(',').filter(Boolean).every((f) => has(Number(f)));
+      else if (t.typtype === 'c')
+        result = (t.fields ?? '')
+          .split(',')
+          .filter(Boolean)
+          .every((f) => has(Number(f)));
       else if (t.typtype === 'e' || t.typtype === 'r' || t.typtype === 'm') result = true;
       else result = t.has_opclass === 't' || t.has_opclass === 'true';
     }

@@ -73,7 +73,6 @@ const ALL_COLUMNS = new WeakMap<MappedRelation, number[]>();
 /** A batch stops growing here, whatever the row count: wide rows. */
 const BATCH_BYTES = 1024 * 1024;
 
-
 function valueKey(v: TupleValue | undefined): string {
   if (!v || v.kind === 'null' || v.kind === 'unchanged') return v?.kind ?? '';
   return v.kind === 'text' ? `t${v.value}` : `b${v.value.toString('latin1')}`;
@@ -136,7 +135,18 @@ const NO_INDEXES: number[] = [];
  * (a different kind or shape was pending, or the batch is full): the common case costs no
  * promise — this runs once per row.
  */
-function add(state: ApplyState, kind: RowBatch['kind'], relationId: number, rel: MappedRelation, shape: string, setIndexes: number[], detect: Detect | null, xid: number, tuple: Tuple, key: string | null): Promise<void> | void {
+function add(
+  state: ApplyState,
+  kind: RowBatch['kind'],
+  relationId: number,
+  rel: MappedRelation,
+  shape: string,
+  setIndexes: number[],
+  detect: Detect | null,
+  xid: number,
+  tuple: Tuple,
+  key: string | null,
+): Promise<void> | void {
   let batch = state.tx.rowBatches.get(relationId);
   if (batch !== undefined && (batch.kind !== kind || batch.rel !== rel || batch.shape !== shape || batch.messages.length > 0)) {
     return flushBatch(state, batch).then(() => add(state, kind, relationId, rel, shape, setIndexes, detect, xid, tuple, key));
@@ -190,7 +200,16 @@ export function batchInsertMessage(state: ApplyState, xact: RemoteTransaction, r
  * (the key did not change), not FULL, and detection without origin checks. Else false
  * (nothing done); otherwise as batchInsert.
  */
-export function batchUpdate(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null, key: string): Promise<void> | void | false {
+export function batchUpdate(
+  state: ApplyState,
+  xact: RemoteTransaction,
+  relationId: number,
+  rel: MappedRelation,
+  oldTuple: Tuple | undefined,
+  newTuple: Tuple,
+  detect: Detect | null,
+  key: string,
+): Promise<void> | void | false {
   if (rel.ordered || oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
   for (const i of rel.keyIndexes) {
     const v = newTuple[i];
@@ -286,12 +305,22 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
  * statement would have.
  */
 function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, rows: number, counted: boolean): Promise<void> {
-  return sendStatement(state, statement, counted ? (count) => {
-    if (count >= rows) return;
-    if (batch.detect) {
-      throw new ApplyError(`update_missing: ${rows - count} of ${rows} rows to update in "${batch.rel.displayName}" not found`, { relation: batch.rel.displayName, remoteXid: batch.xid });
-    }
-    state.session.counters.updateMissing += rows - count;
-    state.session.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows - count }, 'rows to update not found; changes skipped');
-  } : undefined, rows);
+  return sendStatement(
+    state,
+    statement,
+    counted
+      ? (count) => {
+          if (count >= rows) return;
+          if (batch.detect) {
+            throw new ApplyError(`update_missing: ${rows - count} of ${rows} rows to update in "${batch.rel.displayName}" not found`, {
+              relation: batch.rel.displayName,
+              remoteXid: batch.xid,
+            });
+          }
+          state.session.counters.updateMissing += rows - count;
+          state.session.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows - count }, 'rows to update not found; changes skipped');
+        }
+      : undefined,
+    rows,
+  );
 }

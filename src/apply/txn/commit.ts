@@ -32,8 +32,18 @@ export async function finishSkipped(state: ApplyState, xact: RemoteTransaction, 
   await sendStatement(
     state,
     conflictLogStatement(state.session.subscription, {
-      type: 'transaction_skipped', relation: null, key: null, remoteTuple: null, localTuple: null, localOrigin: null, localCommitTs: null,
-      remoteLsn: xact.finalLsn, remoteXid: xact.xid, remoteCommitTime: commitTime, policy: 'skip', detail: 'skipped by pgsub skip --lsn',
+      type: 'transaction_skipped',
+      relation: null,
+      key: null,
+      remoteTuple: null,
+      localTuple: null,
+      localOrigin: null,
+      localCommitTs: null,
+      remoteLsn: xact.finalLsn,
+      remoteXid: xact.xid,
+      remoteCommitTime: commitTime,
+      policy: 'skip',
+      detail: 'skipped by pgsub skip --lsn',
     }),
   );
   const commit = state.conn.execute('COMMIT');
@@ -91,7 +101,16 @@ export function finishTransaction(state: ApplyState, xact: RemoteTransaction, en
 export async function commitGroup(state: ApplyState): Promise<void> {
   const group = state.tx.group;
   if (!group) return;
-  const xact: RemoteTransaction = { xid: 0, finalLsn: group.endLsn, commitTime: group.commitTime, behind: false, open: true, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
+  const xact: RemoteTransaction = {
+    xid: 0,
+    finalLsn: group.endLsn,
+    commitTime: group.commitTime,
+    behind: false,
+    open: true,
+    changes: 0,
+    syncTouched: new Set(),
+    alreadyPrepared: false,
+  };
   // commitTarget counts the group's transactions; this empty one adds none.
   await commitTarget(state, xact, group.endLsn, group.commitTime, { kind: 'commit' }, 0);
 }
@@ -102,7 +121,8 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
   await flushRowBatch(state);
   const prepare = ending.kind === 'prepare';
   const group = state.tx.group;
-  if (group && (prepare || xact.behind)) throw new ApplyError(`a group of ${group.transactions} transactions is open at the end of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  if (group && (prepare || xact.behind))
+    throw new ApplyError(`a group of ${group.transactions} transactions is open at the end of remote xid ${xact.xid}`, { remoteXid: xact.xid });
   const transactions = own + (group?.transactions ?? 0);
   const turn = state.policy.commitTurn;
   if (turn) {
@@ -145,7 +165,14 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
   // follows such a COMMIT: should it fail, the server skips everything after it up to the
   // next Sync, so no later transaction can commit past the failed one. Its outcome is
   // checked in order when it arrives; the position moves only then.
-  const pipelined = ending.kind === 'commit' && ending.mayPipeline === true && !xact.behind && xact.syncTouched.size === 0 && promoted.length === 0 && !state.mode.careful && state.policy.canPipelineCommit(endLsn);
+  const pipelined =
+    ending.kind === 'commit' &&
+    ending.mayPipeline === true &&
+    !xact.behind &&
+    xact.syncTouched.size === 0 &&
+    promoted.length === 0 &&
+    !state.mode.careful &&
+    state.policy.canPipelineCommit(endLsn);
   // Otherwise Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = pipelined ? null : state.conn.sync();
   if (synced) await state.pipeline.push(synced);
@@ -155,9 +182,11 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
     endTarget(state);
     const unconfirmed = { until: endLsn, answered: settled };
     state.tx.unconfirmed = unconfirmed;
-    await state.pipeline.push(settled.then(() => {
-      if (state.tx.unconfirmed === unconfirmed) state.tx.unconfirmed = null;
-    }));
+    await state.pipeline.push(
+      settled.then(() => {
+        if (state.tx.unconfirmed === unconfirmed) state.tx.unconfirmed = null;
+      }),
+    );
     return;
   }
   await state.pipeline.drain();
@@ -192,7 +221,10 @@ export function endTarget(state: ApplyState): void {
 export async function pipelinedCommitSucceeded(state: ApplyState): Promise<boolean> {
   const unconfirmed = state.tx.unconfirmed;
   if (unconfirmed === null) return true;
-  const ok = await unconfirmed.answered.then(() => true, () => false);
+  const ok = await unconfirmed.answered.then(
+    () => true,
+    () => false,
+  );
   if (ok && state.tx.unconfirmed === unconfirmed) state.tx.unconfirmed = null;
   return ok;
 }
