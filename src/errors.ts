@@ -80,6 +80,20 @@ export class SchemaMismatchError extends PgsubError {
   readonly retryable = true;
 }
 
+/**
+ * A mapping rule (config `mapping:`) that does not fit the publisher's relation or the
+ * target catalog: an unknown column, an expression that does not parse or is not
+ * immutable, a key the target cannot locate rows by. Names the source table, the column
+ * and the reason. Exit 2 at startup; later (a Relation message changed the relation) it is
+ * retried, since fixing the target may be enough.
+ */
+export class MappingError extends PgsubError {
+  readonly code = 'PGSUB_MAPPING_INVALID';
+  readonly retryable = true;
+  override readonly fatalAtStartup = true;
+  override readonly exitCode = 2;
+}
+
 /** A change that cannot be applied as sent (e.g. UPDATE on a table with REPLICA IDENTITY NOTHING). */
 export class ApplyError extends PgsubError {
   readonly code = 'PGSUB_APPLY_FAILED';

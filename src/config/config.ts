@@ -13,6 +13,7 @@ import { z } from 'zod';
 import { ConfigError, NotImplementedError } from '../errors.js';
 import { describeIssue, didYouMean, showValue } from './issues.js';
 import { parseConninfo, type ConnInfo } from './conninfo.js';
+import { mappingKeysAt, mappingSchema, NO_MAPPING, unbuiltKey, type MappingConfig } from './mapping.js';
 import { ALLOWED, CONFLICT_TYPES, NATIVE_DEFAULTS, POLICIES, type ConflictConfig, type ConflictType, type PolicySet } from '../conflict/types.js';
 
 // Each schema words its own value problem (with the value given); issues.ts adds the key
@@ -116,6 +117,8 @@ const fileSchema = z
     two_phase: boolish.default(false),
     disable_on_error: boolish.default(false),
     conflicts: conflictsSchema.optional(),
+    // Reshaping into a differently shaped target (config/mapping.ts, docs/mapping.md).
+    mapping: mappingSchema.optional(),
     origin: oneOf(['any', 'none']).default('any'),
     messages: boolish.default(false),
     password_required: boolish.default(true),
@@ -174,6 +177,8 @@ export interface Config {
   disableOnError: boolean;
   /** Conflict detection and the policies per type and table (conflict/types.ts). */
   conflicts: ConflictConfig;
+  /** Table and column mapping rules (config/mapping.ts); empty: every table as the publisher names it. */
+  mapping: MappingConfig;
   origin: 'any' | 'none';
   /** Ask for logical decoding messages (pg_logical_emit_message); logged, not applied. */
   messages: boolean;
@@ -269,6 +274,7 @@ export function loadConfig(opts: LoadOptions = {}): Config {
 function keysAt(at: readonly PropertyKey[]): readonly string[] {
   if (at.length === 0) return CONFIG_KEYS;
   if (at.length === 1 && at[0] === 'conflicts') return ['detect', 'default', 'tables'];
+  if (at[0] === 'mapping') return mappingKeysAt(at);
   return CONFLICT_TYPES;
 }
 
@@ -344,6 +350,7 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
     twoPhase: c.two_phase,
     disableOnError: c.disable_on_error,
     conflicts: conflictConfig(c.conflicts),
+    mapping: c.mapping ? Object.freeze({ schemas: Object.freeze(c.mapping.schemas), tables: Object.freeze(c.mapping.tables) }) : NO_MAPPING,
     origin: c.origin,
     messages: c.messages,
     statusIntervalMs: c.status_interval * 1000,
@@ -396,4 +403,6 @@ function rejectUnimplemented(c: FileConfig): void {
   if (!c.password_required) refuse('password_required', false, "pgsub connects as a client; authentication is the server's choice");
   if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');
   if (c.failover) refuse('failover', true, 'failover slots are not built yet');
+  const unbuilt = c.mapping ? unbuiltKey(c.mapping) : null;
+  if (unbuilt) throw new NotImplementedError(`${unbuilt} is not implemented yet (docs/mapping.md lists what is)`, { key: unbuilt });
 }

@@ -7,6 +7,7 @@
  * Before touching the origin or the slot it takes the subscription's run lock and claims
  * the slot (preflight.ts). A lost apply connection ends the session at once, even idle.
  */
+import { isEmptyMapping } from '../config/mapping.js';
 import type { Config } from '../config/config.js';
 import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
 import { clearPassedError, loadControl } from '../conflict/control.js';
@@ -23,7 +24,7 @@ import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
 import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/run/loop.js';
 import { RelationMap } from '../apply/sql/relmap.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
-import { openApplyConnection, openMaintenance, runAlone, type Sql, type WireConnection } from '../target/connect.js';
+import { openApplyConnection, openMaintenance, rolledBackOn, runAlone, type Sql, type WireConnection } from '../target/connect.js';
 import { refusal } from '../connect-failure.js';
 import { claimSlot, takeRunLock, type OwnConnections } from './preflight.js';
 
@@ -183,7 +184,10 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     const orphans = spool.prepare();
     if (orphans > 0) log.info({ files: orphans, dir: config.spoolDir }, 'removed spool files of an earlier run');
     const progress = new Progress(originLsn);
-    const relations = new RelationMap(applyConn.serverVersionNum, { binary: config.binary });
+    const relations = new RelationMap(applyConn.serverVersionNum, {
+      binary: config.binary,
+      ...(isEmptyMapping(config.mapping) ? {} : { mapping: config.mapping, probe: rolledBackOn(config.target, appName) }),
+    });
     const stream = replication.startReplication({
       slotName: config.slotName,
       startLsn,

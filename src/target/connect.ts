@@ -148,6 +148,31 @@ async function watchedSocket(info: ConnInfo, timeoutMs: number): Promise<net.Soc
   return socket;
 }
 
+const ROLLBACK = Symbol('rollback');
+
+/**
+ * Runs SQL in a transaction that is always rolled back, on a short-lived connection of
+ * its own: checks that must not touch the apply session (a failure there would abort its
+ * transaction; a temporary table would keep it from being prepared).
+ */
+export function rolledBackOn(info: ConnInfo, applicationName: string): (sql: string) => Promise<void> {
+  return async (sql) => {
+    const conn = openMaintenance(info, applicationName);
+    try {
+      await conn.begin(async (tx) => {
+        // As the apply session sees names: an empty search_path (pg_catalog only).
+        await tx.unsafe(`SELECT pg_catalog.set_config('search_path', '', true)`);
+        await tx.unsafe(sql);
+        throw ROLLBACK;
+      });
+    } catch (err) {
+      if (err !== ROLLBACK) throw err;
+    } finally {
+      await conn.end({ timeout: 5 }).catch(() => {});
+    }
+  };
+}
+
 export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
   const timeoutMs = maintenanceTimeoutMs;
   return postgres({

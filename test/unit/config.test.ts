@@ -12,6 +12,7 @@ import path from 'node:path';
 import { loadConfig, resolveStateDir, CONFIG_KEYS, type LoadOptions } from '../../src/config/config.js';
 import { editDistance, nearestName } from '../../src/config/issues.js';
 import { ConfigError, NotImplementedError } from '../../src/errors.js';
+import { ruleFor } from '../../src/config/mapping.js';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-config-'));
 after(() => fs.rmSync(dir, { recursive: true, force: true }));
@@ -514,5 +515,46 @@ describe('the returned config is frozen', () => {
     assert.throws(() => (c.publications as string[]).push('more'), TypeError);
     assert.equal(c.slotName, 'pgsub');
     assert.equal(c.target.host, 'tgt.example.com');
+  });
+});
+
+describe('mapping', () => {
+  const base = { env: MINIMAL_ENV };
+  test('rules are validated and merged: schema target, table target, renames, excludes, computed', () => {
+    const c = load({
+      ...base,
+      overrides: {
+        mapping: {
+          schemas: { shop: { target: 'sales' } },
+          tables: { 'shop.customers': { target: 'clients', columns: { a: 'b', c: null }, exclude: ['d'], computed: { e: 'lower(a)' } } },
+        },
+      },
+    });
+    const rule = ruleFor(c.mapping, 'shop', 'customers')!;
+    assert.deepEqual(
+      [rule.targetSchema, rule.targetTable, [...rule.renames], [...rule.excluded].sort(), [...rule.computed]],
+      ['sales', 'clients', [['a', 'b']], ['c', 'd'], [['e', 'lower(a)']]],
+    );
+    assert.deepEqual(ruleFor(c.mapping, 'shop', 'orders'), {
+      source: 'shop.orders',
+      targetSchema: 'sales',
+      targetTable: 'orders',
+      renames: new Map(),
+      excluded: new Set(),
+      computed: new Map(),
+    });
+    assert.equal(ruleFor(c.mapping, 'other', 'orders'), null);
+  });
+  test('a bad rule names its key; a designed but unbuilt key is refused by name', () => {
+    assertConfigError(() => load({ ...base, overrides: { mapping: { tables: { customers: {} } } } }), /mapping\.tables\.customers.*schema\.table/);
+    assertConfigError(() => load({ ...base, overrides: { mapping: { tables: { 's.t': { colums: {} } } } } }), /unknown key colums.*columns/);
+    assert.throws(
+      () => load({ ...base, overrides: { mapping: { tables: { 's.t': { filter: 'a > 1' } } } } }),
+      (err: unknown) => err instanceof NotImplementedError && err.context.key === 'mapping.tables.s.t.filter',
+    );
+  });
+  test('PGSUB_MAPPING takes JSON', () => {
+    const c = load({ env: { ...MINIMAL_ENV, PGSUB_MAPPING: '{"tables": {"s.t": {"target": "u.v"}}}' } });
+    assert.equal(ruleFor(c.mapping, 's', 't')?.targetSchema, 'u');
   });
 });

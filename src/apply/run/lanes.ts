@@ -39,7 +39,6 @@ import { commitGroup, settleTarget } from '../txn/commit.js';
 import { insertAsSent } from '../handlers/changes.js';
 import { Writers } from './lane-keys.js';
 import { BoundedQueue } from './queue.js';
-import { RelationMap } from '../sql/relmap.js';
 import { workerState, type ApplyState, type Dispatch } from '../txn/apply-state.js';
 import { runAlone, type WireConnection } from '../../target/connect.js';
 
@@ -398,7 +397,7 @@ export class ApplyLanes {
 
   #newLane(index: number, conn: WireConnection): Lane {
     const main = this.main;
-    const relations = new RelationMap(this.opts.targetVersionNum, { binary: this.opts.binary });
+    const relations = main.relations.sibling();
     relations.seedFrom(main.relations);
     const lane: Lane = {
       index,

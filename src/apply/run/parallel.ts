@@ -33,7 +33,6 @@ import { beginTarget, sendStatement } from '../txn/transaction.js';
 import { originSessionResetStatement, originSessionSetupStatement } from '../../origin/replorigin.js';
 import { finishTransaction, type Ending } from '../txn/commit.js';
 import { flushRowBatch } from '../txn/batch.js';
-import { RelationMap } from '../sql/relmap.js';
 import { workerState, type ApplyState, type RemoteTransaction, type Dispatch, type ParallelPort } from '../txn/apply-state.js';
 import { runAlone, type WireConnection } from '../../target/connect.js';
 import { advanceOrigin, targetGid } from '../handlers/twophase.js';
@@ -351,7 +350,7 @@ export class ParallelApply implements ParallelPort {
     const leader = this.leader;
     // Its own relation map, as a parallel apply worker has: a streamed transaction's
     // Relation messages describe the table as that transaction sees it.
-    const relations = new RelationMap(this.opts.targetVersionNum, { binary: this.opts.binary });
+    const relations = leader.relations.sibling();
     // #finish drains the pipeline before the commit goes out.
     const state = workerState(leader, conn, relations, this.opts.maxInFlight, { resultsBeforeCommit: true });
     this.#worker = { conn, state };

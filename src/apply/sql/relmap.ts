@@ -27,26 +27,10 @@ import { SchemaMismatchError } from '../../errors.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { quoteQualified } from '../../quote.js';
 import { queryRows, type WireConnection } from '../../target/connect.js';
+import { ruleFor, type MappingConfig, type TableRule } from '../../config/mapping.js';
+import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from './mapping.js';
 
-export interface TargetColumn {
-  name: string;
-  typeOid: number;
-  /** Schema-qualified, quoted type name for casts ("pg_catalog"."int8"); search_path is empty. */
-  typeName: string;
-  generated: boolean;
-  /**
-   * The type has the equality operator native's tuples_equal looks up (a default btree or
-   * hash opclass, element/field types included). Only computed for REPLICA IDENTITY FULL
-   * relations, whose rows are located by comparing every column; true otherwise.
-   */
-  hasEquality: boolean;
-  /**
-   * The type can be the element of a one-dimensional array parameter (update-rows.ts): it
-   * has an array type and is not an array itself (nor a domain over one, whose category
-   * is its base type's). Absent: unknown, treated as no.
-   */
-  arrayType?: boolean;
-}
+export type { TargetColumn } from './mapping.js';
 
 export interface MappedRelation {
   remote: RelationMessage;
@@ -74,6 +58,10 @@ export interface MappedRelation {
   paramColumns: Map<string, number[]>;
   /** How binary values are bound, per remote column index; absent: as they are, types inferred from the casts. */
   binary?: BinaryColumns;
+  /** The mapping rule of the source table (config mapping:); absent: none applies. */
+  rule?: TableRule;
+  /** Excluded or computed columns: statements are built from this (mapping.ts); absent: the plain builders. */
+  reshape?: Reshape;
 }
 
 export interface BinaryColumns {
@@ -95,6 +83,10 @@ export interface RelationMapOptions {
    * catalog rows binary values need are fetched when a relation has user-defined column types.
    */
   binary?: boolean;
+  /** Mapping rules (config mapping:); absent: every relation to the same name. */
+  mapping?: MappingConfig;
+  /** Where computed columns' expressions are checked (mapping.ts); absent: not checked here. */
+  probe?: Probe;
 }
 
 export class RelationMap {
@@ -106,6 +98,11 @@ export class RelationMap {
     private readonly targetVersionNum: number,
     private readonly options: RelationMapOptions = {},
   ) {}
+
+  /** A map for another connection of the same subscription (apply lanes, parallel workers): same options, nothing resolved. */
+  sibling(): RelationMap {
+    return new RelationMap(this.targetVersionNum, this.options);
+  }
 
   onRelation(message: RelationMessage): void {
     this.remote.set(message.relationId, message);
@@ -153,6 +150,8 @@ export class RelationMap {
     // An empty namespace on the wire means pg_catalog (pgoutput's convention).
     const schema = schemaOf(remote);
     const displayName = `${schema}.${remote.name}`;
+    const rule = this.options.mapping ? ruleFor(this.options.mapping, schema, remote.name) : null;
+    const target = rule ? { schema: rule.targetSchema, table: rule.targetTable } : { schema, table: remote.name };
     const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
     // Catalog rows come back as text: booleans arrive as 't'/'f'.
     const rows = await queryRows<{
@@ -176,10 +175,11 @@ export class RelationMap {
          LEFT JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
          LEFT JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
         WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`,
-      [schema, remote.name],
+      [target.schema, target.table],
     );
     if (rows.length === 0) {
-      throw new SchemaMismatchError(`logical replication target relation "${displayName}" does not exist`, { relation: displayName });
+      const named = rule ? `"${target.schema}.${target.table}" (for "${displayName}")` : `"${displayName}"`;
+      throw new SchemaMismatchError(`logical replication target relation ${named} does not exist`, { relation: displayName });
     }
     const byName = new Map<string, TargetColumn>();
     for (const r of rows) {
@@ -194,22 +194,9 @@ export class RelationMap {
         });
       }
     }
-    const missing = remote.columns.filter((c) => !byName.has(c.name)).map((c) => c.name);
-    if (missing.length > 0) {
-      throw new SchemaMismatchError(
-        `logical replication target relation "${displayName}" is missing replicated column${missing.length > 1 ? 's' : ''}: ${missing.map((m) => `"${m}"`).join(', ')}`,
-        { relation: displayName, column: missing.join(', ') },
-      );
-    }
-    const targetColumns = remote.columns.map((c) => ({ ...byName.get(c.name)! }));
-    const generated = targetColumns.filter((c) => c.generated).map((c) => c.name);
-    if (generated.length > 0) {
-      // relation.c's wording; PostgreSQL 18 is the first publisher that can send generated columns.
-      throw new SchemaMismatchError(
-        `logical replication target relation "${displayName}" has incompatible generated column${generated.length > 1 ? 's' : ''}: ${generated.map((m) => `"${m}"`).join(', ')}`,
-        { relation: displayName, column: generated.join(', ') },
-      );
-    }
+    const { targetColumns, reshape } = matchColumns(remote, byName, displayName, `${target.schema}.${target.table}`, rule);
+    if (reshape) await this.reshapeTypes(conn, remote, reshape);
+    if (reshape && rule && this.options.probe) await checkExpressions(this.options.probe, reshape, remote, displayName, rule);
     if (remote.replicaIdentity === 'full') {
       const equality = await typeEquality(
         conn,
@@ -220,10 +207,11 @@ export class RelationMap {
     }
     const mapped: MappedRelation = {
       remote,
-      // A table without columns has only DEFAULT VALUES inserts, one statement each.
-      ordered: remote.columns.length === 0 || (await firesInReplicaMode(conn, schema, remote.name)),
+      // A table without columns has only DEFAULT VALUES inserts, one statement each; a
+      // reshaped one is written one statement per change (statements.ts), never batched.
+      ordered: remote.columns.length === 0 || reshape !== undefined || (await firesInReplicaMode(conn, target.schema, target.table)),
       rowSecurity: rows[0]!.rls === 'true',
-      qualifiedName: quoteQualified(schema, remote.name),
+      qualifiedName: quoteQualified(target.schema, target.table),
       displayName,
       relkind: rows[0]!.relkind === 'p' ? 'p' : 'r',
       targetColumns,
@@ -231,12 +219,40 @@ export class RelationMap {
       statements: new Map(),
       paramColumns: new Map(),
     };
+    if (rule) mapped.rule = rule;
+    if (reshape) mapped.reshape = reshape;
     if (this.options.binary !== false) {
       const binary = await this.binaryColumns(conn, remote, targetColumns);
       if (binary) mapped.binary = binary;
     }
     this.mapped.set(relationId, mapped);
     return mapped;
+  }
+
+  /**
+   * The types of the remote columns the expressions use, in the row subquery: the remote
+   * type as the target knows it (built-in types by OID, others by the name their Type
+   * message gave); null where the target has no such type (checkExpressions says so).
+   */
+  private async reshapeTypes(conn: WireConnection, remote: RelationMessage, reshape: Reshape): Promise<void> {
+    const wanted = reshape.rowTypes.flatMap((t, i) => (t === '' ? [i] : []));
+    const builtin = wanted.filter((i) => remote.columns[i]!.typeOid < FIRST_GENBKI_OID).map((i) => remote.columns[i]!.typeOid);
+    const names = new Map<number, string>();
+    if (builtin.length > 0) {
+      const rows = await queryRows<{ oid: string; nsp: string; name: string }>(
+        conn,
+        ['oid', 'nsp', 'name'],
+        `SELECT t.oid::int::text, n.nspname::text, t.typname::text FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+          WHERE t.oid = ANY ($1::pg_catalog.oid[])`,
+        [`{${[...new Set(builtin)].join(',')}}`],
+      );
+      for (const r of rows) names.set(Number(r.oid), quoteQualified(r.nsp ?? '', r.name ?? ''));
+    }
+    for (const i of wanted) {
+      const oid = remote.columns[i]!.typeOid;
+      const t = this.types.get(oid);
+      reshape.rowTypes[i] = oid < FIRST_GENBKI_OID ? (names.get(oid) ?? null) : t ? quoteQualified(schemaOf(t), t.name) : null;
+    }
   }
 
   /** See BinaryColumns; undefined when binary values need nothing beyond the casts. */

@@ -35,12 +35,17 @@
  * text and Parse types, so the SQL texts cached here are shared by text and binary rows.
  * User-defined type OIDs embedded in arrays and composites are rewritten to the
  * target's (binary.ts) before binding.
+ *
+ * A reshaped relation (excluded or computed columns, mapping.ts) binds the remote row as
+ * a subquery `r` and selects the target's values from it; its rows are located as above,
+ * by the columns the target holds as sent.
  */
 import { ApplyError, SchemaMismatchError } from '../../errors.js';
 import type { Tuple, TupleValue } from '../../protocol/messages.js';
 import { quoteIdent } from '../../quote.js';
 import { BinaryLayoutError, rewriteOids, textForUnreceivable } from './binary.js';
 import type { MappedRelation } from './relmap.js';
+import type { Reshape } from './mapping.js';
 import type { WireValue } from '../../target/wire.js';
 import type { Statement } from '../../target/statement.js';
 
@@ -161,6 +166,7 @@ export function target(rel: MappedRelation): string {
 
 export function insertStatement(rel: MappedRelation, tuple: Tuple): Statement {
   checkWidth(rel, tuple);
+  if (rel.reshape) return reshapedInsert(rel, rel.reshape, tuple);
   const text = cached(rel, 'I', () => {
     if (rel.targetColumns.length === 0) return `INSERT INTO ${rel.qualifiedName} DEFAULT VALUES`;
     const cols = rel.targetColumns.map((_, i) => column(rel, i)).join(', ');
@@ -202,6 +208,71 @@ export function insertManyStatement(rel: MappedRelation, tuples: Tuple[]): State
 }
 
 /**
+ * The remote row as the subquery `r` of a reshaped statement (mapping.ts): one column per
+ * remote column in `indexes`, under its remote name and of its row type, so that mapped
+ * expressions read it by the names the publisher uses. Parameters from `firstParam`.
+ */
+function rowSubquery(rel: MappedRelation, reshape: Reshape, indexes: readonly number[], firstParam: number): string {
+  const cols = indexes.map((i, n) => {
+    if (recording !== null) recording[firstParam + n] = i;
+    return `$${firstParam + n}::${reshape.rowTypes[i]} AS ${quoteIdent(rel.remote.columns[i]!.name)}`;
+  });
+  return `(SELECT ${cols.join(', ')}) AS r`;
+}
+
+/** A directly written column's value read from `r`, cast when `r` holds it as the remote type. */
+function rowValue(rel: MappedRelation, reshape: Reshape, i: number): string {
+  const value = `r.${quoteIdent(rel.remote.columns[i]!.name)}`;
+  const type = rel.targetColumns[i]!.typeName;
+  return reshape.rowTypes[i] === type ? value : `CAST(${value} AS ${type})`;
+}
+
+/** Remote columns `r` needs: the written ones and the inputs of the computed ones. */
+function rowColumns(direct: readonly number[], computed: Reshape['computed']): number[] {
+  const need = new Set([...direct, ...computed.flatMap((c) => c.uses)]);
+  return [...need].sort((a, b) => a - b);
+}
+
+function reshapedInsert(rel: MappedRelation, reshape: Reshape, tuple: Tuple): Statement {
+  const direct = reshape.direct.flatMap((d, i) => (d ? [i] : []));
+  const inRow = rowColumns(direct, reshape.computed);
+  const text = cached(rel, 'RI', () => {
+    const cols = [...direct.map((i) => column(rel, i)), ...reshape.computed.map((c) => quoteIdent(c.column.name))];
+    if (cols.length === 0) return `INSERT INTO ${rel.qualifiedName} DEFAULT VALUES`;
+    const values = [...direct.map((i) => rowValue(rel, reshape, i)), ...reshape.computed.map((c) => `(${c.expr})`)];
+    return `INSERT INTO ${rel.qualifiedName} (${cols.join(', ')}) SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)}`;
+  });
+  const params = new Params(rel);
+  for (const i of inRow) params.add(tuple, i);
+  return params.statement(text);
+}
+
+/**
+ * UPDATE of a reshaped relation: the sent direct columns, and the computed columns all of
+ * whose inputs were sent (an unchanged TOASTed input leaves an immutable result as it is).
+ */
+function reshapedUpdate(rel: MappedRelation, reshape: Reshape, loc: Locator, newTuple: Tuple, detect: Detect | null): Statement {
+  const sent = (i: number) => newTuple[i]!.kind !== 'unchanged';
+  const direct = reshape.direct.flatMap((d, i) => (d && sent(i) ? [i] : []));
+  const computed = reshape.computed.filter((c) => c.uses.every(sent));
+  const inRow = rowColumns(direct, computed);
+  const shape = `RU${newTuple.map((v) => (v.kind === 'unchanged' ? 'u' : '')).join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
+  const text = cached(rel, shape, () => {
+    const cols = [...direct.map((i) => column(rel, i)), ...computed.map((c) => quoteIdent(c.column.name))];
+    const values = [...direct.map((i) => rowValue(rel, reshape, i)), ...computed.map((c) => `(${c.expr})`)];
+    const first = quoteIdent(rel.targetColumns[reshape.direct.indexOf(true)]!.name);
+    const sets = cols.length > 0 ? `(${cols.join(', ')}) = (SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)})` : `${first} = ${first}`;
+    const firstLoc = cols.length > 0 ? inRow.length + 1 : 1;
+    const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, firstLoc)}`;
+    return detect ? detecting(rel, loc, plain, firstLoc, 'update', detect) : plain;
+  });
+  const params = new Params(rel);
+  if (direct.length + computed.length > 0) for (const i of inRow) params.add(newTuple, i);
+  addLocatorParams(params, loc);
+  return params.statement(text);
+}
+
+/**
  * Row locator. `key`: the identity columns, `=` each. `full`: every sent column of the old
  * row; `nulls` are the ones whose old value is NULL (matched with IS NULL, no parameter).
  */
@@ -218,7 +289,8 @@ export function locator(rel: MappedRelation, what: 'UPDATE' | 'DELETE', oldKind:
     checkWidth(rel, oldTuple);
     // Unchanged TOAST values in the old row cannot be compared; the others still pin the row.
     // (pgoutput sends FULL old rows flattened, so this is a safeguard.)
-    const indexes = oldTuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
+    // A reshaped relation compares only the columns the target holds as they were sent.
+    const indexes = oldTuple.flatMap((v, i) => (v.kind === 'unchanged' || (rel.reshape && !rel.reshape.direct[i]) ? [] : [i]));
     const nulls = new Set(indexes.filter((i) => oldTuple[i]!.kind === 'null'));
     // The NULL pattern is part of the shape: `col IS NULL` and `col = $n` let the target
     // use an index, where `IS NOT DISTINCT FROM $n` never does.
@@ -298,6 +370,7 @@ function detecting(rel: MappedRelation, loc: Locator, stmt: string, firstLocPara
 export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null = null): Statement {
   checkWidth(rel, newTuple);
   const loc = locator(rel, 'UPDATE', oldKind, oldTuple, newTuple);
+  if (rel.reshape) return reshapedUpdate(rel, rel.reshape, loc, newTuple, detect);
   // Unchanged TOAST columns ('u') are left as they are in the target.
   const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
   const shape = `U${setIndexes.join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
