@@ -8,6 +8,7 @@
  */
 import type { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';
+import type { TableRule } from '../config/mapping.js';
 
 export interface PublishedTable {
   schema: string;
@@ -30,6 +31,35 @@ export interface PublishedTable {
   hasPrimaryKey: boolean;
   /** A publication publishes its UPDATEs or DELETEs. */
   publishesUpdates: boolean;
+  /** Where a mapping rule sends the rows (mapTable); absent: the same name and columns. */
+  target?: CopyTarget;
+}
+
+export interface CopyTarget {
+  schema: string;
+  table: string;
+  /** The target column receiving each of `columns`, in order. */
+  columns: string[];
+  /** Why this version cannot copy the table under its rule (computed columns); null: it can. */
+  unsupported: string | null;
+}
+
+/** The target table of a copy: the mapped one, else the publisher's name. */
+export function copyTarget(t: PublishedTable): { schema: string; table: string } {
+  return t.target ?? t;
+}
+
+/**
+ * A published table under its mapping rule (config/mapping.ts): excluded columns are not
+ * read, renamed ones are written under their target names, so a table mapped only by
+ * renames and excludes keeps the straight COPY with column lists.
+ */
+export function mapTable(t: PublishedTable, rule: TableRule | null): PublishedTable {
+  if (!rule) return t;
+  const columns = t.columns.filter((c) => !rule.excluded.has(c) && !rule.computed.has(rule.renames.get(c) ?? c));
+  const unsupported =
+    rule.computed.size > 0 ? `mapping.tables.${rule.source}: the initial copy of a table with computed columns is not built yet (set copy_data: false and load it yourself)` : null;
+  return { ...t, columns, target: { schema: rule.targetSchema, table: rule.targetTable, columns: columns.map((c) => rule.renames.get(c) ?? c), unsupported } };
 }
 
 export async function listPublishedTables(replication: ReplicationConnection, publications: string[]): Promise<PublishedTable[]> {

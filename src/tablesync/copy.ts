@@ -40,8 +40,8 @@ export async function openCopyClient(info: ConnInfo, applicationName: string, ro
 }
 
 /** `(a, b)`, or nothing for a table without columns (COPY takes no empty list). */
-function columnList(t: PublishedTable): string {
-  return t.columns.length === 0 ? '' : ` (${t.columns.map(quoteIdent).join(', ')})`;
+function columnList(columns: readonly string[]): string {
+  return columns.length === 0 ? '' : ` (${columns.map(quoteIdent).join(', ')})`;
 }
 
 export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boolean): string {
@@ -50,7 +50,7 @@ export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boole
   // tablesync does, without a query's executor overhead (COPY TO never includes children).
   // Generated columns (PG18) are read only by a query, as native's copy does.
   if (t.relkind === 'r' && !t.rowFilter && !t.generated && range.fromPage === null && range.toPage === null) {
-    return `COPY ${quoteQualified(t.schema, t.table)}${columnList(t)} TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+    return `COPY ${quoteQualified(t.schema, t.table)}${columnList(t.columns)} TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
   }
   // COPY of a partitioned root must read its partitions; of a plain table only itself.
   const from = `${t.relkind === 'p' ? '' : 'ONLY '}${quoteQualified(t.schema, t.table)}`;
@@ -65,7 +65,9 @@ export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boole
 /** `freeze`: the table was created or emptied in the COPY's own transaction (see job.ts). */
 export function targetCopySql(t: PublishedTable, binary: boolean, freeze = false): string {
   const options = [...(binary ? ['FORMAT binary'] : []), ...(freeze ? ['FREEZE'] : [])];
-  return `COPY ${quoteQualified(t.schema, t.table)}${columnList(t)} FROM STDIN${options.length > 0 ? ` (${options.join(', ')})` : ''}`;
+  // A mapped table (catalog.ts mapTable): its target name and the target names of the columns read.
+  const to = t.target ?? t;
+  return `COPY ${quoteQualified(to.schema, to.table)}${columnList(to.columns)} FROM STDIN${options.length > 0 ? ` (${options.join(', ')})` : ''}`;
 }
 
 /** A `COPY … FROM STDIN` the target has started (startCopyIn). */

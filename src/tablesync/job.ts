@@ -14,12 +14,12 @@
  */
 import type pg from 'pg';
 import type { Config } from '../config/config.js';
-import { ApplyError, SchemaMismatchError } from '../errors.js';
+import { ApplyError, NotImplementedError, SchemaMismatchError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteQualified } from '../quote.js';
-import type { PublishedTable } from './catalog.js';
+import { copyTarget, type PublishedTable } from './catalog.js';
 import { openCopyClient, relayInto, splitRanges, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
 import type { LanePool } from './copy-lanes.js';
@@ -59,6 +59,7 @@ const WHOLE: CopyRange = { fromPage: null, toPage: null };
 const LANE_TABLE_MAX_BYTES = 64 * 1024 * 1024;
 
 export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous: TableSync): Promise<void> {
+  if (t.target?.unsupported) throw new NotImplementedError(t.target.unsupported, { relation: `${t.schema}.${t.table}` });
   // Hold feedback from before the snapshot exists: the stream must not confirm past the
   // consistent point the copy is about to get (a lower flush is ignored by the walsender).
   // For a lane the launcher held it already, before the lane's slot was created.
@@ -132,7 +133,7 @@ async function copyAndFinish(
   // Finished only with its indexes back: rebuilt and marked in one transaction.
   const indexStart = Date.now();
   const rebuilt = await inTransaction(control, async (run) => {
-    const built = await restoreIndexes(run, config.subscription, t.schema, t.table);
+    const built = await restoreIndexes(run, config.subscription, copyTarget(t).schema, copyTarget(t).table);
     const done = setStateStatement(config.subscription, t, 'f', syncLsn);
     await run(done.text, [...done.params]);
     return built;
@@ -156,7 +157,8 @@ async function copyAndFinish(
  * TRUNCATE).
  */
 async function prepareTarget(control: pg.Client, config: Config, t: PublishedTable, previous: TableSync, syncLsn: Lsn): Promise<{ truncatable: boolean }> {
-  const name = quoteQualified(t.schema, t.table);
+  const to = copyTarget(t);
+  const name = quoteQualified(to.schema, to.table);
   const target = await control.query<{ relkind: string; referenced: boolean; truncatable: boolean }>(
     `SELECT c.relkind::text AS relkind,
             EXISTS (SELECT 1 FROM pg_catalog.pg_constraint k WHERE k.confrelid = c.oid AND k.contype = 'f') AS referenced,
@@ -166,10 +168,10 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
               AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables p WHERE p.schemaname = n.nspname AND p.tablename = c.relname) AS truncatable
        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`,
-    [t.schema, t.table],
+    [to.schema, to.table],
   );
   const info = target.rows[0];
-  if (!info) throw new SchemaMismatchError(`logical replication target relation "${t.schema}.${t.table}" does not exist`, { relation: `${t.schema}.${t.table}` });
+  if (!info) throw new SchemaMismatchError(`logical replication target relation "${to.schema}.${to.table}" does not exist`, { relation: `${t.schema}.${t.table}` });
   await control.query('BEGIN');
   try {
     const firstCopy = previous.state === 'i';
@@ -177,7 +179,7 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
       const rows = await control.query(`SELECT 1 FROM ${info.relkind === 'p' ? '' : 'ONLY '}${name} LIMIT 1`);
       if (rows.rowCount && rows.rowCount > 0) {
         throw new ApplyError(
-          `target table "${t.schema}.${t.table}" is not empty; the initial copy would duplicate rows. Empty it, or set truncate_before_copy: true to have pgsub empty it`,
+          `target table "${to.schema}.${to.table}" is not empty; the initial copy would duplicate rows. Empty it, or set truncate_before_copy: true to have pgsub empty it`,
           { relation: `${t.schema}.${t.table}` },
         );
       }
@@ -188,7 +190,7 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
       else await control.query(`TRUNCATE ${info.relkind === 'p' ? '' : 'ONLY '}${name}`);
     }
     // Empty now: its indexes can be built once, after the rows are in (deferred-indexes.ts).
-    if (config.deferIndexes && info.relkind === 'r') await deferIndexes(runOn(control), config.subscription, t.schema, t.table);
+    if (config.deferIndexes && info.relkind === 'r') await deferIndexes(runOn(control), config.subscription, to.schema, to.table);
     const state = setStateStatement(config.subscription, t, 'd', syncLsn);
     await control.query(state.text, [...state.params]);
     const clear = clearSyncProgressStatement(config.subscription, t);
@@ -305,7 +307,7 @@ async function beginCopyTarget(target: pg.Client, t: PublishedTable, freeze: boo
   // Explicitly: a target whose default isolation keeps a snapshot would make FREEZE fail.
   await target.query('BEGIN ISOLATION LEVEL READ COMMITTED');
   if (!freeze) return false;
-  const name = `ONLY ${quoteQualified(t.schema, t.table)}`;
+  const name = `ONLY ${quoteQualified(copyTarget(t).schema, copyTarget(t).table)}`;
   try {
     await target.query(`SET LOCAL lock_timeout = ${FREEZE_LOCK_TIMEOUT_MS}`);
     await target.query(`LOCK TABLE ${name} IN ACCESS EXCLUSIVE MODE`);

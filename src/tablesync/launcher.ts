@@ -16,7 +16,8 @@ import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../target/connect.js';
 import { ZERO_LSN } from '../protocol/lsn.js';
-import { listPublishedTables, type PublishedTable } from './catalog.js';
+import { listPublishedTables, mapTable, type PublishedTable } from './catalog.js';
+import { ruleFor } from '../config/mapping.js';
 import { restoreIndexes, runOnSql } from './deferred-indexes.js';
 import { syncTable, type TableProgress } from './job.js';
 import { LanePool, openLane } from './copy-lanes.js';
@@ -118,7 +119,7 @@ export class Launcher {
     let tables: PublishedTable[];
     let twoPhaseEnabled = false;
     try {
-      tables = await listPublishedTables(replication, this.config.publications);
+      tables = (await listPublishedTables(replication, this.config.publications)).map((t) => mapTable(t, ruleFor(this.config.mapping, t.schema, t.table)));
       this.publisherVersion = replication.serverVersionNum;
       if (this.config.twoPhase) twoPhaseEnabled = (await replication.getSlot(this.config.slotName))?.twoPhase ?? false;
     } finally {
