@@ -11,7 +11,6 @@
 import fs from 'node:fs';
 import type { Config } from '../config/config.js';
 import { PrivilegeError } from '../errors.js';
-import { checkTablePrivileges } from '../service/preflight.js';
 import { formatBytes } from '../tablesync/progress.js';
 import { isTrue, relationsParam, type Db, type Row } from './db.js';
 import { Findings, ident, qualified } from './findings.js';
@@ -25,7 +24,10 @@ export interface TargetCheck {
   freeBytes: number | null;
 }
 
-export async function checkTarget(db: Db, config: Config, src: SourceFacts, neededBytes: number, f: Findings): Promise<TargetCheck> {
+/** The apply's own startup check of the target role's table privileges (service/preflight.ts, given by the CLI: migrate sits below service). */
+export type TablePrivilegeCheck = (config: Config, tables: readonly { schema: string; table: string }[]) => Promise<void>;
+
+export async function checkTarget(db: Db, config: Config, src: SourceFacts, neededBytes: number, checkTablePrivileges: TablePrivilegeCheck, f: Findings): Promise<TargetCheck> {
   const notChecked: string[] = [];
   const [role] = await db.query<Row>(`SELECT current_user::text AS name, r.rolsuper::text AS super FROM pg_catalog.pg_roles r WHERE r.rolname = current_user`);
   const superuser = isTrue(role!.super);
@@ -56,7 +58,7 @@ export async function checkTarget(db: Db, config: Config, src: SourceFacts, need
   }
   await checkDependencies(db, src, f);
   await checkLocale(db, src, f);
-  await checkPrivileges(db, config, src, existingRels, roleName, superuser, f);
+  await checkPrivileges(db, config, src, existingRels, roleName, superuser, checkTablePrivileges, f);
   await checkSettings(db, config, f);
   await checkEmpty(db, config, existingRels, f, notChecked);
   const freeBytes = await checkDisk(db, neededBytes, f, notChecked);
@@ -101,7 +103,7 @@ async function checkLocale(db: Db, src: SourceFacts, f: Findings): Promise<void>
   }
 }
 
-async function checkPrivileges(db: Db, config: Config, src: SourceFacts, rels: { schema: string; table: string }[], role: string, superuser: boolean, f: Findings): Promise<void> {
+async function checkPrivileges(db: Db, config: Config, src: SourceFacts, rels: { schema: string; table: string }[], role: string, superuser: boolean, checkTablePrivileges: TablePrivilegeCheck, f: Findings): Promise<void> {
   try {
     await checkTablePrivileges(config, rels);
   } catch (err) {

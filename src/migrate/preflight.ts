@@ -11,12 +11,14 @@ import { formatBytes, formatSeconds } from '../tablesync/progress.js';
 import { errorText, major, openPgDb, openTargetDb, type Db } from './db.js';
 import { Findings, type Finding } from './findings.js';
 import { checkSource, type SourceFacts } from './preflight-source.js';
-import { checkTarget } from './preflight-target.js';
+import { checkTarget, type TablePrivilegeCheck } from './preflight-target.js';
 
 export interface PreflightOptions {
   /** The copy rate the estimate assumes, MB/s. */
   copyRateMb: number;
   longTransactionSeconds: number;
+  /** service/preflight.ts checkTablePrivileges, the check `pgsub run` makes at startup. */
+  checkTablePrivileges: TablePrivilegeCheck;
 }
 
 export interface CopyEstimate {
@@ -60,7 +62,7 @@ export async function preflight(config: Config, opts: PreflightOptions): Promise
       estimate = copyEstimate(facts, opts.copyRateMb);
     } else notChecked.push('the source (unreachable)');
     if (target && facts) {
-      const checked = await checkTarget(target, config, facts, estimate!.table_bytes + estimate!.index_bytes, f);
+      const checked = await checkTarget(target, config, facts, estimate!.table_bytes + estimate!.index_bytes, opts.checkTablePrivileges, f);
       notChecked.push(...checked.notChecked);
     } else if (!target) notChecked.push('the target (unreachable)');
     if (source && target) checkPair(source, target, facts!, f);
