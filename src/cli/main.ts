@@ -1,7 +1,8 @@
 /**
  * The `pgsub` command line: `run` (the service), `status`, `refresh`, `resync`, `skip`
- * and `enable` (conflict handling, conflict/control.ts), and `demo` (an embedded
- * publisher and target with a sample workload). Startup errors (configuration, and
+ * and `enable` (conflict handling, conflict/control.ts), the migration commands
+ * (`preflight`, `schema copy|diff`, `cutover`: migrate-commands.ts), and `demo` (an
+ * embedded migration with a sample workload). Startup errors (configuration, and
  * setup the operator must fix: passwords, pg_hba.conf, privileges, a second pgsub) and
  * usage errors (an unknown command or option) print one line naming the problem and exit
  * 2; a fatal apply error exits 1; a lost subscription (slot lost or ahead) exits 4; a
@@ -26,6 +27,7 @@ import { enableSubscription, requestSkip } from '../conflict/control.js';
 import { migrateTarget } from '../origin/store.js';
 import { formatLsn, parseLsn } from '../protocol/lsn.js';
 import { packageVersion } from './version.js';
+import { registerMigrationCommands } from './migrate-commands.js';
 
 const program = new Command();
 // exitOverride before the commands: subcommands inherit it when they are created. A usage
@@ -177,6 +179,8 @@ program
     );
     if (report.preparedLeft.length > 0) process.stdout.write(`left in place: transactions prepared on the target ${report.preparedLeft.join(', ')} (COMMIT PREPARED or ROLLBACK PREPARED them)\n`);
   });
+
+registerMigrationCommands(program);
 
 program
   .command('demo')

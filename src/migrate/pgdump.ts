@@ -70,16 +70,17 @@ export async function findPgDump(configured: string | null, source: { versionNum
       { key: 'pg_dump' },
     );
   }
+  const where = resolvePath(file);
   const parsed = parseVersion(r.stdout);
   if (r.code !== 0 || !parsed) throw new PgDumpError(`${file} --version did not name a PostgreSQL version: ${(r.stdout + r.stderr).trim().slice(0, 200)}`, { key: 'pg_dump' });
   const sourceMajor = Math.floor(source.versionNum / 10000);
   if (parsed.major < sourceMajor) {
     throw new PgDumpError(
-      `pg_dump ${parsed.version} (${file}) is older than the source server, PostgreSQL ${source.version}: pg_dump can dump servers of its own major version or older only. Use the pg_dump of PostgreSQL ${sourceMajor} or later (config pg_dump, or --pg-dump)`,
+      `pg_dump ${parsed.version} (${where}) is older than the source server, PostgreSQL ${source.version}: pg_dump can dump servers of its own major version or older only. Use the pg_dump of PostgreSQL ${sourceMajor} or later (config pg_dump, or --pg-dump)`,
       { key: 'pg_dump', pgDumpVersion: parsed.version, sourceVersion: source.version },
     );
   }
-  return { path: resolvePath(file), version: parsed.version, major: parsed.major, banner: r.stdout.trim() };
+  return { path: where, version: parsed.version, major: parsed.major, banner: r.stdout.trim() };
 }
 
 /** Where PATH finds `file` (what the messages name); the name itself when it has a slash or is not found. */

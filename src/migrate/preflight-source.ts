@@ -8,6 +8,7 @@
  */
 import type { Config } from '../config/config.js';
 import type { PublishedTable } from '../tablesync/catalog.js';
+import { quoteQualified } from '../quote.js';
 import { arrayLiteral, isTrue, publishedTables, relationsParam, type Db, type Row } from './db.js';
 import { Findings, ident, qualified } from './findings.js';
 import { readColumns, readDescendants, readExtensions, readFunctionDeps, readSequenceUses, readTypeDeps, seqName, type Column, type FunctionDep, type Rel, type SequenceUse, type TypeDep } from './objects.js';
@@ -266,15 +267,24 @@ async function checkNotReplicated(db: Db, rels: Rel[], f: Findings): Promise<voi
   }
 }
 
+/** Tables up to this size without statistics are counted for the estimate; larger ones count as 0 rows (ANALYZE gives them one). */
+const UNCOUNTED_BYTES = 64 * 1024 * 1024;
+
 async function readSizes(db: Db, rels: Rel[]): Promise<RelSize[]> {
   const rows = await db.query<Row>(
-    `SELECT n.nspname || '.' || c.relname AS rel, GREATEST(c.reltuples, 0)::bigint::text AS rows,
+    `SELECT n.nspname::text AS schema, c.relname::text AS name, n.nspname || '.' || c.relname AS rel, CASE WHEN c.reltuples >= 0 AND c.relpages > 0 THEN c.reltuples::bigint::text END AS rows,
             pg_catalog.pg_table_size(c.oid)::text AS table_bytes, pg_catalog.pg_indexes_size(c.oid)::text AS index_bytes
        FROM pg_catalog.json_to_recordset($1::json) AS x(schema text, name text)
        JOIN pg_catalog.pg_namespace n ON n.nspname = x.schema JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = x.name
       WHERE c.relkind <> 'p'`,
     [relationsParam(rels)],
   );
-  return rows.map((r) => ({ rel: r.rel!, rows: Number(r.rows), tableBytes: Number(r.table_bytes), indexBytes: Number(r.index_bytes) }));
+  // A table never vacuumed or analyzed has no row estimate: a small one is counted.
+  for (const r of rows) {
+    if (r.rows !== null || Number(r.table_bytes) > UNCOUNTED_BYTES) continue;
+    const [n] = await db.query<Row>(`SELECT count(*)::text AS n FROM ${quoteQualified(r.schema!, r.name!)}`).catch(() => [{ n: '0' }]);
+    r.rows = n?.n ?? '0';
+  }
+  return rows.map((r) => ({ rel: r.rel!, rows: Number(r.rows ?? 0), tableBytes: Number(r.table_bytes), indexBytes: Number(r.index_bytes) }));
 }
 

@@ -125,14 +125,14 @@ const MARK = { same: ' ', differs: '≠', source_only: '<', target_only: '>' } a
 /** Side by side: each table's columns and definitions, a mark where they differ, then the differences. */
 export function renderDiff(d: SchemaDiff, width = 56): string {
   const cut = (s: string | null) => (s === null ? '(missing)' : s.length > width ? `${s.slice(0, width - 1)}…` : s);
-  const lines = [`${''.padEnd(12)}${'name'.padEnd(28)} ${`source (PostgreSQL ${d.source_version})`.padEnd(width)}   target (PostgreSQL ${d.target_version})`];
+  const lines = [`${''.padEnd(13)}${'name'.padEnd(28)} ${`source (PostgreSQL ${d.source_version})`.padEnd(width)}   target (PostgreSQL ${d.target_version})`];
   let object = '';
   for (const i of d.items) {
     if (i.object !== object) {
       object = i.object;
       lines.push('', i.object);
     }
-    lines.push(`  ${i.kind.padEnd(10)}${i.name.slice(0, 28).padEnd(28)} ${cut(i.source).padEnd(width)} ${MARK[i.status]} ${cut(i.target)}`);
+    lines.push(`  ${i.kind.padEnd(11)}${i.name.slice(0, 28).padEnd(28)} ${cut(i.source).padEnd(width)} ${MARK[i.status]} ${cut(i.target)}`);
   }
   const diffs = d.items.filter((i) => i.status !== 'same');
   lines.push('', diffs.length === 0 ? 'no differences' : `${diffs.length} difference(s):`);

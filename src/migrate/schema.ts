@@ -31,7 +31,7 @@ import { SchemaCopyError } from '../errors.js';
 import { sqlstateOf } from '../connect-failure.js';
 import { quoteIdent, quoteQualified } from '../quote.js';
 import { errorText, openPgClient, openPgDb, openTargetDb, publishedTables, type Db } from './db.js';
-import { existing, readColumns, readDescendants, readExtensions, readFunctionDeps, readSequenceUses, readTypeDeps, relName, type Rel } from './objects.js';
+import { existing, readAncestors, readColumns, readDescendants, readExtensions, readFunctionDeps, readSequenceUses, readTypeDeps, relName, type Rel } from './objects.js';
 import { dumpPattern, findPgDump, runPgDump, splitDump, type DumpEntry, type PgDump } from './pgdump.js';
 
 export type SchemaStep = 'tables' | 'post-data';
@@ -146,7 +146,9 @@ async function planStep(config: Config, opts: SchemaCopyOptions, dump: PgDump, s
   const published = await publishedTables(source, config.publications);
   if (published.length === 0) throw new SchemaCopyError('PGSUB_SCHEMA_PREREQUISITE', `publication(s) ${config.publications.join(', ')} publish no tables in the source database (or do not exist)`);
   const roots: Rel[] = published.map((t) => ({ schema: t.schema, table: t.table }));
-  const rels = [...roots, ...(await readDescendants(source, roots))];
+  // A published partition (a publisher before 13, or publish_via_partition_root off) needs its parents.
+  const tree = [...roots, ...(await readDescendants(source, roots))];
+  const rels = [...(await readAncestors(source, tree)), ...tree];
   const existingTables = [...(await existing(target, 'class', rels.map((r) => ({ schema: r.schema, name: r.table }))))];
   if (opts.step === 'post-data' && !opts.force) await requireCopied(target, config.subscription);
   const sequences = [...(await readSequenceUses(source, rels)), ...config.sequenceNames.map((s) => ({ ...s, kind: 'config' as const, usedBy: null }))];
@@ -206,7 +208,7 @@ async function planDependencies(config: Config, dump: PgDump, source: Db, target
     );
   }
   const wantTypes = new Set(types.filter((t) => t.extension === null).map((t) => `${t.schema}.${t.name}`));
-  const wantFunctions = new Set(functions.filter((f) => f.extension === null).map((f) => `${f.schema}.${f.signature}`));
+  const wantFunctions = new Set(functions.filter((f) => f.extension === null).map((f) => `${f.schema}.${f.name}`));
   const wantCollations = new Set(collations);
   const schemas = [...new Set([...wantTypes, ...wantFunctions, ...wantCollations].map((n) => n.slice(0, n.indexOf('.'))))];
   if (schemas.length === 0) return { entries: [], schemas: [], count: 0 };
@@ -214,7 +216,8 @@ async function planDependencies(config: Config, dump: PgDump, source: Db, target
   const wanted = (e: DumpEntry) => {
     const name = `${e.schema}.${e.name}`;
     if (e.type === 'TYPE' || e.type === 'DOMAIN') return wantTypes.has(name);
-    if (e.type === 'FUNCTION' || e.type === 'PROCEDURE') return wantFunctions.has(name);
+    // By name: pg_dump names a function by its argument types as its search_path = '' spells them; every overload is taken.
+    if (e.type === 'FUNCTION' || e.type === 'PROCEDURE') return wantFunctions.has(`${e.schema}.${e.name.slice(0, e.name.indexOf('('))}`);
     if (e.type === 'COLLATION') return wantCollations.has(name);
     return false;
   };
