@@ -14,6 +14,8 @@ import { preflight, renderPreflight } from '../migrate/preflight.js';
 import { copySchema, type SchemaStep } from '../migrate/schema.js';
 import { diffSchema, renderDiff } from '../migrate/schema-diff.js';
 import { checkTablePrivileges } from '../service/preflight.js';
+import { createLogger } from '../log.js';
+import { renderCutover, runCutover } from './cutover.js';
 
 /** Runs a command body; a PgsubError ends it with its own exit code and one line on stderr. */
 export async function withExitCode(body: () => Promise<number>): Promise<void> {
@@ -33,6 +35,42 @@ const positive = (name: string, value: string): number => {
 };
 
 export function registerMigrationCommands(program: Command): void {
+  program
+    .command('cutover')
+    .description('switch to the target: lag check, write fence, wait until the running service applied the fence LSN, sequences, row counts, optionally replication back; any failure lifts the fence')
+    .option('-c, --config <file...>', 'config file(s); several subscriptions of one source database are drained to the same fence')
+    .option('--fence <how>', 'read-only (the source database read-only, other sessions terminated) | none (you fenced the application yourself)', 'read-only')
+    .option('--max-lag-mb <n>', 'start only when the target is at most this far behind', '16')
+    .option('--lag-timeout <seconds>', 'how long to wait for the lag to come under --max-lag-mb', '60')
+    .option('--timeout <seconds>', 'how long to wait, fenced, for the service to apply the fence LSN', '60')
+    .option('--reverse', 'set up replication from the new primary back to the old one (origin = none)')
+    .option('--reverse-config <file>', 'where to write the reverse subscription\'s config', 'pgsub-reverse.yaml')
+    .option('--json', 'print the summary as JSON')
+    .action((opts: { config?: string[]; fence: string; maxLagMb: string; lagTimeout: string; timeout: string; reverse?: boolean; reverseConfig: string; json?: boolean }) =>
+      withExitCode(async () => {
+        if (opts.fence !== 'read-only' && opts.fence !== 'none') throw new ConfigError(`cutover: --fence must be read-only or none, not ${JSON.stringify(opts.fence)}`, { key: 'fence' });
+        const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file }));
+        const log = createLogger(configs[0]!.logLevel, process.stderr as never);
+        const say = opts.json ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
+        say(`pgsub cutover: ${configs.map((c) => c.subscription).join(', ')}, fence ${opts.fence}`);
+        const report = await runCutover(
+          configs,
+          {
+            fence: opts.fence,
+            maxLagBytes: Math.round(Number(opts.maxLagMb) * 1024 * 1024),
+            lagTimeoutMs: positive('--lag-timeout', opts.lagTimeout) * 1000,
+            applyTimeoutMs: positive('--timeout', opts.timeout) * 1000,
+            reverse: Boolean(opts.reverse),
+            reverseConfigFile: opts.reverse ? opts.reverseConfig : null,
+          },
+          say,
+          log,
+        );
+        process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderCutover(report));
+        return 0;
+      }),
+    );
+
   program
     .command('preflight')
     .description('check the source, the target and the version pair before a migration (read-only; exit 0 ready, 1 blockers)')

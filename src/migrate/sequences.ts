@@ -111,6 +111,8 @@ export interface SequenceStatus {
   kind: string;
   source_last_value: string | null;
   target_last_value: string | null;
+  /** What nextval() returns next on the target (a sync sets this, without using a value). */
+  target_next_value: string | null;
   /** Increments the target's next value is ahead of the source's (negative: behind); null when a side lacks it. */
   ahead_by: number | null;
   /** The target's next value is at or ahead of the source's. */
@@ -138,6 +140,7 @@ export async function sequenceStatus(config: Config): Promise<SequenceStatus[] |
         kind: s.kind,
         source_last_value: a ? (a.isCalled ? a.lastValue.toString() : null) : null,
         target_last_value: b ? (b.isCalled ? b.lastValue.toString() : null) : null,
+        target_next_value: b ? nextValue(b).toString() : null,
         ahead_by: diff === null ? null : Number(diff),
         synced: a && b ? !ahead(nextValue(a), nextValue(b), a.increment) : null,
       };
