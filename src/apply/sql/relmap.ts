@@ -34,6 +34,8 @@ export interface TargetColumn {
   /** Schema-qualified, quoted type name for casts ("pg_catalog"."int8"); search_path is empty. */
   typeName: string;
   generated: boolean;
+  /** GENERATED ALWAYS AS IDENTITY: an INSERT gives it with OVERRIDING SYSTEM VALUE, an UPDATE leaves it (it cannot change). */
+  identityAlways?: boolean;
   /**
    * The type has the equality operator native's tuples_equal looks up (a default btree or
    * hash opclass, element/field types included). Only computed for REPLICA IDENTITY FULL
@@ -155,12 +157,12 @@ export class RelationMap {
     const displayName = `${schema}.${remote.name}`;
     const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
     // Catalog rows come back as text: booleans arrive as 't'/'f'.
-    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string; rls: string; arraytype: string | null }>(
+    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string; rls: string; arraytype: string | null; always: string }>(
       conn,
-      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype'],
+      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype', 'always'],
       `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
               (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls,
-              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype
+              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype, (a.attidentity = 'a')::text AS always
          FROM pg_catalog.pg_class c
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -182,6 +184,7 @@ export class RelationMap {
           generated: r.generated === 'true',
           hasEquality: true,
           arrayType: r.arraytype === 'true',
+          identityAlways: r.always === 'true',
         });
       }
     }
