@@ -40,8 +40,8 @@ export interface CutoverOptions {
   applyTimeoutMs: number;
   reverse: boolean;
   reverseConfigFile: string | null;
-  /** For tests: called right after the fence (step 2) and before the wait (step 4). */
-  hooks?: { afterFence?: () => Promise<void>; beforeWait?: () => Promise<void> };
+  /** For tests: called right after the fence (step 2), before the wait (step 4) and before the sequences (step 5). */
+  hooks?: { afterFence?: () => Promise<void>; beforeWait?: () => Promise<void>; beforeSequences?: () => Promise<void> };
 }
 
 export interface StepTiming {
@@ -195,6 +195,7 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     done('apply', `every service applied up to ${formatLsn(fenceLsn)}`);
 
     // 5. Sequences, exactly from the fenced source, plus the margin.
+    await opts.hooks?.beforeSequences?.();
     const sequences: SequenceSync[] = [];
     for (const sub of subs) {
       if (sub.config.sequences === 'off') continue;
