@@ -184,10 +184,10 @@ registerMigrationCommands(program);
 
 program
   .command('demo')
-  .description('embedded publisher and target of different majors, a sample workload, live progress, and a final comparison')
-  .option('--publisher <major>', 'publisher major version', '16')
+  .description('a whole migration on embedded servers: an older publisher with an application writing throughout, preflight, schema copy, initial copy, streaming, the fenced cutover, and a final comparison')
+  .option('--publisher <major>', 'publisher major version', '14')
   .option('--target <major>', 'target major version', '18')
-  .option('--transactions <n>', 'source transactions in the workload', '5000')
+  .option('--transactions <n>', 'transactions the application commits before the cutover', '5000')
   .option('--clients <n>', 'concurrent workload clients', '4')
   .action(async (opts: { publisher: string; target: string; transactions: string; clients: string }) => {
     const { runDemo } = await import('./demo.js');
