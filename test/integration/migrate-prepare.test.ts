@@ -15,6 +15,11 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import pg from 'pg';
+import { loadConfig } from '../../src/config/config.js';
+import { PgDumpError } from '../../src/errors.js';
+import { renderPreflight, type PreflightReport } from '../../src/migrate/preflight.js';
+import { copySchema } from '../../src/migrate/schema.js';
+import { diffSchema } from '../../src/migrate/schema-diff.js';
 import { spawnPgsub, startCluster, stopAllClusters, withTimeout, type Cluster } from '../harness/index.js';
 
 let pg14: Cluster;
@@ -37,6 +42,11 @@ async function cli(env: Record<string, string>, args: string[]): Promise<Result>
   const code = await withTimeout(p.exited, 60_000, `pgsub ${args.join(' ')}`);
   return { code, stdout, stderr };
 }
+
+/** The same commands in-process (the CLI adds only printing and exit codes, checked above on a few). */
+const configOf = (env: Record<string, string>) => loadConfig({ env: { PGSUB_SUBSCRIPTION: 'mig', ...env } });
+const copy = (env: Record<string, string>, step: 'tables' | 'post-data' = 'tables', pgDump: string | null = null) => copySchema(configOf(env), { step, force: false, print: false, pgDump });
+const diff = (env: Record<string, string>) => diffSchema(configOf(env));
 
 const pair = (source: string, target: string, publication = 'pub', extra: Record<string, string> = {}) => ({ PGSUB_SOURCE: source, PGSUB_TARGET: target, PGSUB_PUBLICATION: publication, ...extra });
 
@@ -82,48 +92,42 @@ after(async () => {
 describe('pgsub schema copy and diff', () => {
   test('PostgreSQL 14 into 18: tables first, foreign keys at post-data, then no difference', async () => {
     const env = pair(pg14.url('shop'), pg18.url('shop'));
-    const copy = await cli(env, ['schema', 'copy']);
-    assert.equal(copy.code, 0, copy.stderr + copy.stdout);
-    assert.match(copy.stdout, /pg_dump 1\d\.\d+ \(\S+\) for a PostgreSQL 14\.\d+ source/);
+    const copied = await cli(env, ['schema', 'copy']);
+    assert.equal(copied.code, 0, copied.stderr + copied.stdout);
+    assert.match(copied.stdout, /pg_dump 1\d\.\d+ \(\S+\) for a PostgreSQL 14\.\d+ source/);
     const tables = await pg18.query<{ t: string }>(`SELECT c.relname::text AS t FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'shop' AND c.relkind IN ('r', 'p') ORDER BY 1`, [], 'shop');
     assert.deepEqual(tables.map((r) => r.t), ['customers', 'events', 'events_2024', 'orders'], 'the partition comes with its parent');
     const [comment] = await pg18.query<{ c: string }>(`SELECT obj_description('shop.customers'::regclass) AS c`, [], 'shop');
     assert.equal(comment!.c, 'people who buy');
     // Indexes and keys are there (defer_indexes drops and rebuilds them around the copy); the foreign key waits.
-    const before = await cli(env, ['schema', 'diff', '--json']);
-    assert.equal(before.code, 1);
-    const diff = JSON.parse(before.stdout) as { differences: number; items: { name: string; status: string }[] };
-    assert.deepEqual(diff.items.filter((i) => i.status !== 'same').map((i) => `${i.name} ${i.status}`), ['orders_customer_id_fkey source_only']);
-    assert.ok(diff.items.some((i) => i.name === 'orders_customer' && i.status === 'same'));
-    const post = await cli(env, ['schema', 'copy', '--step', 'post-data']);
-    assert.equal(post.code, 0, post.stderr);
+    const d = await diff(env);
+    assert.deepEqual(d.items.filter((i) => i.status !== 'same').map((i) => `${i.name} ${i.status}`), ['orders_customer_id_fkey source_only']);
+    assert.ok(d.items.some((i) => i.name === 'orders_customer' && i.status === 'same'));
+    const post = await copy(env, 'post-data');
+    assert.deepEqual(post.applied.map((e) => e.name), ['orders orders_customer_id_fkey']);
     const afterDiff = await cli(env, ['schema', 'diff']);
     assert.equal(afterDiff.code, 0, afterDiff.stdout);
     assert.match(afterDiff.stdout, /no differences/);
     // The values the workload of a migration writes fit the target's types.
     await pg18.query(`INSERT INTO shop.customers (name, mood) VALUES ('x', 'sad')`, [], 'shop');
-    const again = await cli(env, ['schema', 'copy']);
-    assert.equal(again.code, 0, again.stderr);
-    assert.match(again.stdout, /left alone/);
+    assert.equal((await copy(env)).leftAlone, true, 'a second copy leaves the tables alone');
     await pg18.query(`TRUNCATE shop.customers CASCADE`, [], 'shop');
   });
 
   test('PostgreSQL 12 into 18: generated and identity columns, a collation', async () => {
     const env = pair(pg12.url('inv'), pg18.url('inv'));
-    const copy = await cli(env, ['schema', 'copy']);
-    assert.equal(copy.code, 0, copy.stderr + copy.stdout);
-    const diff = await cli(env, ['schema', 'diff']);
-    assert.equal(diff.code, 0, diff.stdout);
-    assert.match(diff.stdout, /twice +integer GENERATED ALWAYS AS \(\(id \* 2\)\) STORED/);
+    await copy(env);
+    const d = await diff(env);
+    assert.equal(d.differences, 0, JSON.stringify(d.items.filter((i) => i.status !== 'same')));
+    assert.equal(d.items.find((i) => i.name === 'twice')!.target, 'integer GENERATED ALWAYS AS ((id * 2)) STORED');
+    assert.equal(d.items.find((i) => i.name === 'note')!.target, 'text COLLATE pg_catalog.C');
   });
 
   test('a pg_dump older than the source is refused, naming both versions', async () => {
     const r = await cli(pair(pg18.url('pub18'), pg18.url('inv')), ['schema', 'copy']);
     assert.equal(r.code, 2);
     assert.match(r.stderr, /PGSUB_PG_DUMP: pg_dump 1[0-7]\.\d+ \(\S+\) is older than the source server, PostgreSQL 18\.\d+: .*Use the pg_dump of PostgreSQL 18 or later/);
-    const missing = await cli(pair(pg14.url('shop'), pg18.url('inv')), ['schema', 'copy', '--pg-dump', '/nonexistent/pg_dump']);
-    assert.equal(missing.code, 2);
-    assert.match(missing.stderr, /cannot be run \(ENOENT\)/);
+    await assert.rejects(copy(pair(pg14.url('shop'), pg18.url('inv')), 'tables', '/nonexistent/pg_dump'), (err: unknown) => err instanceof PgDumpError && err.exitCode === 2 && /cannot be run \(ENOENT\)/.test(err.message));
   });
 });
 
@@ -131,16 +135,15 @@ describe('pgsub preflight', () => {
   test('a clean pair is ready: no blocker, no warning', async () => {
     const r = await cli(pair(pg14.url('shop'), pg18.url('shop')), ['preflight', '--json']);
     assert.equal(r.code, 0, r.stdout + r.stderr);
-    const report = JSON.parse(r.stdout) as { ready: boolean; findings: { severity: string; code: string; message: string }[]; estimate: { tables: number; rows: number } };
+    const report = JSON.parse(r.stdout) as PreflightReport;
     assert.equal(report.ready, true);
     assert.deepEqual(report.findings.filter((f) => f.severity !== 'info').map((f) => `${f.code}: ${f.message}`), []);
     assert.ok(report.findings.some((f) => f.code === 'SOURCE_SEQUENCES'), 'the sequences it will sync are named');
-    assert.equal(report.estimate.tables, 3);
-    assert.equal(report.estimate.rows, 50);
-    const text = await cli(pair(pg14.url('shop'), pg18.url('shop')), ['preflight']);
-    assert.equal(text.code, 0);
-    assert.match(text.stdout, /^ready: 0 blocker\(s\), 0 warning\(s\)/m);
-    assert.match(text.stdout, /initial copy: 3 table\(s\), about 50 rows/);
+    assert.equal(report.estimate!.tables, 3);
+    assert.equal(report.estimate!.rows, 50);
+    const text = renderPreflight(report);
+    assert.match(text, /^ready: 0 blocker\(s\), 0 warning\(s\)/m);
+    assert.match(text, /initial copy: 3 table\(s\), about 50 rows/);
   });
 
   test('a broken pair: every problem found, with its remediation; exit 1', async () => {
@@ -189,7 +192,7 @@ describe('pgsub preflight', () => {
       const env = pair(url(broken), url(pg18), 'pub,missing_pub', { PGSUB_TWO_PHASE: 'true', PGSUB_SEQUENCE_NAMES: 'app.nosuch' });
       const r = await cli(env, ['preflight', '--json', '--long-transaction', '1']);
       assert.equal(r.code, 1, r.stderr);
-      const report = JSON.parse(r.stdout) as { ready: boolean; findings: { severity: string; code: string; object: string; remediation: string | null }[] };
+      const report = JSON.parse(r.stdout) as PreflightReport;
       assert.equal(report.ready, false);
       const has = (code: string, severity: string, object?: string) =>
         assert.ok(
@@ -234,8 +237,7 @@ describe('pgsub preflight', () => {
       // The pair: two_phase on a 14 publisher.
       has('OPTION_UNSUPPORTED', 'blocker', 'two_phase');
       for (const f of report.findings.filter((x) => x.severity === 'blocker')) assert.ok(f.remediation, `${f.code} has a remediation`);
-      const text = await cli(env, ['preflight', '--long-transaction', '1']);
-      assert.equal(text.code, 1);
+      const text = { stdout: renderPreflight(report) };
       assert.match(text.stdout, /^BLOCKER +source wal_level +wal_level is replica: logical replication needs logical\n +fix: ALTER SYSTEM SET wal_level = logical;/m);
       assert.match(text.stdout, /NOT READY: \d+ blocker\(s\)/);
     } finally {
