@@ -23,6 +23,7 @@ import { loadConfig, type Config } from '../../src/config/config.js';
 import { createLogger } from '../../src/log.js';
 import { CutoverError } from '../../src/errors.js';
 import { runCutover, type CutoverReport } from '../../src/cli/cutover.js';
+import { sequenceStatus } from '../../src/migrate/sequences.js';
 import { compareTables, currentWalLsn, lsnToBigint, spawnPgsub, startCluster, stopAllClusters, waitFor, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 const DB = 'bank';
@@ -58,7 +59,7 @@ const env = (): Record<string, string> => ({
   PGSUB_PUBLICATION: 'bank_pub',
   PGSUB_SUBSCRIPTION: 'mig',
   PGSUB_SEQUENCE_INTERVAL: '1',
-  PGSUB_SEQUENCE_MARGIN: '10',
+  PGSUB_SEQUENCE_MARGIN: '1000',
   PGSUB_STATUS_INTERVAL: '1',
   PGSUB_RETRY_MIN_DELAY: '0.2',
   PGSUB_RETRY_MAX_DELAY: '1',
@@ -191,8 +192,7 @@ describe('a migration from PostgreSQL 14 to 18', () => {
     // Synced while streaming: the target's sequences are ahead of what the source handed out.
     await waitFor(
       async () => {
-        const s = await cli(['status', '--json']);
-        const seqs = (JSON.parse(s.stdout) as { sequences: { synced: boolean }[] }).sequences;
+        const seqs = (await sequenceStatus(config())) ?? [];
         return seqs.length === 2 && seqs.every((q) => q.synced);
       },
       { timeoutMs: 30_000, intervalMs: 500, what: 'the sequences synced while streaming' },
@@ -234,7 +234,7 @@ describe('a migration from PostgreSQL 14 to 18', () => {
             await c.connect();
             try {
               await c.query('BEGIN READ WRITE');
-              const { rows } = await c.query<{ v: string }>(`SELECT setval('bank.history_id_seq', nextval('bank.history_id_seq') + 500)::text AS v`);
+              const { rows } = await c.query<{ v: string }>(`SELECT setval('bank.history_id_seq', nextval('bank.history_id_seq') + 5000)::text AS v`);
               await c.query('COMMIT');
               movedTo = BigInt(rows[0]!.v);
             } finally {
@@ -266,7 +266,7 @@ describe('a migration from PostgreSQL 14 to 18', () => {
     assert.ok(movedTo > 0n);
     const history = report.sequences.find((s) => s.sequence === 'bank.history_id_seq')!;
     assert.equal(history.moved, true, 'moved at the cutover');
-    assert.equal(BigInt(history.target_next_after!), movedTo + 1n + 10n, 'exactly the source plus the margin');
+    assert.equal(BigInt(history.target_next_after!), movedTo + 1n + 1000n, 'exactly the source plus the margin');
 
     // Replication back: the forward subscription is disabled, the reverse one carries writes on the new primary.
     await service.waitForLog('subscription disabled; waiting for pgsub enable', 30_000);
