@@ -155,7 +155,8 @@ for (const c of KINDS) if (!CONTESTANTS.includes(c)) throw new Error(`--contesta
 const PAIRS = opts.pair.split(',').map((p) => {
   const m = /^(\d+)-(\d+)$/.exec(p.trim());
   if (!m) throw new Error(`--pair wants PUBLISHER-TARGET majors like 18-18 or 16-18, not ${p}`);
-  for (const major of [Number(m[1]), Number(m[2])]) if (!installedMajors().includes(major)) throw new Error(`--pair ${p}: PostgreSQL ${major} is not installed (installed: ${installedMajors().join(', ')})`);
+  for (const major of [Number(m[1]), Number(m[2])])
+    if (!installedMajors().includes(major)) throw new Error(`--pair ${p}: PostgreSQL ${major} is not installed (installed: ${installedMajors().join(', ')})`);
   const [publisher, target] = [Number(m[1]), Number(m[2])];
   // --cross-repeat: a cross-version pair may be repeated less, for a shorter run.
   return { name: `${publisher}-${target}`, publisher, target, repeat: publisher === target ? REPEAT : CROSS_REPEAT };
@@ -202,7 +203,15 @@ async function startServers(pair: (typeof PAIRS)[number]): Promise<Servers> {
   }
   const work = await Promise.all(Array.from({ length: Math.max(...WORKLOADS.map((w) => w.backlog.length)) }, () => benchClient(pub.url(SOURCE_DB))));
   const version = async (c: Cluster) => (await c.query<{ v: string }>('SELECT version() AS v'))[0]!.v;
-  return { pair, pub, tgt, pubMonitor: await benchClient(pub.url()), tgtMonitor: await benchClient(tgt.url()), work, versions: { publisher: await version(pub), target: await version(tgt) } };
+  return {
+    pair,
+    pub,
+    tgt,
+    pubMonitor: await benchClient(pub.url()),
+    tgtMonitor: await benchClient(tgt.url()),
+    work,
+    versions: { publisher: await version(pub), target: await version(tgt) },
+  };
 }
 
 async function stopServers(s: Servers): Promise<void> {
@@ -237,7 +246,7 @@ async function dropSlot(s: Servers, slot: string): Promise<void> {
   await pollUntil(async () => {
     const st = await slotState(s.pubMonitor, slot);
     if (st && !st.active) await s.pubMonitor.query('SELECT pg_catalog.pg_drop_replication_slot($1)', [slot]);
-    return !st || !st.active;
+    return !st?.active;
   }, 30_000);
 }
 
@@ -266,7 +275,10 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     const listening = child.logs().find((l) => l.msg === 'metrics endpoint listening');
     if (!listening) return;
     lastScrape = Date.now();
-    void fetch(`http://${String(listening.listen)}/metrics`).then((r) => r.text(), () => '');
+    void fetch(`http://${String(listening.listen)}/metrics`).then(
+      (r) => r.text(),
+      () => '',
+    );
   };
   let child: WatchedPgsub | null = null;
   const cleanup = async () => {
@@ -310,7 +322,13 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     details() {
       const messages = (child?.logs() ?? []).filter((l) => l.msg !== undefined);
       const line = (l: Record<string, unknown>) => `${round((Number(l.time) - child!.startedAt) / 1000)} ${String(l.level)} ${String(l.msg)}`;
-      return { warnings: messages.filter((l) => Number(l.level) >= 40).map(line).slice(0, 20), log: messages.map(line).slice(-20) };
+      return {
+        warnings: messages
+          .filter((l) => Number(l.level) >= 40)
+          .map(line)
+          .slice(0, 20),
+        log: messages.map(line).slice(-20),
+      };
     },
     cleanup,
   };
@@ -327,7 +345,9 @@ async function prepareNative(s: Servers, w: Workload, mode: Mode, name: string):
   };
   try {
     // Creates the slot now; the apply worker starts with ENABLE.
-    await tgtDb.query(`CREATE SUBSCRIPTION ${name} CONNECTION '${conninfo}' PUBLICATION ${w.publication} WITH (enabled = false, copy_data = false, binary = true, streaming = ${mode})`);
+    await tgtDb.query(
+      `CREATE SUBSCRIPTION ${name} CONNECTION '${conninfo}' PUBLICATION ${w.publication} WITH (enabled = false, copy_data = false, binary = true, streaming = ${mode})`,
+    );
   } catch (err) {
     await cleanup();
     throw err;
@@ -468,7 +488,14 @@ async function currentLsn(c: pg.Client): Promise<bigint> {
   return lsnValue((await c.query<{ lsn: string }>('SELECT pg_current_wal_lsn()::text AS lsn')).rows[0]!.lsn);
 }
 
-async function measure(s: Servers, w: Workload, e: Entrant, marker: number, endLsn: bigint, source: TableChecksum[]): Promise<Omit<RunResult, 'pair' | 'workload' | 'mode' | 'contestant' | 'rep'>> {
+async function measure(
+  s: Servers,
+  w: Workload,
+  e: Entrant,
+  marker: number,
+  endLsn: bigint,
+  source: TableChecksum[],
+): Promise<Omit<RunResult, 'pair' | 'workload' | 'mode' | 'contestant' | 'rep'>> {
   const quiet = QUIET_MS > 0 ? await waitForQuiet(0.3, 2000, QUIET_MS) : { waitedSeconds: 0 };
   const cpu = new CpuSampler({ publisher: postmasterPid(s.pub.dataDir), target: postmasterPid(s.tgt.dataDir) });
   let memory: MemorySampler | null = null;
@@ -486,23 +513,27 @@ async function measure(s: Servers, w: Workload, e: Entrant, marker: number, endL
     let lastReport = Date.now();
     let tConfirmed = 0;
     let tMarker = 0;
-    await pollUntil(async () => {
-      await e.check();
-      if (!tConfirmed) {
-        const st = await slotState(s.pubMonitor, e.slot);
-        if (walsender === null && st?.activePid) {
-          walsender = st.activePid;
-          cpu.addProcess('walsender', walsender, true);
+    await pollUntil(
+      async () => {
+        await e.check();
+        if (!tConfirmed) {
+          const st = await slotState(s.pubMonitor, e.slot);
+          if (walsender === null && st?.activePid) {
+            walsender = st.activePid;
+            cpu.addProcess('walsender', walsender, true);
+          }
+          if (Date.now() - lastReport > 30_000) {
+            lastReport = Date.now();
+            log(`  … ${e.kind} ${((performance.now() - t0) / 1000).toFixed(0)} s, slot at ${st?.confirmed === null || !st ? '-' : fmtLsn(st.confirmed)} of ${fmtLsn(endLsn)}`);
+          }
+          if (st?.confirmed != null && st.confirmed >= endLsn) tConfirmed = performance.now();
         }
-        if (Date.now() - lastReport > 30_000) {
-          lastReport = Date.now();
-          log(`  … ${e.kind} ${((performance.now() - t0) / 1000).toFixed(0)} s, slot at ${st?.confirmed === null || !st ? '-' : fmtLsn(st.confirmed)} of ${fmtLsn(endLsn)}`);
-        }
-        if (st?.confirmed != null && st.confirmed >= endLsn) tConfirmed = performance.now();
-      }
-      if (!tMarker && (await target.query(`SELECT 1 FROM ${MARKER_TABLE} WHERE round = $1`, [marker])).rowCount) tMarker = performance.now();
-      return tConfirmed > 0 && tMarker > 0;
-    }, TIMEOUT_MS, POLL_MS);
+        if (!tMarker && (await target.query(`SELECT 1 FROM ${MARKER_TABLE} WHERE round = $1`, [marker])).rowCount) tMarker = performance.now();
+        return tConfirmed > 0 && tMarker > 0;
+      },
+      TIMEOUT_MS,
+      POLL_MS,
+    );
     let tDone = Math.max(tConfirmed, tMarker);
     const peak = memory?.finish();
     memory = null;
@@ -510,7 +541,12 @@ async function measure(s: Servers, w: Workload, e: Entrant, marker: number, endL
     stopped = cpu.stop();
     const report = stopped;
     // What decoding did (streamed or spilled transactions): proof of the mode, and the same for both contestants.
-    const stats = (await s.pubMonitor.query<Record<string, string | number | null>>('SELECT total_txns, total_bytes, stream_txns, stream_bytes, spill_txns, spill_bytes FROM pg_catalog.pg_stat_replication_slots WHERE slot_name = $1', [e.slot])).rows[0];
+    const stats = (
+      await s.pubMonitor.query<Record<string, string | number | null>>(
+        'SELECT total_txns, total_bytes, stream_txns, stream_bytes, spill_txns, spill_bytes FROM pg_catalog.pg_stat_replication_slots WHERE slot_name = $1',
+        [e.slot],
+      )
+    ).rows[0];
     const slotStats = stats && Object.fromEntries(Object.entries(stats).map(([k, v]) => [k, Number(v)]));
     // Equal to the source? Checked after the clock stopped, unless it is not yet.
     let late = false;
@@ -520,7 +556,8 @@ async function measure(s: Servers, w: Workload, e: Entrant, marker: number, endL
       if (diff.length === 0) break;
       late = true;
       await e.check();
-      if (performance.now() - t0 > TIMEOUT_MS) throw new Error(`target differs from the source: ${diff.map((t) => `${t.table} ${t.rows} rows vs ${source[w.tables.indexOf(t.table)]!.rows}`).join(', ')}`);
+      if (performance.now() - t0 > TIMEOUT_MS)
+        throw new Error(`target differs from the source: ${diff.map((t) => `${t.table} ${t.rows} rows vs ${source[w.tables.indexOf(t.table)]!.rows}`).join(', ')}`);
       await sleep(500);
       tDone = performance.now();
     }
@@ -617,7 +654,10 @@ function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
       const goal = SPEEDUP_GOALS[w.id];
       if (p && nat) {
         const ratio = round(nat.medianSeconds! / p.medianSeconds!);
-        lines.push({ met: ratio >= goal, text: `${pair.name} ${w.id}: native ${nat.medianSeconds} s (${nat.mode}) / pgsub ${p.medianSeconds} s (${p.mode}) = ${ratio.toFixed(2)}× (goal ≥ ${goal}×)` });
+        lines.push({
+          met: ratio >= goal,
+          text: `${pair.name} ${w.id}: native ${nat.medianSeconds} s (${nat.mode}) / pgsub ${p.medianSeconds} s (${p.mode}) = ${ratio.toFixed(2)}× (goal ≥ ${goal}×)`,
+        });
       } else lines.push({ met: null, text: `${pair.name} ${w.id}: speedup not measured (goal ≥ ${goal}×)` });
       const rss = Math.max(0, ...of('pgsub').map((x) => x.peakRssMB ?? 0));
       if (p) lines.push({ met: rss <= RSS_GOAL_MB, text: `${pair.name} ${w.id}: pgsub peak RSS ${rss} MB (goal ≤ ${RSS_GOAL_MB} MB)` });
@@ -629,18 +669,50 @@ function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
 function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { text: string; met: boolean | null }[]): void {
   const f = (x: number | undefined, d = 2) => (x === undefined ? '-' : x.toFixed(d));
   out();
-  out(`scale ${SCALE}; repetitions: ${PAIRS.map((p) => `${p.name} ${p.repeat}`).join(', ')}; seconds: subscriber start → slot confirmed the backlog's end LSN, target equal to the source`);
+  out(
+    `scale ${SCALE}; repetitions: ${PAIRS.map((p) => `${p.name} ${p.repeat}`).join(', ')}; seconds: subscriber start → slot confirmed the backlog's end LSN, target equal to the source`,
+  );
   for (const w of WORKLOADS) {
     const b = backlogs.filter((x) => x.workload === w.id);
-    out(`  ${w.id}: ${w.title}${b.length ? `; backlog ${(median(b.map((x) => x.walBytes)) / 1e6).toFixed(0)} MB of WAL, generated in ${median(b.map((x) => x.seconds)).toFixed(1)} s (median)` : ''}`);
+    out(
+      `  ${w.id}: ${w.title}${b.length ? `; backlog ${(median(b.map((x) => x.walBytes)) / 1e6).toFixed(0)} MB of WAL, generated in ${median(b.map((x) => x.seconds)).toFixed(1)} s (median)` : ''}`,
+    );
   }
   out('native/pgsub > 1: pgsub faster (median against median, same mode). CPU: seconds during the measurement (median); walsender = the one serving the slot');
   out();
-  const header = ['pair', 'workload', 'mode', 'contestant', 'runs', 'min s', 'median s', 'rows/s', 'native/pgsub', 'pgsub peak RSS MB', 'walsender CPU s', 'pgsub CPU s', 'target CPU s'];
+  const header = [
+    'pair',
+    'workload',
+    'mode',
+    'contestant',
+    'runs',
+    'min s',
+    'median s',
+    'rows/s',
+    'native/pgsub',
+    'pgsub peak RSS MB',
+    'walsender CPU s',
+    'pgsub CPU s',
+    'target CPU s',
+  ];
   const rows = summaries.map((x) =>
     x.refused && !x.runs
       ? [x.pair, x.workload, x.mode, x.contestant, 0, 'refused', '', '', '', '', '', '', '']
-      : [x.pair, x.workload, x.mode, x.contestant, x.failed ? `${x.runs} (${x.failed} failed)` : x.runs, f(x.minSeconds), f(x.medianSeconds), x.rowsPerSecond === undefined ? '-' : fmtInt(x.rowsPerSecond), f(x.speedup), x.peakRssMB === undefined ? '-' : String(x.peakRssMB), f(x.walsenderCpu), f(x.pgsubCpu), f(x.targetCpu)],
+      : [
+          x.pair,
+          x.workload,
+          x.mode,
+          x.contestant,
+          x.failed ? `${x.runs} (${x.failed} failed)` : x.runs,
+          f(x.minSeconds),
+          f(x.medianSeconds),
+          x.rowsPerSecond === undefined ? '-' : fmtInt(x.rowsPerSecond),
+          f(x.speedup),
+          x.peakRssMB === undefined ? '-' : String(x.peakRssMB),
+          f(x.walsenderCpu),
+          f(x.pgsubCpu),
+          f(x.targetCpu),
+        ],
   );
   out(formatTable(header, rows));
   out('\ngoals:');
@@ -655,7 +727,9 @@ const fmtLsn = (lsn: bigint) => `${(lsn >> 32n).toString(16).toUpperCase()}/${(l
 async function main(): Promise<void> {
   const started = Date.now();
   const build = snapshotPgsub(opts.live, { build: !opts.tsx });
-  log(`pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`} (src fingerprint ${build.fingerprint}, run as ${build.mode}${build.buildErrors ? `, ${build.buildErrors} tsc errors` : ''}); workloads ${WORKLOADS.map((w) => w.id).join(', ')}, scale ${SCALE}, pairs ${PAIRS.map((p) => `${p.name} (${p.repeat} repetition(s))`).join(', ')}`);
+  log(
+    `pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`} (src fingerprint ${build.fingerprint}, run as ${build.mode}${build.buildErrors ? `, ${build.buildErrors} tsc errors` : ''}); workloads ${WORKLOADS.map((w) => w.id).join(', ')}, scale ${SCALE}, pairs ${PAIRS.map((p) => `${p.name} (${p.repeat} repetition(s))`).join(', ')}`,
+  );
   const backlogs: Backlog[] = [];
   const runs: RunResult[] = [];
   const versions: Record<string, Servers['versions']> = {};
@@ -681,15 +755,37 @@ async function main(): Promise<void> {
     const summaries = summarize(runs);
     const goalLines = goals(summaries);
     printReport(summaries, backlogs, goalLines);
-    writeBenchResult('apply', started, { servers: versions }, {
-      pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, runAs: build.mode, buildErrors: build.buildErrors, settings: { copy_data: false, binary: true, synchronous_commit: 'off', streaming: 'per workload', ...PGSUB_EXTRA_ENV } },
-      native: { settings: 'enabled false until measured, copy_data false, binary true, streaming per workload, synchronous_commit off (default)' },
-      settings: { scale: SCALE, repeat: REPEAT, crossRepeat: CROSS_REPEAT, pairs: PAIRS, contestants: KINDS, server: SERVER_SETTINGS, workloads: WORKLOADS.map((w) => ({ id: w.id, title: w.title, modes: w.modes, rowChanges: w.rowChanges, tables: w.tables })) },
-      goals: goalLines,
-      summaries,
-      backlogs,
-      runs,
-    }, out);
+    writeBenchResult(
+      'apply',
+      started,
+      { servers: versions },
+      {
+        pgsub: {
+          head: build.head,
+          dirty: build.dirty,
+          srcFingerprint: build.fingerprint,
+          copiedTree: !opts.live,
+          runAs: build.mode,
+          buildErrors: build.buildErrors,
+          settings: { copy_data: false, binary: true, synchronous_commit: 'off', streaming: 'per workload', ...PGSUB_EXTRA_ENV },
+        },
+        native: { settings: 'enabled false until measured, copy_data false, binary true, streaming per workload, synchronous_commit off (default)' },
+        settings: {
+          scale: SCALE,
+          repeat: REPEAT,
+          crossRepeat: CROSS_REPEAT,
+          pairs: PAIRS,
+          contestants: KINDS,
+          server: SERVER_SETTINGS,
+          workloads: WORKLOADS.map((w) => ({ id: w.id, title: w.title, modes: w.modes, rowChanges: w.rowChanges, tables: w.tables })),
+        },
+        goals: goalLines,
+        summaries,
+        backlogs,
+        runs,
+      },
+      out,
+    );
   } finally {
     await stopAllClusters();
     build.remove();

@@ -42,11 +42,11 @@ const METHODS: Method[] = process.env.PGSUB_BENCH_METHODS
       return { name: `${via === 'copy' ? 'COPY' : 'INSERT'} ${format} ${batch} rows/stmt`, batch: Number(batch), format, via };
     })
   : [
-  { name: 'INSERT 128 rows/stmt, binary params', batch: 128, format: 'binary', via: 'insert' },
-  { name: 'COPY binary 1024 rows/stmt', batch: 1024, format: 'binary', via: 'copy' },
-  { name: 'COPY text 1024 rows/stmt', batch: 1024, format: 'text', via: 'copy' },
-  { name: 'COPY binary 128 rows/stmt', batch: 128, format: 'binary', via: 'copy' },
-  ];
+      { name: 'INSERT 128 rows/stmt, binary params', batch: 128, format: 'binary', via: 'insert' },
+      { name: 'COPY binary 1024 rows/stmt', batch: 1024, format: 'binary', via: 'copy' },
+      { name: 'COPY text 1024 rows/stmt', batch: 1024, format: 'text', via: 'copy' },
+      { name: 'COPY binary 128 rows/stmt', batch: 128, format: 'binary', via: 'copy' },
+    ];
 
 const rel = workloadRelation('w1');
 

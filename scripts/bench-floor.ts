@@ -19,7 +19,7 @@
 import { parseArgs } from 'node:util';
 import type pg from 'pg';
 import { parseConninfo } from '../src/config/conninfo.js';
-import { protoVersionFor } from '../src/protocol/version.js';
+import { protoVersionFor } from '../src/protocol/proto-version.js';
 import { ReplicationConnection } from '../src/protocol/replication.js';
 import { ZERO_LSN } from '../src/protocol/lsn.js';
 import { startCluster, stopAllClusters } from '../test/harness/index.js';
@@ -103,14 +103,21 @@ try {
         messages += batch.items.length;
         if (!walsender) {
           const pid = (await c.query<{ pid: number | null }>('SELECT active_pid AS pid FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]?.pid;
-          if (pid) (cpu.addProcess('walsender', pid, true), (walsender = true));
+          if (pid) {
+            cpu.addProcess('walsender', pid, true);
+            walsender = true;
+          }
         }
         if (batch.items.some((m) => Buffer.isBuffer(m) && m[0] === MESSAGE_TAG)) break;
       }
       const seconds = round((performance.now() - t0) / 1000);
       const report = cpu.stop();
       await replication.close();
-      await pollUntil(async () => !(await c.query<{ active: boolean }>('SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]!.active, 10_000, 20);
+      await pollUntil(
+        async () => !(await c.query<{ active: boolean }>('SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]!.active,
+        10_000,
+        20,
+      );
       await c.query('SELECT pg_catalog.pg_drop_replication_slot($1)', [slot]);
       const r: Read = { workload: w.id, read: i + 1, seconds, walsenderCpu: report.groups.walsender ?? 0, batches, messages };
       reads.push(r);

@@ -196,7 +196,12 @@ export class CpuSampler {
     for (const [name, pids] of this.children) {
       const k: Record<string, number> = {};
       for (const c of pids.values()) k[c.kind] = (k[c.kind] ?? 0) + (c.last - c.first);
-      kinds[name] = Object.fromEntries(Object.entries(k).filter(([, v]) => v > 0).map(([kind, v]) => [kind, round(v)]).sort((a, b) => (b[1] as number) - (a[1] as number)));
+      kinds[name] = Object.fromEntries(
+        Object.entries(k)
+          .filter(([, v]) => v > 0)
+          .map(([kind, v]) => [kind, round(v)])
+          .sort((a, b) => (b[1] as number) - (a[1] as number)),
+      );
     }
     return { wallSeconds: round(wallSeconds), machineBusy: round(machine.busy - this.machineStart.busy), cores: coreCount(), groups, kinds };
   }
@@ -231,14 +236,15 @@ export class CpuSampler {
         entry.last = s.cpu;
         // Just forked, it still had the postmaster's command line.
         if (entry.kind === 'other') entry.kind = backendKind(readCmdline(pid));
-      }
-      else seen.set(pid, { kind: backendKind(readCmdline(pid)), first: initial ? s.cpu : 0, last: s.cpu });
+      } else seen.set(pid, { kind: backendKind(readCmdline(pid)), first: initial ? s.cpu : 0, last: s.cpu });
     }
   }
 }
 
 function listPids(): number[] {
-  return readdirSync('/proc').filter((n) => /^\d+$/.test(n)).map(Number);
+  return readdirSync('/proc')
+    .filter((n) => /^\d+$/.test(n))
+    .map(Number);
 }
 
 /**
@@ -254,7 +260,7 @@ export async function waitForQuiet(maxCores = 0.3, quietMs = 2000, timeoutMs = 6
   for (;;) {
     await sleep(500);
     const now = readMachineCpu();
-    busyCores = (now.busy - prev.busy) / Math.max(now.total - prev.total, 1e-9) * coreCount();
+    busyCores = ((now.busy - prev.busy) / Math.max(now.total - prev.total, 1e-9)) * coreCount();
     prev = now;
     if (busyCores > maxCores) quietSince = Date.now();
     if (Date.now() - quietSince >= quietMs || Date.now() - started >= timeoutMs) return { waitedSeconds: round((Date.now() - started) / 1000, 1), busyCores: round(busyCores) };
@@ -268,7 +274,9 @@ export function foreignCores(r: CpuReport): number {
 }
 
 export function coreCount(): number {
-  return readFileSync('/proc/stat', 'utf8').split('\n').filter((l) => /^cpu\d+ /.test(l)).length;
+  return readFileSync('/proc/stat', 'utf8')
+    .split('\n')
+    .filter((l) => /^cpu\d+ /.test(l)).length;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -414,7 +422,11 @@ export function snapshotPgsub(live: boolean, options: { build?: boolean } = {}):
   let buildErrors = 0;
   if (options.build) {
     try {
-      execFileSync(process.execPath, [path.join(REPO_ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.build.json'], { cwd: dir, stdio: 'pipe', encoding: 'utf8' });
+      execFileSync(process.execPath, [path.join(REPO_ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.build.json'], {
+        cwd: dir,
+        stdio: 'pipe',
+        encoding: 'utf8',
+      });
     } catch (err) {
       // tsc exits non-zero on type errors but still emits; count them for the record.
       buildErrors = ((err as { stdout?: string }).stdout ?? '').split('\n').filter((l) => / error TS\d+:/.test(l)).length;
@@ -570,7 +582,11 @@ export function formatTable(header: string[], rows: (string | number)[][]): stri
   const cells = [header, ...rows].map((r) => r.map((c) => String(c)));
   const widths = header.map((_, i) => Math.max(...cells.map((r) => r[i]?.length ?? 0)));
   const numeric = (c: string) => /^(-|[-+]?\d[\d.,/]*)$/.test(c);
-  const line = (r: string[], body: boolean) => r.map((c, j) => (body && numeric(c) ? c.padStart(widths[j]!) : c.padEnd(widths[j]!))).join('  ').trimEnd();
+  const line = (r: string[], body: boolean) =>
+    r
+      .map((c, j) => (body && numeric(c) ? c.padStart(widths[j]!) : c.padEnd(widths[j]!)))
+      .join('  ')
+      .trimEnd();
   return [line(cells[0]!, false), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map((r) => line(r, true))].join('\n');
 }
 
@@ -591,7 +607,10 @@ export function parsePgsubEnv(list: string[]): Record<string, string> {
 
 /** The text of a script's header comment, for --help. */
 export function headerText(scriptUrl: string): string {
-  return readFileSync(fileURLToPath(scriptUrl), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '') + '\n';
+  return `${readFileSync(fileURLToPath(scriptUrl), 'utf8')
+    .split('*/')[0]!
+    .replace(/^\/\*\*\n?/, '')
+    .replace(/^ \* ?/gm, '')}\n`;
 }
 
 /** A pg.Client for measuring and driving workloads; an error while idle (server stopped) is left to the next query. */
@@ -604,7 +623,12 @@ export async function benchClient(url: string, applicationName = 'bench'): Promi
 
 /** A replication slot as the benchmarks watch it: who serves it and how far it has confirmed. */
 export async function slotState(c: pg.Client, slot: string): Promise<{ active: boolean; activePid: number | null; confirmed: bigint | null } | undefined> {
-  const row = (await c.query<{ active: boolean; active_pid: number | null; confirmed: string | null }>('SELECT active, active_pid, confirmed_flush_lsn::text AS confirmed FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0];
+  const row = (
+    await c.query<{ active: boolean; active_pid: number | null; confirmed: string | null }>(
+      'SELECT active, active_pid, confirmed_flush_lsn::text AS confirmed FROM pg_catalog.pg_replication_slots WHERE slot_name = $1',
+      [slot],
+    )
+  ).rows[0];
   return row && { active: row.active, activePid: row.active_pid, confirmed: row.confirmed === null ? null : lsnValue(row.confirmed) };
 }
 

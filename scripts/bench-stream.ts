@@ -112,7 +112,12 @@ const { values: opts } = parseArgs({
   },
 });
 if (opts.help) {
-  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '') + '\n');
+  process.stdout.write(
+    `${readFileSync(fileURLToPath(import.meta.url), 'utf8')
+      .split('*/')[0]!
+      .replace(/^\/\*\*\n?/, '')
+      .replace(/^ \* ?/gm, '')}\n`,
+  );
   process.exit(0);
 }
 const ROWS = Number(opts.rows);
@@ -135,7 +140,8 @@ const PGSUB_EXTRA_ENV: Record<string, string> = Object.fromEntries(
 const VALUE_BYTES = Number(opts['value-bytes']);
 if (!Number.isInteger(VALUE_BYTES) || VALUE_BYTES < 1) throw new Error(`--value-bytes must be a positive integer, not ${opts['value-bytes']}`);
 /** t: VALUE_BYTES hex characters (a repeated md5 beyond 64, which TOAST compresses but pgoutput sends whole). */
-const T_VALUE = VALUE_BYTES <= 64 ? `substr(md5(i::text) || md5((i + 1)::text), 1, ${VALUE_BYTES})` : `substr(repeat(md5(i::text), ${Math.ceil(VALUE_BYTES / 32)}), 1, ${VALUE_BYTES})`;
+const T_VALUE =
+  VALUE_BYTES <= 64 ? `substr(md5(i::text) || md5((i + 1)::text), 1, ${VALUE_BYTES})` : `substr(repeat(md5(i::text), ${Math.ceil(VALUE_BYTES / 32)}), 1, ${VALUE_BYTES})`;
 const FILL = `INSERT INTO ${TABLE} (id, n, t) SELECT i, (i % 1000)::int, ${T_VALUE} FROM generate_series(1, ${ROWS}) AS i`;
 const EXPECTED_SUM = ((BigInt(ROWS) * BigInt(ROWS + 1)) / 2n).toString();
 
@@ -231,7 +237,10 @@ class RunSampler {
     clearInterval(this.timer);
     return (this.finished = {
       // Per process exact peaks, summed (for one process: its VmHWM).
-      peakRssMB: round([...this.hwm.values()].reduce((a, b) => a + b, 0), 1),
+      peakRssMB: round(
+        [...this.hwm.values()].reduce((a, b) => a + b, 0),
+        1,
+      ),
       sampledMaxRssMB: round(Math.max(0, ...this.samples.map((s) => s.rssMB)), 1),
       sampledMaxAnonMB: round(this.maxAnon, 1),
       spoolPeakMB: this.spoolDir === null ? null : round(this.maxSpool, 1),
@@ -278,7 +287,12 @@ function lsnValue(text: string): bigint {
 }
 
 async function slotRow(s: Servers, slot: string): Promise<{ active: boolean; confirmed: string | null } | undefined> {
-  return (await s.pubMonitor.query<{ active: boolean; confirmed: string | null }>('SELECT active, confirmed_flush_lsn::text AS confirmed FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0];
+  return (
+    await s.pubMonitor.query<{ active: boolean; confirmed: string | null }>(
+      'SELECT active, confirmed_flush_lsn::text AS confirmed FROM pg_catalog.pg_replication_slots WHERE slot_name = $1',
+      [slot],
+    )
+  ).rows[0];
 }
 
 async function pollUntil(what: string, done: () => Promise<boolean>, timeoutMs: number, intervalMs = SAMPLE_MS): Promise<void> {
@@ -344,10 +358,14 @@ async function measure(s: Servers, mode: Mode, kind: ContestantKind, build: Pgsu
     const started = kind === 'pgsub' ? await startPgsub(s, mode, db, sub, build) : await startNative(s, mode, sub, poller);
     if ('refused' in started) return { mode, contestant: kind, refused: started.refused };
     subscriber = started;
-    await pollUntil(`slot ${sub} to be active`, async () => {
-      await subscriber!.check();
-      return (await slotRow(s, sub))?.active === true;
-    }, 60_000);
+    await pollUntil(
+      `slot ${sub} to be active`,
+      async () => {
+        await subscriber!.check();
+        return (await slotRow(s, sub))?.active === true;
+      },
+      60_000,
+    );
     const quiet = await waitForQuiet(0.3, 2000, 30_000);
     if (quiet.waitedSeconds > 3) log(`waited ${quiet.waitedSeconds} s for a quiet machine`);
 
@@ -378,7 +396,9 @@ async function measure(s: Servers, mode: Mode, kind: ContestantKind, build: Pgsu
           if (Date.now() - lastProgress > 30_000) {
             lastProgress = Date.now();
             const last = sampler!.samples.at(-1);
-            log(`  … ${((performance.now() - t0) / 1000).toFixed(0)} s, slot at ${confirmed ?? '-'}, RSS ${last?.rssMB ?? '-'} MB${last?.spoolMB !== undefined ? `, spool ${last.spoolMB} MB` : ''}`);
+            log(
+              `  … ${((performance.now() - t0) / 1000).toFixed(0)} s, slot at ${confirmed ?? '-'}, RSS ${last?.rssMB ?? '-'} MB${last?.spoolMB !== undefined ? `, spool ${last.spoolMB} MB` : ''}`,
+            );
           }
           if (!confirmed || lsnValue(confirmed) < end) return false;
           tFlushed = performance.now();
@@ -431,11 +451,15 @@ async function measure(s: Servers, mode: Mode, kind: ContestantKind, build: Pgsu
 }
 
 async function dropSlot(s: Servers, slot: string): Promise<void> {
-  await pollUntil(`slot ${slot} to be released`, async () => {
-    const row = await slotRow(s, slot);
-    if (row && !row.active) await s.pubMonitor.query('SELECT pg_catalog.pg_drop_replication_slot($1)', [slot]);
-    return !row || !row.active;
-  }, 30_000);
+  await pollUntil(
+    `slot ${slot} to be released`,
+    async () => {
+      const row = await slotRow(s, slot);
+      if (row && !row.active) await s.pubMonitor.query('SELECT pg_catalog.pg_drop_replication_slot($1)', [slot]);
+      return !row?.active;
+    },
+    30_000,
+  );
 }
 
 /** Preloaded into pgsub with --trace-memory: one JSON line of memory figures per 200 ms on stderr. */
@@ -504,11 +528,16 @@ async function startPgsub(s: Servers, mode: Mode, db: string, sub: string, build
     rmSync(stateDir, { recursive: true, force: true });
   };
   try {
-    await pollUntil(`pgsub (streaming ${mode}) to log 'streaming started'`, async () => {
-      if (child.logs().some((l) => l.msg === 'streaming started')) return true;
-      if (child.exitCode() !== null) throw new Error('exited');
-      return false;
-    }, 60_000, 100);
+    await pollUntil(
+      `pgsub (streaming ${mode}) to log 'streaming started'`,
+      async () => {
+        if (child.logs().some((l) => l.msg === 'streaming started')) return true;
+        if (child.exitCode() !== null) throw new Error('exited');
+        return false;
+      },
+      60_000,
+      100,
+    );
   } catch (err) {
     const code = child.exitCode();
     await cleanup();
@@ -553,10 +582,14 @@ async function startNative(s: Servers, mode: Mode, sub: string, poller: pg.Clien
     }
   };
   try {
-    await pollUntil(`native subscription ${sub}'s apply worker`, async () => {
-      await refresh();
-      return workers.length > 0;
-    }, 60_000);
+    await pollUntil(
+      `native subscription ${sub}'s apply worker`,
+      async () => {
+        await refresh();
+        return workers.length > 0;
+      },
+      60_000,
+    );
   } catch (err) {
     await poller.query(`DROP SUBSCRIPTION IF EXISTS ${sub}`).catch(() => {});
     throw err;
@@ -572,7 +605,8 @@ async function startNative(s: Servers, mode: Mode, sub: string, poller: pg.Clien
       return workers;
     },
     async check() {
-      const [st] = (await s.tgtMonitor.query<{ apply_error_count: string }>('SELECT apply_error_count::text FROM pg_catalog.pg_stat_subscription_stats WHERE subname = $1', [sub])).rows;
+      const [st] = (await s.tgtMonitor.query<{ apply_error_count: string }>('SELECT apply_error_count::text FROM pg_catalog.pg_stat_subscription_stats WHERE subname = $1', [sub]))
+        .rows;
       if (st && Number(st.apply_error_count) > 0) throw new Error(`native subscription ${sub} reports ${st.apply_error_count} apply error(s); see the target's server log`);
     },
     async stop() {
@@ -592,7 +626,18 @@ const log = (line: string) => process.stderr.write(`[bench ${new Date().toISOStr
 function report(results: RunResult[]): string[] {
   const f = (x: number | null | undefined, d = 2) => (x === null || x === undefined ? '-' : x.toFixed(d));
   const get = (mode: Mode, c: ContestantKind) => results.find((r) => r.mode === mode && r.contestant === c);
-  const header = ['streaming', 'pgsub s', 'native s', 'native/pgsub', 'pgsub lag s', 'native lag s', 'pgsub peak RSS MB', 'spool peak MB', 'native workers RssAnon MB', 'CPU s pub/tgt/pgsub'];
+  const header = [
+    'streaming',
+    'pgsub s',
+    'native s',
+    'native/pgsub',
+    'pgsub lag s',
+    'native lag s',
+    'pgsub peak RSS MB',
+    'spool peak MB',
+    'native workers RssAnon MB',
+    'CPU s pub/tgt/pgsub',
+  ];
   const rows = SELECTED_MODES.map((mode) => {
     const p = get(mode, 'pgsub');
     const nat = get(mode, 'native');
@@ -611,9 +656,11 @@ function report(results: RunResult[]): string[] {
     ];
   });
   out('');
-  out(`one transaction inserting ${ROWS.toLocaleString('en-US')} rows (id bigint, n int, t text(${VALUE_BYTES})); PostgreSQL 18 → 18; logical_decoding_work_mem ${SERVER_SETTINGS.logical_decoding_work_mem}`);
+  out(
+    `one transaction inserting ${ROWS.toLocaleString('en-US')} rows (id bigint, n int, t text(${VALUE_BYTES})); PostgreSQL 18 → 18; logical_decoding_work_mem ${SERVER_SETTINGS.logical_decoding_work_mem}`,
+  );
   out('seconds: INSERT start → slot confirmed the commit and the target holds every row; lag: the part after the commit returned');
-  out('native/pgsub > 1: pgsub faster. RSS: VmHWM (exact peak); native: sampled max of its apply workers\' private memory');
+  out("native/pgsub > 1: pgsub faster. RSS: VmHWM (exact peak); native: sampled max of its apply workers' private memory");
   out('');
   out(formatTable(header, rows));
   const insert = results.filter((r) => r.insertSeconds !== undefined).map((r) => `${r.contestant}/${r.mode} ${f(r.insertSeconds, 1)}`);
@@ -637,7 +684,9 @@ async function main(): Promise<void> {
   let servers: Servers | undefined;
   const results: RunResult[] = [];
   try {
-    log(`pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`} (src fingerprint ${build.fingerprint}, run as ${build.mode}${build.buildErrors ? `, ${build.buildErrors} tsc errors` : ''}); starting PostgreSQL 18 publisher and target`);
+    log(
+      `pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`} (src fingerprint ${build.fingerprint}, run as ${build.mode}${build.buildErrors ? `, ${build.buildErrors} tsc errors` : ''}); starting PostgreSQL 18 publisher and target`,
+    );
     servers = await setup();
     const version = (await servers.pub.query<{ version: string }>('SELECT version()'))[0]!.version;
     for (const mode of SELECTED_MODES) {
@@ -654,18 +703,47 @@ async function main(): Promise<void> {
           const trace = r.details?.memoryTrace as ReturnType<typeof memoryTrace> | undefined;
           if (trace?.atPeak) {
             const p = trace.atPeak;
-            log(`  memory at pgsub's RSS peak (${p.t} s): RSS ${p.rssMB} MB = V8 heap ${p.heapTotalMB} MB (used ${p.heapUsedMB}; ${Object.entries(p.spaces).filter(([, [size]]) => size >= 1).map(([k, [size, used]]) => `${k} ${size}/${used}`).join(', ')}) + external ${p.externalMB} MB (array buffers ${p.arrayBuffersMB}) + code, stacks, libraries`);
+            log(
+              `  memory at pgsub's RSS peak (${p.t} s): RSS ${p.rssMB} MB = V8 heap ${p.heapTotalMB} MB (used ${p.heapUsedMB}; ${Object.entries(p.spaces)
+                .filter(([, [size]]) => size >= 1)
+                .map(([k, [size, used]]) => `${k} ${size}/${used}`)
+                .join(', ')}) + external ${p.externalMB} MB (array buffers ${p.arrayBuffersMB}) + code, stacks, libraries`,
+            );
           }
         }
       }
     }
     const goals = report(results);
-    writeBenchResult('stream', started, { server: version }, {
-      pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, runAs: build.mode, buildErrors: build.buildErrors, traceMemory: TRACE_MEMORY, extraEnv: PGSUB_EXTRA_ENV },
-      settings: { server: SERVER_SETTINGS, rows: ROWS, valueBytes: VALUE_BYTES, modes: SELECTED_MODES, contestants: SELECTED_CONTESTANTS, sampleMs: SAMPLE_MS, pgsubDefaults: 'queue_size 10000, max_in_flight 1000, binary false, synchronous_commit on', native: 'binary false, synchronous_commit off (native default)' },
-      goals,
-      runs: results,
-    }, out);
+    writeBenchResult(
+      'stream',
+      started,
+      { server: version },
+      {
+        pgsub: {
+          head: build.head,
+          dirty: build.dirty,
+          srcFingerprint: build.fingerprint,
+          copiedTree: !opts.live,
+          runAs: build.mode,
+          buildErrors: build.buildErrors,
+          traceMemory: TRACE_MEMORY,
+          extraEnv: PGSUB_EXTRA_ENV,
+        },
+        settings: {
+          server: SERVER_SETTINGS,
+          rows: ROWS,
+          valueBytes: VALUE_BYTES,
+          modes: SELECTED_MODES,
+          contestants: SELECTED_CONTESTANTS,
+          sampleMs: SAMPLE_MS,
+          pgsubDefaults: 'queue_size 10000, max_in_flight 1000, binary false, synchronous_commit on',
+          native: 'binary false, synchronous_commit off (native default)',
+        },
+        goals,
+        runs: results,
+      },
+      out,
+    );
   } finally {
     await servers?.pubWork.end().catch(() => {});
     await servers?.pubMonitor.end().catch(() => {});

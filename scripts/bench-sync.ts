@@ -101,7 +101,12 @@ const { values: opts } = parseArgs({
   },
 });
 if (opts.help) {
-  process.stdout.write(readFileSync(fileURLToPath(import.meta.url), 'utf8').split('*/')[0]!.replace(/^\/\*\*\n?/, '').replace(/^ \* ?/gm, '') + '\n');
+  process.stdout.write(
+    `${readFileSync(fileURLToPath(import.meta.url), 'utf8')
+      .split('*/')[0]!
+      .replace(/^\/\*\*\n?/, '')
+      .replace(/^ \* ?/gm, '')}\n`,
+  );
   process.exit(0);
 }
 const ROWS = Number(opts.rows);
@@ -203,7 +208,9 @@ async function seed(pub: Cluster, all: Dataset[]): Promise<Record<string, Datase
       totalBytes += Number(r!.total);
     }
     out[d.name] = { heapBytes, totalBytes, rows: d.tables.reduce((a, t) => a + t.rows, 0), expected };
-    log(`seeded ${d.name}: ${d.tables.length} table(s), ${out[d.name]!.rows} rows, heap ${mb(heapBytes)} MB, with indexes ${mb(totalBytes)} MB (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    log(
+      `seeded ${d.name}: ${d.tables.length} table(s), ${out[d.name]!.rows} rows, heap ${mb(heapBytes)} MB, with indexes ${mb(totalBytes)} MB (${((performance.now() - t0) / 1000).toFixed(1)} s)`,
+    );
   }
   await pub.query('CHECKPOINT');
   return out;
@@ -339,19 +346,33 @@ async function waitReady(d: Dataset, states: () => Promise<{ total: number; read
   return copiedAt;
 }
 
-async function runPgsub(s: Servers, d: Dataset, c: Extract<Contestant, { kind: 'pgsub' }>, db: string, sub: string, poller: pg.Client, cpu: CpuSampler, build: PgsubBuild, cleanups: (() => Promise<void>)[]): Promise<Measured> {
+async function runPgsub(
+  s: Servers,
+  d: Dataset,
+  c: Extract<Contestant, { kind: 'pgsub' }>,
+  db: string,
+  sub: string,
+  poller: pg.Client,
+  cpu: CpuSampler,
+  build: PgsubBuild,
+  cleanups: (() => Promise<void>)[],
+): Promise<Measured> {
   const t0 = performance.now();
-  const child = spawnPgsub(build, {
-    PGSUB_SOURCE: s.pub.url(SOURCE_DB),
-    PGSUB_TARGET: s.tgt.url(db),
-    PGSUB_PUBLICATION: d.publication,
-    PGSUB_SUBSCRIPTION: sub,
-    PGSUB_MAX_SYNC_WORKERS: String(c.workers),
-    PGSUB_BINARY: String(c.binary),
-    PGSUB_LOG_LEVEL: 'info',
-    ...c.env,
-    ...PGSUB_EXTRA_ENV,
-  }, { nice: NICE });
+  const child = spawnPgsub(
+    build,
+    {
+      PGSUB_SOURCE: s.pub.url(SOURCE_DB),
+      PGSUB_TARGET: s.tgt.url(db),
+      PGSUB_PUBLICATION: d.publication,
+      PGSUB_SUBSCRIPTION: sub,
+      PGSUB_MAX_SYNC_WORKERS: String(c.workers),
+      PGSUB_BINARY: String(c.binary),
+      PGSUB_LOG_LEVEL: 'info',
+      ...c.env,
+      ...PGSUB_EXTRA_ENV,
+    },
+    { nice: NICE },
+  );
   cpu.addProcess('pgsub', child.pid);
   const mem = new MemorySampler(child.pid);
   cleanups.push(async () => {
@@ -363,7 +384,7 @@ async function runPgsub(s: Servers, d: Dataset, c: Extract<Contestant, { kind: '
     await pollUntil(async () => {
       const [slot] = await s.pub.query<{ active: boolean }>('SELECT active FROM pg_replication_slots WHERE slot_name = $1', [sub]);
       if (slot && !slot.active) await s.pub.query('SELECT pg_drop_replication_slot($1)', [sub]);
-      return !slot || !slot.active;
+      return !slot?.active;
     }, 30_000);
     await s.tgt.query('SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname = $1', [`pgsub_${sub}`]);
   });
@@ -405,7 +426,9 @@ async function runPgsub(s: Servers, d: Dataset, c: Extract<Contestant, { kind: '
       // Seconds since spawn, from pgsub.subscription_rel (target clock) and pgsub's log.
       phases: { firstCopyStarted: at(phases?.copy_start), lastCopyFinished: at(phases?.copy_end), lastReady: at(phases?.ready) },
       log: logs.filter((l) => !String(l.msg).startsWith('table copy')).map((l) => `${at(l.time)} ${String(l.msg)}`),
-      tables: logs.filter((l) => l.msg === 'table copy finished').map((l) => ({ table: l.table, rows: l.rows, bytes: l.bytes, seconds: l.seconds, ranges: l.ranges, finishedAt: at(l.time) })),
+      tables: logs
+        .filter((l) => l.msg === 'table copy finished')
+        .map((l) => ({ table: l.table, rows: l.rows, bytes: l.bytes, seconds: l.seconds, ranges: l.ranges, finishedAt: at(l.time) })),
     },
   };
 }
@@ -465,7 +488,10 @@ function summarize(results: RunResult[], infos: Record<string, DatasetInfo>): Su
   const excluded = new Map<string, number>();
   for (const [k, runs] of groups) {
     if (!runs.some((r) => !r.disturbed)) continue;
-    groups.set(k, runs.filter((r) => !r.disturbed));
+    groups.set(
+      k,
+      runs.filter((r) => !r.disturbed),
+    );
     excluded.set(k, runs.filter((r) => r.disturbed).length);
   }
   const stat = (dataset: string, contestant: string, f: (xs: number[]) => number) => {
@@ -517,7 +543,22 @@ function summarize(results: RunResult[], infos: Record<string, DatasetInfo>): Su
 
 function printReport(summaries: Summary[], infos: Record<string, DatasetInfo>): string[] {
   const f = (x: number | null, d = 2) => (x === null ? '-' : x.toFixed(d));
-  const header = ['dataset', 'contestant', 'runs', 'min s', 'median s', 'copied s', 'MB/s', '×native', '×native-text', '×pipe', 'peak RSS MiB', 'startup s', 'CPU s pub/tgt/client/all', 'other load'];
+  const header = [
+    'dataset',
+    'contestant',
+    'runs',
+    'min s',
+    'median s',
+    'copied s',
+    'MB/s',
+    '×native',
+    '×native-text',
+    '×pipe',
+    'peak RSS MiB',
+    'startup s',
+    'CPU s pub/tgt/client/all',
+    'other load',
+  ];
   const rows = summaries.map((s) => [
     s.dataset,
     s.contestant,
@@ -535,7 +576,8 @@ function printReport(summaries: Summary[], infos: Record<string, DatasetInfo>): 
     f(s.foreignCores),
   ]);
   out('');
-  for (const [name, i] of Object.entries(infos)) out(`${name}: ${i.rows} rows, heap ${mb(i.heapBytes)} MB (MB/s is heap MB per median second), with indexes ${mb(i.totalBytes)} MB`);
+  for (const [name, i] of Object.entries(infos))
+    out(`${name}: ${i.rows} rows, heap ${mb(i.heapBytes)} MB (MB/s is heap MB per median second), with indexes ${mb(i.totalBytes)} MB`);
   out('×native, ×native-text, ×pipe: median time of native-binary, native-text or pipe-binary divided by this median (> 1 = faster)');
   out('seconds: start → every table ready (pipe: every COPY committed); copied: → every copy finished');
   out('CPU: median CPU seconds of the publisher, the target, the copying client (pgsub, or this process for the pipe) and their sum');
@@ -630,14 +672,20 @@ async function main(): Promise<void> {
 
     const summaries = summarize(results, infos);
     const goals = printReport(summaries, infos);
-    writeBenchResult('sync', started, { server: version }, {
-      pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, mode: build.mode, buildTypeErrors: build.buildErrors },
-      settings: { server: SERVER_SETTINGS, rows: ROWS, reps: REPS, pgsubEnv: PGSUB_EXTRA_ENV, nativeDefaults: 'max_sync_workers_per_subscription = 2 (default)' },
-      datasets: Object.fromEntries(all.map((d) => [d.name, { ...infos[d.name], tables: d.tables }])),
-      summaries,
-      goals,
-      runs: results,
-    }, out);
+    writeBenchResult(
+      'sync',
+      started,
+      { server: version },
+      {
+        pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, mode: build.mode, buildTypeErrors: build.buildErrors },
+        settings: { server: SERVER_SETTINGS, rows: ROWS, reps: REPS, pgsubEnv: PGSUB_EXTRA_ENV, nativeDefaults: 'max_sync_workers_per_subscription = 2 (default)' },
+        datasets: Object.fromEntries(all.map((d) => [d.name, { ...infos[d.name], tables: d.tables }])),
+        summaries,
+        goals,
+        runs: results,
+      },
+      out,
+    );
   } finally {
     await servers?.pubMonitor.end().catch(() => {});
     await servers?.tgtMonitor.end().catch(() => {});

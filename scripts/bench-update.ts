@@ -20,7 +20,7 @@ import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { updateManyStatement } from '../src/apply/sql/statements.js';
 import { updateArraysStatement } from '../src/apply/sql/update-rows.js';
-import { WireConnection, type WireResult } from '../src/target/wire.js';
+import { WireConnection } from '../src/target/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';
 import type { Tuple } from '../src/protocol/messages.js';
 import { startCluster, stopAllClusters } from '../test/harness/index.js';
@@ -74,7 +74,9 @@ function cpuTicks(pid: number): number {
 }
 
 async function run(wire: WireConnection, backendPid: number, method: string): Promise<string> {
-  await wire.simpleQuery(`DROP TABLE IF EXISTS public.w3; CREATE TABLE public.w3 (id bigint PRIMARY KEY, n integer NOT NULL, payload text NOT NULL, ts timestamptz NOT NULL); ${LOAD}; ANALYZE public.w3; CHECKPOINT`);
+  await wire.simpleQuery(
+    `DROP TABLE IF EXISTS public.w3; CREATE TABLE public.w3 (id bigint PRIMARY KEY, n integer NOT NULL, payload text NOT NULL, ts timestamptz NOT NULL); ${LOAD}; ANALYZE public.w3; CHECKPOINT`,
+  );
   rel.statements.clear();
   const [how, size] = method.split(':') as [string, string | undefined];
   const batch = Number(size ?? 0);
@@ -116,7 +118,11 @@ async function run(wire: WireConnection, backendPid: number, method: string): Pr
   const wall = performance.now() - t0;
   const me = process.cpuUsage(me0);
   const cpu = (cpuTicks(backendPid) - cpu0) / CLK_TCK;
-  const check = (await wire.simpleQuery(`SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '${lsn0}') AS b, (SELECT count(*) FROM public.w3 WHERE n = (id % 1000) + 1 AND ts = timestamptz '2025-01-02 00:00:00+00' + id * interval '1 second') AS n`)).rows[0]!;
+  const check = (
+    await wire.simpleQuery(
+      `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '${lsn0}') AS b, (SELECT count(*) FROM public.w3 WHERE n = (id % 1000) + 1 AND ts = timestamptz '2025-01-02 00:00:00+00' + id * interval '1 second') AS n`,
+    )
+  ).rows[0]!;
   if (Number(check.n) !== ROWS) throw new Error(`${method}: ${check.n} rows updated`);
   return `${method.padEnd(14)} wall ${(wall / 1000).toFixed(2).padStart(6)} s   backend CPU ${cpu.toFixed(2).padStart(6)} s   client CPU ${((me.user + me.system) / 1e6).toFixed(2).padStart(6)} s   WAL ${(Number(check.b) / 2 ** 20).toFixed(0).padStart(5)} MB`;
 }
@@ -129,7 +135,9 @@ try {
     startupParameters: { search_path: '', session_replication_role: 'replica', synchronous_commit: 'off', datestyle: 'ISO', intervalstyle: 'postgres', extra_float_digits: '3' },
   });
   const pid = Number((await wire.simpleQuery('SELECT pg_backend_pid() AS p')).rows[0]!.p);
-  await wire.simpleQuery(`CREATE SCHEMA pgsub; CREATE FUNCTION "pgsub"."conflict"(kind text) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = '' AS $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'PSC01', MESSAGE = 'pgsub conflict: ' || kind; END $$`);
+  await wire.simpleQuery(
+    `CREATE SCHEMA pgsub; CREATE FUNCTION "pgsub"."conflict"(kind text) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = '' AS $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'PSC01', MESSAGE = 'pgsub conflict: ' || kind; END $$`,
+  );
   console.log(`PostgreSQL ${MAJOR}, ${ROWS.toLocaleString('en')} rows updated in one transaction, backend pid ${pid}`);
   for (const round of [1, 2]) for (const m of METHODS) console.log(`round ${round}  ${await run(wire, pid, m)}`);
   await wire.close();

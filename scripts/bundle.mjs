@@ -27,7 +27,9 @@ const nodeOnlyPg = {
   },
 };
 
-const outdir = 'dist/bundle';
+// --outdir DIR: elsewhere, two directories below the root too (the tests' .test-build/bundle).
+const at = process.argv.indexOf('--outdir');
+const outdir = at > 0 ? process.argv[at + 1] : 'dist/bundle';
 rmSync(outdir, { recursive: true, force: true });
 await build({
   entryPoints: { main: 'src/cli/main.ts' },

@@ -153,10 +153,8 @@ class Check {
 
 type Pattern = unknown;
 
-const lsnIn = (lo: Lsn, hi: Lsn) =>
-  new Check(`LSN in [${formatLsn(lo)}, ${formatLsn(hi)}]`, (v) => typeof v === 'bigint' && v >= lo && v <= hi && v > 0n);
-const timeIn = (lo: bigint, hi: bigint) =>
-  new Check(`time in [${lo}, ${hi}]`, (v) => typeof v === 'bigint' && v >= lo && v <= hi);
+const lsnIn = (lo: Lsn, hi: Lsn) => new Check(`LSN in [${formatLsn(lo)}, ${formatLsn(hi)}]`, (v) => typeof v === 'bigint' && v >= lo && v <= hi && v > 0n);
+const timeIn = (lo: bigint, hi: bigint) => new Check(`time in [${lo}, ${hi}]`, (v) => typeof v === 'bigint' && v >= lo && v <= hi);
 
 function match(actual: unknown, pattern: Pattern, at: string, errors: string[]): void {
   if (pattern instanceof Check) {
@@ -173,7 +171,7 @@ function match(actual: unknown, pattern: Pattern, at: string, errors: string[]):
       errors.push(`${at}: expected array of ${pattern.length}, got ${JSON.stringify(toJson(actual))}`);
       return;
     }
-    pattern.forEach((p, i) => match(actual[i], p, `${at}[${i}]`, errors));
+    for (const [i, p] of pattern.entries()) match(actual[i], p, `${at}[${i}]`, errors);
     return;
   }
   if (pattern !== null && typeof pattern === 'object') {
@@ -268,14 +266,9 @@ async function one(c: Client, sql: string, params: unknown[] = []): Promise<stri
 const xidNow = async (c: Client) => Number(await one(c, 'SELECT (pg_current_xact_id()::text::bigint % 4294967296)::text AS v'));
 const lsnNow = async (c: Client) => parseLsn(await one(c, 'SELECT pg_current_wal_insert_lsn()::text AS v'));
 /** clock_timestamp() as PostgreSQL-epoch microseconds. */
-const clockNow = async (c: Client) =>
-  BigInt(await one(c, `SELECT ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint - 946684800000000)::text AS v`));
+const clockNow = async (c: Client) => BigInt(await one(c, `SELECT ((extract(epoch FROM clock_timestamp()) * 1000000)::bigint - 946684800000000)::text AS v`));
 const commitTs = async (c: Client, xid: number) =>
-  BigInt(
-    await one(c, `SELECT ((extract(epoch FROM pg_xact_commit_timestamp($1::text::xid)) * 1000000)::bigint - 946684800000000)::text AS v`, [
-      String(xid),
-    ]),
-  );
+  BigInt(await one(c, `SELECT ((extract(epoch FROM pg_xact_commit_timestamp($1::text::xid)) * 1000000)::bigint - 946684800000000)::text AS v`, [String(xid)]));
 const relid = async (c: Client, name: string) => Number(await one(c, 'SELECT $1::regclass::oid::int8::text AS v', [name]));
 const bytesOf = async (c: Client, expr: string): Promise<Buffer> => {
   const r = await c.query<{ v: Buffer }>(`SELECT ${expr} AS v`);
@@ -369,10 +362,10 @@ function optionArray(o: PeekOptions): string[] {
 async function peek(s: Session, slot: string, o: PeekOptions): Promise<Row[]> {
   const c = await connect(s.port); // fresh backend: fresh pgoutput relation cache
   try {
-    const r = await c.query<{ lsn: string; data: Buffer }>(
-      'SELECT lsn::text AS lsn, data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, VARIADIC $2::text[])',
-      [slot, optionArray(o)],
-    );
+    const r = await c.query<{ lsn: string; data: Buffer }>('SELECT lsn::text AS lsn, data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, VARIADIC $2::text[])', [
+      slot,
+      optionArray(o),
+    ]);
     const rows: Row[] = [];
     let inStream = false;
     for (const { lsn, data } of r.rows) {
@@ -418,9 +411,7 @@ function save(s: Session, scenario: string, o: PeekOptions, row: Row, index: num
 
 function expectSequence(s: Session, scenario: string, o: PeekOptions, rows: Row[], want: Expect[], description: string, offset = 0): void {
   if (rows.length !== want.length) {
-    throw new Error(
-      `${s.prefix} ${scenario}: got ${rows.length} messages (${rows.map((r) => r.msg.tag).join(' ')}), expected ${want.length}`,
-    );
+    throw new Error(`${s.prefix} ${scenario}: got ${rows.length} messages (${rows.map((r) => r.msg.tag).join(' ')}), expected ${want.length}`);
   }
   rows.forEach((row, i) => {
     const w = want[i]!;
@@ -483,8 +474,7 @@ interface Catalog {
 async function catalog(c: Client): Promise<Catalog> {
   const mood = Number(await one(c, "SELECT 'app.mood'::regtype::oid::int8::text AS v"));
   const rel: Record<string, number> = {};
-  for (const n of ['t_default', 't_full', 't_index', 't_nothing', 't_toast', 'tr_a', 'tr_b', 'tr_c', 't_stream', 't_sp'])
-    rel[n] = await relid(c, n);
+  for (const n of ['t_default', 't_full', 't_index', 't_nothing', 't_toast', 'tr_a', 'tr_b', 'tr_c', 't_stream', 't_sp']) rel[n] = await relid(c, n);
   rel.quoted = await relid(c, Q_TABLE_SQL);
   return { mood, rel };
 }
@@ -535,25 +525,32 @@ async function scenarioInsert(s: Session, w: Client, cat: Catalog, proto: number
     });
     const ins = (relationId: number, newTuple: unknown[]) => ({ tag: 'insert', relationId, newTuple });
     const rows = await peek(s, 'cap_insert', o);
-    expectSequence(s, 'insert', o, rows, [
-      { label: 'begin', p: beginP(t) },
-      { label: 'type-enum', p: moodType(cat) },
-      { label: 'relation-default', p: rel.t_default },
-      { label: 'insert-text-unicode-array', p: ins(cat.rel.t_default!, [text('1'), text('héllo wörld ✓'), text('12.50'), text('{a,"b c",NULL}'), text('happy')]) },
-      { label: 'insert-nulls', p: ins(cat.rel.t_default!, [text('2'), NULL, NULL, NULL, NULL]) },
-      { label: 'insert-empty-array', p: ins(cat.rel.t_default!, [text('3'), text('three'), text('0.00'), text('{}'), text('sad')]) },
-      { label: 'relation-quoted-unicode', p: rel.quoted },
-      { label: 'insert-quoted', p: ins(cat.rel.quoted!, [text('9007199254740993'), text('x "quoted"')]) },
-      { label: 'relation-full', p: rel.t_full },
-      { p: ins(cat.rel.t_full!, [text('1'), text('one')]) },
-      { p: ins(cat.rel.t_full!, [text('2'), text('two')]) },
-      { label: 'relation-index', p: rel.t_index },
-      { p: ins(cat.rel.t_index!, [text('1'), text('1'), text('c1')]) },
-      { p: ins(cat.rel.t_index!, [text('2'), text('2'), text('c2')]) },
-      { label: 'relation-nothing', p: rel.t_nothing },
-      { p: ins(cat.rel.t_nothing!, [text('1'), text('nothing')]) },
-      { label: 'commit', p: commitP(t) },
-    ], 'one transaction inserting into tables with replica identity default/full/index/nothing, an enum column, quoted unicode names');
+    expectSequence(
+      s,
+      'insert',
+      o,
+      rows,
+      [
+        { label: 'begin', p: beginP(t) },
+        { label: 'type-enum', p: moodType(cat) },
+        { label: 'relation-default', p: rel.t_default },
+        { label: 'insert-text-unicode-array', p: ins(cat.rel.t_default!, [text('1'), text('héllo wörld ✓'), text('12.50'), text('{a,"b c",NULL}'), text('happy')]) },
+        { label: 'insert-nulls', p: ins(cat.rel.t_default!, [text('2'), NULL, NULL, NULL, NULL]) },
+        { label: 'insert-empty-array', p: ins(cat.rel.t_default!, [text('3'), text('three'), text('0.00'), text('{}'), text('sad')]) },
+        { label: 'relation-quoted-unicode', p: rel.quoted },
+        { label: 'insert-quoted', p: ins(cat.rel.quoted!, [text('9007199254740993'), text('x "quoted"')]) },
+        { label: 'relation-full', p: rel.t_full },
+        { p: ins(cat.rel.t_full!, [text('1'), text('one')]) },
+        { p: ins(cat.rel.t_full!, [text('2'), text('two')]) },
+        { label: 'relation-index', p: rel.t_index },
+        { p: ins(cat.rel.t_index!, [text('1'), text('1'), text('c1')]) },
+        { p: ins(cat.rel.t_index!, [text('2'), text('2'), text('c2')]) },
+        { label: 'relation-nothing', p: rel.t_nothing },
+        { p: ins(cat.rel.t_nothing!, [text('1'), text('nothing')]) },
+        { label: 'commit', p: commitP(t) },
+      ],
+      'one transaction inserting into tables with replica identity default/full/index/nothing, an enum column, quoted unicode names',
+    );
   });
 }
 
@@ -573,36 +570,45 @@ async function scenarioDml(s: Session, w: Client, cat: Catalog, proto: number): 
     });
     const D = cat.rel;
     const rows = await peek(s, 'cap_dml', o);
-    expectSequence(s, 'dml', o, rows, [
-      { p: beginP(t) },
-      { p: moodType(cat) },
-      { p: rel.t_default },
-      {
-        label: 'update-key-change-K',
-        p: {
-          tag: 'update', relationId: D.t_default, oldKind: 'key',
-          oldTuple: [text('1'), NULL, NULL, NULL, NULL],
-          newTuple: [text('101'), text('héllo wörld ✓'), text('12.50'), text('{a,"b c",NULL}'), text('happy')],
+    expectSequence(
+      s,
+      'dml',
+      o,
+      rows,
+      [
+        { p: beginP(t) },
+        { p: moodType(cat) },
+        { p: rel.t_default },
+        {
+          label: 'update-key-change-K',
+          p: {
+            tag: 'update',
+            relationId: D.t_default,
+            oldKind: 'key',
+            oldTuple: [text('1'), NULL, NULL, NULL, NULL],
+            newTuple: [text('101'), text('héllo wörld ✓'), text('12.50'), text('{a,"b c",NULL}'), text('happy')],
+          },
         },
-      },
-      { label: 'update-no-old', p: { tag: 'update', relationId: D.t_default, newTuple: [text('2'), text('b2'), NULL, NULL, NULL] } },
-      { label: 'delete-key-K', p: { tag: 'delete', relationId: D.t_default, oldKind: 'key', oldTuple: [text('3'), NULL, NULL, NULL, NULL] } },
-      { p: rel.t_full },
-      {
-        label: 'update-full-O',
-        p: { tag: 'update', relationId: D.t_full, oldKind: 'old', oldTuple: [text('1'), text('one')], newTuple: [text('1'), text('ONE')] },
-      },
-      { label: 'delete-full-O', p: { tag: 'delete', relationId: D.t_full, oldKind: 'old', oldTuple: [text('2'), text('two')] } },
-      { p: rel.t_index },
-      {
-        label: 'update-index-key-K',
-        p: { tag: 'update', relationId: D.t_index, oldKind: 'key', oldTuple: [text('1'), text('1'), NULL], newTuple: [text('5'), text('1'), text('c1')] },
-      },
-      { p: { tag: 'update', relationId: D.t_index, newTuple: [text('2'), text('2'), text('c2!')] } },
-      { p: rel.quoted },
-      { label: 'delete-quoted-K', p: { tag: 'delete', relationId: D.quoted, oldKind: 'key', oldTuple: [text('9007199254740993'), NULL] } },
-      { p: commitP(t) },
-    ], 'UPDATE with key change (K), without old tuple, REPLICA IDENTITY FULL (O), USING INDEX; DELETE K/O');
+        { label: 'update-no-old', p: { tag: 'update', relationId: D.t_default, newTuple: [text('2'), text('b2'), NULL, NULL, NULL] } },
+        { label: 'delete-key-K', p: { tag: 'delete', relationId: D.t_default, oldKind: 'key', oldTuple: [text('3'), NULL, NULL, NULL, NULL] } },
+        { p: rel.t_full },
+        {
+          label: 'update-full-O',
+          p: { tag: 'update', relationId: D.t_full, oldKind: 'old', oldTuple: [text('1'), text('one')], newTuple: [text('1'), text('ONE')] },
+        },
+        { label: 'delete-full-O', p: { tag: 'delete', relationId: D.t_full, oldKind: 'old', oldTuple: [text('2'), text('two')] } },
+        { p: rel.t_index },
+        {
+          label: 'update-index-key-K',
+          p: { tag: 'update', relationId: D.t_index, oldKind: 'key', oldTuple: [text('1'), text('1'), NULL], newTuple: [text('5'), text('1'), text('c1')] },
+        },
+        { p: { tag: 'update', relationId: D.t_index, newTuple: [text('2'), text('2'), text('c2!')] } },
+        { p: rel.quoted },
+        { label: 'delete-quoted-K', p: { tag: 'delete', relationId: D.quoted, oldKind: 'key', oldTuple: [text('9007199254740993'), NULL] } },
+        { p: commitP(t) },
+      ],
+      'UPDATE with key change (K), without old tuple, REPLICA IDENTITY FULL (O), USING INDEX; DELETE K/O',
+    );
   });
 }
 
@@ -619,12 +625,19 @@ async function scenarioToastAndBinary(s: Session, w: Client, cat: Catalog, proto
       await w.query('UPDATE t_toast SET n = 7 WHERE id = 1');
     });
     const rows = await peek(s, 'cap_toast', o);
-    expectSequence(s, 'toast', o, rows, [
-      { p: beginP(t) },
-      { label: 'relation', p: rel.t_toast },
-      { label: 'update-unchanged-toast-u', p: { tag: 'update', relationId: cat.rel.t_toast, newTuple: [text('1'), UNCHANGED, text('7')] } },
-      { p: commitP(t) },
-    ], 'UPDATE leaving an out-of-line TOASTed text unchanged: column kind u');
+    expectSequence(
+      s,
+      'toast',
+      o,
+      rows,
+      [
+        { p: beginP(t) },
+        { label: 'relation', p: rel.t_toast },
+        { label: 'update-unchanged-toast-u', p: { tag: 'update', relationId: cat.rel.t_toast, newTuple: [text('1'), UNCHANGED, text('7')] } },
+        { p: commitP(t) },
+      ],
+      'UPDATE leaving an out-of-line TOASTed text unchanged: column kind u',
+    );
   });
 
   o = { proto, binary: true };
@@ -645,19 +658,26 @@ async function scenarioToastAndBinary(s: Session, w: Client, cat: Catalog, proto
       await w.query('UPDATE t_toast SET n = 42 WHERE id = 1');
     });
     const rows = await peek(s, 'cap_binary', o);
-    expectSequence(s, 'binary', o, rows, [
-      { p: beginP(t) },
-      { p: moodType(cat) },
-      { p: rel.t_default },
-      {
-        label: 'insert-binary',
-        p: { tag: 'insert', relationId: cat.rel.t_default, newTuple: [bin(sends.i10), bin(sends.txt), bin(sends.num), bin(sends.arr), bin(sends.enm)] },
-      },
-      { label: 'insert-binary-nulls', p: { tag: 'insert', relationId: cat.rel.t_default, newTuple: [bin(sends.i11), NULL, NULL, NULL, NULL] } },
-      { p: rel.t_toast },
-      { label: 'update-binary-unchanged-toast', p: { tag: 'update', relationId: cat.rel.t_toast, newTuple: [bin(sends.i1), UNCHANGED, bin(sends.i42)] } },
-      { p: commitP(t) },
-    ], "binary = true: column kind b (values checked against int4send/textsend/numeric_send/array_send/enum_send)");
+    expectSequence(
+      s,
+      'binary',
+      o,
+      rows,
+      [
+        { p: beginP(t) },
+        { p: moodType(cat) },
+        { p: rel.t_default },
+        {
+          label: 'insert-binary',
+          p: { tag: 'insert', relationId: cat.rel.t_default, newTuple: [bin(sends.i10), bin(sends.txt), bin(sends.num), bin(sends.arr), bin(sends.enm)] },
+        },
+        { label: 'insert-binary-nulls', p: { tag: 'insert', relationId: cat.rel.t_default, newTuple: [bin(sends.i11), NULL, NULL, NULL, NULL] } },
+        { p: rel.t_toast },
+        { label: 'update-binary-unchanged-toast', p: { tag: 'update', relationId: cat.rel.t_toast, newTuple: [bin(sends.i1), UNCHANGED, bin(sends.i42)] } },
+        { p: commitP(t) },
+      ],
+      'binary = true: column kind b (values checked against int4send/textsend/numeric_send/array_send/enum_send)',
+    );
   });
 }
 
@@ -682,20 +702,27 @@ async function scenarioTruncate(s: Session, w: Client, cat: Catalog, proto: numb
     if (tmsg?.tag !== 'truncate') throw new Error('no truncate message');
     const order = tmsg.relationIds;
     if ([...order].sort().join() !== [...three].sort().join()) throw new Error(`truncate relids ${order.join()} != ${three.join()}`);
-    expectSequence(s, 'truncate', o, rows, [
-      { p: beginP(t1) },
-      ...order.map((id, i) => ({ label: i === 0 ? 'relation' : undefined, p: byId.get(id) })),
-      { label: 'truncate-cascade-restart-3rels', p: { tag: 'truncate', cascade: true, restartIdentity: true, relationIds: order } },
-      { p: commitP(t1) },
-      { p: beginP(t2) },
-      { p: rel.tr_c },
-      { label: 'truncate-plain', p: { tag: 'truncate', cascade: false, restartIdentity: false, relationIds: [cat.rel.tr_c] } },
-      { p: commitP(t2) },
-      { p: beginP(t3) },
-      { p: rel.tr_c },
-      { label: 'truncate-restart-identity', p: { tag: 'truncate', cascade: false, restartIdentity: true, relationIds: [cat.rel.tr_c] } },
-      { p: commitP(t3) },
-    ], 'TRUNCATE tr_a, tr_c RESTART IDENTITY CASCADE (cascades to tr_b); TRUNCATE tr_c; TRUNCATE ONLY tr_c RESTART IDENTITY');
+    expectSequence(
+      s,
+      'truncate',
+      o,
+      rows,
+      [
+        { p: beginP(t1) },
+        ...order.map((id, i) => ({ label: i === 0 ? 'relation' : undefined, p: byId.get(id) })),
+        { label: 'truncate-cascade-restart-3rels', p: { tag: 'truncate', cascade: true, restartIdentity: true, relationIds: order } },
+        { p: commitP(t1) },
+        { p: beginP(t2) },
+        { p: rel.tr_c },
+        { label: 'truncate-plain', p: { tag: 'truncate', cascade: false, restartIdentity: false, relationIds: [cat.rel.tr_c] } },
+        { p: commitP(t2) },
+        { p: beginP(t3) },
+        { p: rel.tr_c },
+        { label: 'truncate-restart-identity', p: { tag: 'truncate', cascade: false, restartIdentity: true, relationIds: [cat.rel.tr_c] } },
+        { p: commitP(t3) },
+      ],
+      'TRUNCATE tr_a, tr_c RESTART IDENTITY CASCADE (cascades to tr_b); TRUNCATE tr_c; TRUNCATE ONLY tr_c RESTART IDENTITY',
+    );
   });
 }
 
@@ -709,12 +736,19 @@ async function scenarioMessages(s: Session, w: Client, proto: number): Promise<v
       txLsn = parseLsn(await one(w, `SELECT pg_logical_emit_message(true, 'pgsub/tx', 'hello ✓ message')::text AS v`));
     });
     const rows = await peek(s, 'cap_msg', o);
-    expectSequence(s, 'message', o, rows, [
-      { label: 'non-transactional', p: { tag: 'message', transactional: false, lsn: ntLsn, prefix: 'pgsub/non-tx', content: Buffer.from([0x00, 0xff, 0x10]) } },
-      { p: beginP(t) },
-      { label: 'transactional', p: { tag: 'message', transactional: true, lsn: txLsn, prefix: 'pgsub/tx', content: Buffer.from('hello ✓ message', 'utf8') } },
-      { p: commitP(t) },
-    ], "pg_logical_emit_message(true, 'pgsub/tx', …) in a transaction and (false, 'pgsub/non-tx', '\\x00ff10') outside");
+    expectSequence(
+      s,
+      'message',
+      o,
+      rows,
+      [
+        { label: 'non-transactional', p: { tag: 'message', transactional: false, lsn: ntLsn, prefix: 'pgsub/non-tx', content: Buffer.from([0x00, 0xff, 0x10]) } },
+        { p: beginP(t) },
+        { label: 'transactional', p: { tag: 'message', transactional: true, lsn: txLsn, prefix: 'pgsub/tx', content: Buffer.from('hello ✓ message', 'utf8') } },
+        { p: commitP(t) },
+      ],
+      "pg_logical_emit_message(true, 'pgsub/tx', …) in a transaction and (false, 'pgsub/non-tx', '\\x00ff10') outside",
+    );
   });
 }
 
@@ -735,13 +769,20 @@ async function scenarioOrigin(s: Session, cat: Catalog, proto: number): Promise<
         await w.query(`INSERT INTO t_nothing VALUES (2, 'from upstream')`);
       });
       const rows = await peek(s, 'cap_origin', o);
-      expectSequence(s, 'origin', o, rows, [
-        { label: 'begin-origin-ts', p: beginP(t, originTs) },
-        { label: 'origin', p: { tag: 'origin', originLsn, originName } },
-        { p: rel.t_nothing },
-        { p: { tag: 'insert', relationId: cat.rel.t_nothing, newTuple: [text('2'), text('from upstream')] } },
-        { label: 'commit-origin-ts', p: commitP(t, originTs) },
-      ], 'transaction written in a session with pg_replication_origin_session_setup + xact_setup(1/ABCDEF0, 2024-02-29 12:34:56.789012+00)');
+      expectSequence(
+        s,
+        'origin',
+        o,
+        rows,
+        [
+          { label: 'begin-origin-ts', p: beginP(t, originTs) },
+          { label: 'origin', p: { tag: 'origin', originLsn, originName } },
+          { p: rel.t_nothing },
+          { p: { tag: 'insert', relationId: cat.rel.t_nothing, newTuple: [text('2'), text('from upstream')] } },
+          { label: 'commit-origin-ts', p: commitP(t, originTs) },
+        ],
+        'transaction written in a session with pg_replication_origin_session_setup + xact_setup(1/ABCDEF0, 2024-02-29 12:34:56.789012+00)',
+      );
     });
     await w.query('SELECT pg_replication_origin_session_reset()');
   } finally {
@@ -862,8 +903,7 @@ function expectStream(
 
 async function scenarioStream(s: Session, w: Client, cat: Catalog, o: PeekOptions): Promise<void> {
   const info = o.streaming === 'parallel' && o.proto >= 4;
-  const ins = (from: number, to: number) =>
-    w.query(`INSERT INTO t_stream SELECT i, 'row-' || i || '-' || repeat('x', 100) FROM generate_series($1::int, $2::int) i`, [from, to]);
+  const ins = (from: number, to: number) => w.query(`INSERT INTO t_stream SELECT i, 'row-' || i || '-' || repeat('x', 100) FROM generate_series($1::int, $2::int) i`, [from, to]);
   const xminOf = async (id: number) => Number(await one(w, 'SELECT xmin::text AS v FROM t_stream WHERE id = $1', [id]));
   await withSlot(s, 'cap_stream', false, async () => {
     let sub1 = 0;
@@ -883,28 +923,35 @@ async function scenarioStream(s: Session, w: Client, cat: Catalog, o: PeekOption
     if (sub1 === t.xid || sub2 === t.xid || sub1 === sub2) throw new Error('subtransaction xids not distinct');
     const rows = await peek(s, 'cap_stream', o);
     const a = abortW!;
-    expectStream(s, 'stream', o, rows, {
-      top: t.xid,
-      rel: (x) => relations(cat, x).t_stream,
-      relationId: cat.rel.t_stream!,
-      ranges: [
-        { from: 1, to: 100, xid: t.xid, committed: true },
-        { from: 101, to: 1100, xid: sub1, committed: false },
-        { from: 1101, to: 2100, xid: sub2, committed: true },
-      ],
-      subAbort: {
-        after: 1101,
-        p: info
-          ? { tag: 'streamAbort', xid: t.xid, subXid: sub1, abortLsn: lsnIn(a.lsn0, a.lsn1), abortTime: timeIn(a.t0, a.t1) }
-          : { tag: 'streamAbort', xid: t.xid, subXid: sub1 },
-      },
-      tail: [
-        {
-          label: 'stream-commit',
-          p: { tag: 'streamCommit', xid: t.xid, flags: 0, commitLsn: lsnIn(t.commit.lsn0, t.commit.lsn1), endLsn: lsnIn(t.commit.lsn0, t.commit.lsn1), commitTime: t.commitTime },
+    expectStream(
+      s,
+      'stream',
+      o,
+      rows,
+      {
+        top: t.xid,
+        rel: (x) => relations(cat, x).t_stream,
+        relationId: cat.rel.t_stream!,
+        ranges: [
+          { from: 1, to: 100, xid: t.xid, committed: true },
+          { from: 101, to: 1100, xid: sub1, committed: false },
+          { from: 1101, to: 2100, xid: sub2, committed: true },
+        ],
+        subAbort: {
+          after: 1101,
+          p: info
+            ? { tag: 'streamAbort', xid: t.xid, subXid: sub1, abortLsn: lsnIn(a.lsn0, a.lsn1), abortTime: timeIn(a.t0, a.t1) }
+            : { tag: 'streamAbort', xid: t.xid, subXid: sub1 },
         },
-      ],
-    }, `streamed transaction (logical_decoding_work_mem=64kB) with SAVEPOINT s1 rolled back (Stream Abort of subxact) and s2 released; streaming=${o.streaming}`);
+        tail: [
+          {
+            label: 'stream-commit',
+            p: { tag: 'streamCommit', xid: t.xid, flags: 0, commitLsn: lsnIn(t.commit.lsn0, t.commit.lsn1), endLsn: lsnIn(t.commit.lsn0, t.commit.lsn1), commitTime: t.commitTime },
+          },
+        ],
+      },
+      `streamed transaction (logical_decoding_work_mem=64kB) with SAVEPOINT s1 rolled back (Stream Abort of subxact) and s2 released; streaming=${o.streaming}`,
+    );
   });
 
   // A streamed top-level transaction that rolls back: Stream Abort with xid = subxid.
@@ -920,21 +967,26 @@ async function scenarioStream(s: Session, w: Client, cat: Catalog, o: PeekOption
     // An abort record is not flushed by itself; the SQL interface only decodes flushed WAL.
     await w.query('SELECT pg_switch_wal()');
     const rows = await peek(s, 'cap_stream_rb', o);
-    expectStream(s, 'stream-rollback', o, rows, {
-      top: xid,
-      rel: (x) => relations(cat, x).t_stream,
-      relationId: cat.rel.t_stream!,
-      ranges: [{ from: 5001, to: 6000, xid, committed: false }],
-      minBlocks: 1, // what is still in memory at ROLLBACK is discarded, not streamed
-      tail: [
-        {
-          label: 'stream-abort-toplevel',
-          p: info
-            ? { tag: 'streamAbort', xid, subXid: xid, abortLsn: lsnIn(a.lsn0, a.lsn1), abortTime: timeIn(a.t0, a.t1) }
-            : { tag: 'streamAbort', xid, subXid: xid },
-        },
-      ],
-    }, `streamed top-level transaction rolled back: Stream Abort with subxid = xid; streaming=${o.streaming}`);
+    expectStream(
+      s,
+      'stream-rollback',
+      o,
+      rows,
+      {
+        top: xid,
+        rel: (x) => relations(cat, x).t_stream,
+        relationId: cat.rel.t_stream!,
+        ranges: [{ from: 5001, to: 6000, xid, committed: false }],
+        minBlocks: 1, // what is still in memory at ROLLBACK is discarded, not streamed
+        tail: [
+          {
+            label: 'stream-abort-toplevel',
+            p: info ? { tag: 'streamAbort', xid, subXid: xid, abortLsn: lsnIn(a.lsn0, a.lsn1), abortTime: timeIn(a.t0, a.t1) } : { tag: 'streamAbort', xid, subXid: xid },
+          },
+        ],
+      },
+      `streamed top-level transaction rolled back: Stream Abort with subxid = xid; streaming=${o.streaming}`,
+    );
   });
 }
 
@@ -959,33 +1011,57 @@ async function scenarioTwoPhase(s: Session, w: Client, cat: Catalog, proto: numb
 
     const rows = await peek(s, 'cap_2pc', o);
     const bp = (x: number, gid: string, p: Window) => ({
-      tag: 'beginPrepare', prepareLsn: lsnIn(p.lsn0, p.lsn1), endLsn: lsnIn(p.lsn0, p.lsn1), prepareTime: timeIn(p.t0, p.t1), xid: x, gid,
+      tag: 'beginPrepare',
+      prepareLsn: lsnIn(p.lsn0, p.lsn1),
+      endLsn: lsnIn(p.lsn0, p.lsn1),
+      prepareTime: timeIn(p.t0, p.t1),
+      xid: x,
+      gid,
     });
     const pr = (x: number, gid: string, p: Window) => ({
-      tag: 'prepare', flags: 0, prepareLsn: lsnIn(p.lsn0, p.lsn1), endLsn: lsnIn(p.lsn0, p.lsn1), prepareTime: timeIn(p.t0, p.t1), xid: x, gid,
+      tag: 'prepare',
+      flags: 0,
+      prepareLsn: lsnIn(p.lsn0, p.lsn1),
+      endLsn: lsnIn(p.lsn0, p.lsn1),
+      prepareTime: timeIn(p.t0, p.t1),
+      xid: x,
+      gid,
     });
-    expectSequence(s, 'twophase', o, rows, [
-      { label: 'begin-prepare', p: bp(x1, gid1, p1) },
-      { p: moodType(cat) },
-      { p: rel.t_default },
-      { p: { tag: 'insert', relationId: cat.rel.t_default, newTuple: [text('20'), text('2pc'), text('1.00'), text('{}'), text('ok')] } },
-      { label: 'prepare', p: pr(x1, gid1, p1) },
-      {
-        label: 'commit-prepared',
-        p: { tag: 'commitPrepared', flags: 0, commitLsn: lsnIn(c1.lsn0, c1.lsn1), endLsn: lsnIn(c1.lsn0, c1.lsn1), commitTime: ct1, xid: x1, gid: gid1 },
-      },
-      // The changes of a prepared transaction already rolled back when it is decoded are skipped
-      // (PG18 checks the transaction's status first): only Begin Prepare / Prepare remain.
-      { label: 'begin-prepare-2', p: bp(x2, gid2, p2) },
-      { label: 'prepare-2', p: pr(x2, gid2, p2) },
-      {
-        label: 'rollback-prepared',
-        p: {
-          tag: 'rollbackPrepared', flags: 0, prepareEndLsn: lsnIn(p2.lsn0, p2.lsn1), rollbackEndLsn: lsnIn(r2.lsn0, r2.lsn1),
-          prepareTime: timeIn(p2.t0, p2.t1), rollbackTime: timeIn(r2.t0, r2.t1), xid: x2, gid: gid2,
+    expectSequence(
+      s,
+      'twophase',
+      o,
+      rows,
+      [
+        { label: 'begin-prepare', p: bp(x1, gid1, p1) },
+        { p: moodType(cat) },
+        { p: rel.t_default },
+        { p: { tag: 'insert', relationId: cat.rel.t_default, newTuple: [text('20'), text('2pc'), text('1.00'), text('{}'), text('ok')] } },
+        { label: 'prepare', p: pr(x1, gid1, p1) },
+        {
+          label: 'commit-prepared',
+          p: { tag: 'commitPrepared', flags: 0, commitLsn: lsnIn(c1.lsn0, c1.lsn1), endLsn: lsnIn(c1.lsn0, c1.lsn1), commitTime: ct1, xid: x1, gid: gid1 },
         },
-      },
-    ], 'two_phase: PREPARE TRANSACTION + COMMIT PREPARED, then PREPARE TRANSACTION + ROLLBACK PREPARED');
+        // The changes of a prepared transaction already rolled back when it is decoded are skipped
+        // (PG18 checks the transaction's status first): only Begin Prepare / Prepare remain.
+        { label: 'begin-prepare-2', p: bp(x2, gid2, p2) },
+        { label: 'prepare-2', p: pr(x2, gid2, p2) },
+        {
+          label: 'rollback-prepared',
+          p: {
+            tag: 'rollbackPrepared',
+            flags: 0,
+            prepareEndLsn: lsnIn(p2.lsn0, p2.lsn1),
+            rollbackEndLsn: lsnIn(r2.lsn0, r2.lsn1),
+            prepareTime: timeIn(p2.t0, p2.t1),
+            rollbackTime: timeIn(r2.t0, r2.t1),
+            xid: x2,
+            gid: gid2,
+          },
+        },
+      ],
+      'two_phase: PREPARE TRANSACTION + COMMIT PREPARED, then PREPARE TRANSACTION + ROLLBACK PREPARED',
+    );
     // Cross-message equalities.
     const m = rows.map((r) => r.msg);
     const [b1, , , , P1, , b2, P2, R2] = m;
@@ -1010,22 +1086,29 @@ async function scenarioStreamPrepare(s: Session, w: Client, cat: Catalog, o: Pee
     const c = await around(w, `COMMIT PREPARED '${gid}'`);
     const ct = await commitTs(w, xid);
     const rows = await peek(s, 'cap_sp', o);
-    expectStream(s, 'stream-prepare', o, rows, {
-      top: xid,
-      rel: (x) => relations(cat, x).t_sp,
-      relationId: cat.rel.t_sp!,
-      ranges: [{ from: 1, to: 1500, xid, committed: true }],
-      tail: [
-        {
-          label: 'stream-prepare',
-          p: { tag: 'streamPrepare', flags: 0, prepareLsn: lsnIn(p.lsn0, p.lsn1), endLsn: lsnIn(p.lsn0, p.lsn1), prepareTime: timeIn(p.t0, p.t1), xid, gid },
-        },
-        {
-          label: 'commit-prepared-after-stream',
-          p: { tag: 'commitPrepared', flags: 0, commitLsn: lsnIn(c.lsn0, c.lsn1), endLsn: lsnIn(c.lsn0, c.lsn1), commitTime: ct, xid, gid },
-        },
-      ],
-    }, `streamed two-phase transaction: Stream Prepare then Commit Prepared; streaming=${o.streaming}, two_phase`);
+    expectStream(
+      s,
+      'stream-prepare',
+      o,
+      rows,
+      {
+        top: xid,
+        rel: (x) => relations(cat, x).t_sp,
+        relationId: cat.rel.t_sp!,
+        ranges: [{ from: 1, to: 1500, xid, committed: true }],
+        tail: [
+          {
+            label: 'stream-prepare',
+            p: { tag: 'streamPrepare', flags: 0, prepareLsn: lsnIn(p.lsn0, p.lsn1), endLsn: lsnIn(p.lsn0, p.lsn1), prepareTime: timeIn(p.t0, p.t1), xid, gid },
+          },
+          {
+            label: 'commit-prepared-after-stream',
+            p: { tag: 'commitPrepared', flags: 0, commitLsn: lsnIn(c.lsn0, c.lsn1), endLsn: lsnIn(c.lsn0, c.lsn1), commitTime: ct, xid, gid },
+          },
+        ],
+      },
+      `streamed two-phase transaction: Stream Prepare then Commit Prepared; streaming=${o.streaming}, two_phase`,
+    );
   });
 }
 

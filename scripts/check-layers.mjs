@@ -14,7 +14,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 export const LAYERS = [
   ['ground', ['src/errors.ts', 'src/quote.ts', 'src/log.ts', 'src/faults.ts', 'src/connect-failure.ts', 'src/protocol/', 'src/config/', 'src/conflict/types.ts']],
   ['target', ['src/target/']],
-  ['origin, conflict, sync states', ['src/origin/', 'src/conflict/', 'src/tablesync/state.ts']],
+  ['origin, conflict, sync states', ['src/origin/', 'src/conflict/', 'src/tablesync/sync-state.ts']],
   ['apply/sql', ['src/apply/sql/']],
   ['apply/txn', ['src/apply/txn/']],
   ['apply/handlers', ['src/apply/handlers/']],
@@ -45,13 +45,17 @@ function sources(dir) {
   return out;
 }
 
+/** The problems of src/ as it is on disk. */
 export function checkLayers() {
-  const files = sources('src');
+  return layerProblems(new Map(sources('src').map((file) => [file, readFileSync(path.join(root, file), 'utf8')])));
+}
+
+/** The problems of a set of modules: path (from the repository root) → source text. */
+export function layerProblems(modules) {
   const graph = new Map();
   const problems = [];
   const spec = /(?:^|\n)\s*(?:import|export)\s[^;]*?from\s+['"](\.[^'"]+)['"]|import\(\s*['"](\.[^'"]+)['"]\s*\)/g;
-  for (const file of files) {
-    const text = readFileSync(path.join(root, file), 'utf8');
+  for (const [file, text] of modules) {
     const deps = [];
     for (const m of text.matchAll(spec)) {
       const target = path.posix.normalize(path.posix.join(path.posix.dirname(file), (m[1] ?? m[2]).replace(/\.js$/, '.ts')));

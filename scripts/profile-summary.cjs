@@ -17,7 +17,7 @@ const name = (n) => `${n.callFrame.functionName || '(anonymous)'} ${n.callFrame.
 
 // Microseconds per sampled node, then per function: self, and inclusive (once per stack).
 const perNode = new Map();
-profile.samples.forEach((id, i) => perNode.set(id, (perNode.get(id) ?? 0) + (profile.timeDeltas[i] ?? 0)));
+for (const [i, id] of profile.samples.entries()) perNode.set(id, (perNode.get(id) ?? 0) + (profile.timeDeltas[i] ?? 0));
 const total = profile.timeDeltas.reduce((a, b) => a + b, 0);
 const self = new Map();
 const inclusive = new Map();

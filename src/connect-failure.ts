@@ -6,7 +6,7 @@
  * Messages carry the redacted conninfo only, never a password.
  */
 import { redactConninfo, redactSecrets, type ConnInfo } from './config/conninfo.js';
-import { AuthenticationError, ConnectionLostError, PgsubError, PrivilegeError, type Side } from './errors.js';
+import { AuthenticationError, ConnectionLostError, type PgsubError, PrivilegeError, type Side } from './errors.js';
 
 /** What was being opened: the walsender, an apply session (session_replication_role), or pgsub's schema. */
 export type ConnectionPurpose = 'replication' | 'apply' | 'schema';
@@ -42,7 +42,12 @@ export function refusal(side: Side, info: ConnInfo, err: unknown, purpose: Conne
   // pg throws this one itself when the server asks for a password and none was given.
   if (code === '28P01' || (code === null && /client password must be a string/.test(detail))) {
     const what = code === null ? 'the server asks for a password and none is given' : detail;
-    return new AuthenticationError(side, `${side}: password authentication failed (${what}; ${where}): fix the password of user "${info.user}" in the ${side} conninfo, PGPASSWORD or the password file`, context, options);
+    return new AuthenticationError(
+      side,
+      `${side}: password authentication failed (${what}; ${where}): fix the password of user "${info.user}" in the ${side} conninfo, PGPASSWORD or the password file`,
+      context,
+      options,
+    );
   }
   if (code === '28000') {
     const fix = /does not exist/.test(detail)
@@ -52,7 +57,12 @@ export function refusal(side: Side, info: ConnInfo, err: unknown, purpose: Conne
   }
   if (code === '42501') {
     if (purpose === 'replication') {
-      return new PrivilegeError(side, `source: role "${info.user}" may not open a replication connection (${detail}): ALTER ROLE ${quoteRole(info.user)} REPLICATION on the publisher, or connect as a role that has REPLICATION`, context, options);
+      return new PrivilegeError(
+        side,
+        `source: role "${info.user}" may not open a replication connection (${detail}): ALTER ROLE ${quoteRole(info.user)} REPLICATION on the publisher, or connect as a role that has REPLICATION`,
+        context,
+        options,
+      );
     }
     if (purpose === 'apply' && /session_replication_role/.test(detail)) {
       return new PrivilegeError(
@@ -77,7 +87,14 @@ export function refusal(side: Side, info: ConnInfo, err: unknown, purpose: Conne
 
 /** A failed connect as the caller should throw it: a refusal, else a lost connection to retry. */
 export function connectFailure(side: Side, info: ConnInfo, err: unknown, purpose: ConnectionPurpose, what: string): PgsubError {
-  return refusal(side, info, err, purpose) ?? new ConnectionLostError(redactSecrets(`cannot open ${what} to ${redactConninfo(info)}: ${(err as Error)?.message ?? String(err)}`), { [side]: redactConninfo(info) }, { cause: err });
+  return (
+    refusal(side, info, err, purpose) ??
+    new ConnectionLostError(
+      redactSecrets(`cannot open ${what} to ${redactConninfo(info)}: ${(err as Error)?.message ?? String(err)}`),
+      { [side]: redactConninfo(info) },
+      { cause: err },
+    )
+  );
 }
 
 function quoteRole(name: string): string {

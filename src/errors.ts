@@ -27,7 +27,11 @@ export abstract class PgsubError extends Error {
   readonly fatalAtStartup: boolean = false;
   /** The exit code when this error stops the service: 2, setup the operator must fix; 4, the subscription is lost; 1, anything else. */
   readonly exitCode: 1 | 2 | 4 = 1;
-  constructor(message: string, readonly context: ErrorContext = {}, options?: ErrorOptions) {
+  constructor(
+    message: string,
+    readonly context: ErrorContext = {},
+    options?: ErrorOptions,
+  ) {
     super(message, options);
     this.name = new.target.name;
   }
@@ -46,7 +50,11 @@ export type ProtocolErrorCode =
 /** Bytes from the publisher that do not form a valid message (proto.c's PROTOCOL_VIOLATION). */
 export class ProtocolError extends PgsubError {
   readonly retryable = false;
-  constructor(readonly code: ProtocolErrorCode, message: string, context: ErrorContext = {}) {
+  constructor(
+    readonly code: ProtocolErrorCode,
+    message: string,
+    context: ErrorContext = {},
+  ) {
     super(message, context);
   }
 }
@@ -115,7 +123,12 @@ export class ApplyConflictError extends PgsubError {
   // Retried like native: the operator may fix the local row meanwhile.
   readonly retryable = true;
   /** `record`: the conflict as conflict/report.ts logs it (kept opaque here, errors.ts imports nothing). */
-  constructor(readonly conflict: string, message: string, readonly record: unknown, context: ErrorContext = {}) {
+  constructor(
+    readonly conflict: string,
+    message: string,
+    readonly record: unknown,
+    context: ErrorContext = {},
+  ) {
     super(message, { ...context, conflict });
   }
 }
@@ -159,7 +172,12 @@ export class AuthenticationError extends PgsubError {
   readonly retryable = true;
   override readonly fatalAtStartup = true;
   override readonly exitCode = 2;
-  constructor(readonly side: Side, message: string, context: ErrorContext = {}, options?: ErrorOptions) {
+  constructor(
+    readonly side: Side,
+    message: string,
+    context: ErrorContext = {},
+    options?: ErrorOptions,
+  ) {
     super(message, { ...context, side }, options);
   }
 }
@@ -170,7 +188,12 @@ export class PrivilegeError extends PgsubError {
   readonly retryable = true;
   override readonly fatalAtStartup = true;
   override readonly exitCode = 2;
-  constructor(readonly side: Side, message: string, context: ErrorContext = {}, options?: ErrorOptions) {
+  constructor(
+    readonly side: Side,
+    message: string,
+    context: ErrorContext = {},
+    options?: ErrorOptions,
+  ) {
     super(message, { ...context, side }, options);
   }
 }
@@ -219,7 +242,11 @@ export class PgDumpError extends PgsubError {
 export class SchemaCopyError extends PgsubError {
   readonly retryable = false;
   override readonly exitCode: 1 | 2;
-  constructor(readonly code: 'PGSUB_SCHEMA_EXISTS' | 'PGSUB_SCHEMA_PREREQUISITE' | 'PGSUB_SCHEMA_COPY_FAILED', message: string, context: ErrorContext = {}) {
+  constructor(
+    readonly code: 'PGSUB_SCHEMA_EXISTS' | 'PGSUB_SCHEMA_PREREQUISITE' | 'PGSUB_SCHEMA_COPY_FAILED',
+    message: string,
+    context: ErrorContext = {},
+  ) {
     super(message, context);
     this.exitCode = code === 'PGSUB_SCHEMA_COPY_FAILED' ? 1 : 2;
   }
@@ -234,7 +261,12 @@ export class SchemaCopyError extends PgsubError {
 export class CutoverError extends PgsubError {
   readonly retryable = false;
   override readonly exitCode: 1 | 2;
-  constructor(readonly code: 'PGSUB_CUTOVER_REFUSED' | 'PGSUB_CUTOVER_FAILED', message: string, context: ErrorContext = {}, options?: ErrorOptions) {
+  constructor(
+    readonly code: 'PGSUB_CUTOVER_REFUSED' | 'PGSUB_CUTOVER_FAILED',
+    message: string,
+    context: ErrorContext = {},
+    options?: ErrorOptions,
+  ) {
     super(message, context, options);
     this.exitCode = code === 'PGSUB_CUTOVER_REFUSED' ? 2 : 1;
   }

@@ -58,7 +58,11 @@ export interface CutoverReport {
   sessions_terminated: number;
   steps: StepTiming[];
   tables: TableCount[];
-  sequences: (Omit<SequenceSync, 'sourceNext' | 'targetNextBefore' | 'targetNextAfter'> & { source_next: string | null; target_next_before: string | null; target_next_after: string | null })[];
+  sequences: (Omit<SequenceSync, 'sourceNext' | 'targetNextBefore' | 'targetNextAfter'> & {
+    source_next: string | null;
+    target_next_before: string | null;
+    target_next_after: string | null;
+  })[];
   reverse: { subscription: string; slot: string; publication: string; from_lsn: string; config_file: string | null } | null;
 }
 
@@ -102,9 +106,22 @@ async function preconditions(subs: Sub[]): Promise<void> {
     }
   }
   for (const sub of subs) {
-    if (!(await serviceRunning(sub))) throw refused(`pgsub run is not running for subscription ${sub.config.subscription} (its run lock is not held in the target): start the service, let it catch up, then cut over`, { subscription: sub.config.subscription });
-    const notReady = await sub.target.query(`SELECT schema_name || '.' || table_name AS rel, state::text FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND state <> 'r' ORDER BY 1`, [sub.config.subscription]);
-    if (notReady.length > 0) throw refused(`subscription ${sub.config.subscription}: ${notReady.length} table(s) not ready yet (${notReady.slice(0, 5).map((r) => `${r.rel} ${r.state}`).join(', ')}): wait until pgsub status shows every table ready`);
+    if (!(await serviceRunning(sub)))
+      throw refused(
+        `pgsub run is not running for subscription ${sub.config.subscription} (its run lock is not held in the target): start the service, let it catch up, then cut over`,
+        { subscription: sub.config.subscription },
+      );
+    const notReady = await sub.target.query(
+      `SELECT schema_name || '.' || table_name AS rel, state::text FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND state <> 'r' ORDER BY 1`,
+      [sub.config.subscription],
+    );
+    if (notReady.length > 0)
+      throw refused(
+        `subscription ${sub.config.subscription}: ${notReady.length} table(s) not ready yet (${notReady
+          .slice(0, 5)
+          .map((r) => `${r.rel} ${r.state}`)
+          .join(', ')}): wait until pgsub status shows every table ready`,
+      );
   }
 }
 
@@ -148,12 +165,17 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     for (;;) {
       const wal = await sourceLsn(source);
       const lags = await Promise.all(subs.map(async (s) => wal - (await originLsn(s))));
+      // biome-ignore lint/complexity/useMathMinMax: bigints (Math.max takes numbers)
       const worst = lags.reduce((a, b) => (a > b ? a : b), 0n);
       if (worst <= BigInt(opts.maxLagBytes)) {
         done('lag', `${worst} bytes behind (at most ${opts.maxLagBytes})`, { lagBytes: Number(worst) });
         break;
       }
-      if (Date.now() > lagDeadline) throw refused(`the target is ${worst} bytes behind the source, more than --max-lag ${opts.maxLagBytes} bytes, after ${opts.lagTimeoutMs / 1000} s: let pgsub catch up first`, { lagBytes: Number(worst) });
+      if (Date.now() > lagDeadline)
+        throw refused(
+          `the target is ${worst} bytes behind the source, more than --max-lag ${opts.maxLagBytes} bytes, after ${opts.lagTimeoutMs / 1000} s: let pgsub catch up first`,
+          { lagBytes: Number(worst) },
+        );
       await sleep(200);
     }
   } catch (err) {
@@ -188,7 +210,8 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
         lastShown = Date.now();
         out(`  ${'apply'.padEnd(12)} waiting: ${subs.map((s, i) => `${s.config.subscription} at ${formatLsn(at[i]!)}`).join(', ')} of ${formatLsn(fenceLsn)}`);
       }
-      for (const sub of subs) if (!(await serviceRunning(sub))) throw new Error(`the pgsub service of subscription ${sub.config.subscription} stopped before it reached the fence LSN`);
+      for (const sub of subs)
+        if (!(await serviceRunning(sub))) throw new Error(`the pgsub service of subscription ${sub.config.subscription} stopped before it reached the fence LSN`);
       if (Date.now() > applyDeadline) throw new Error(`the target did not reach the fence LSN ${formatLsn(fenceLsn)} within ${opts.applyTimeoutMs / 1000} s`);
       await sleep(50);
     }
@@ -207,7 +230,8 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
         const b = tgt.get(`${s.schema}.${s.name}`);
         return !a || !b || (!ahead(nextValue(b), nextValue(a), a.increment) && nextValue(b) !== nextValue(a));
       });
-      if (behind.length > 0) throw new Error(`sequence(s) ${behind.map((s) => `${s.schema}.${s.name}`).join(', ')} could not be set ahead of the source on the target (missing there?)`);
+      if (behind.length > 0)
+        throw new Error(`sequence(s) ${behind.map((s) => `${s.schema}.${s.name}`).join(', ')} could not be set ahead of the source on the target (missing there?)`);
       sequences.push(...synced);
     }
     done('sequences', `${sequences.filter((s) => s.moved).length} of ${sequences.length} moved, each at least the margin ahead of the source`);
@@ -216,13 +240,17 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     const tables: TableCount[] = [];
     for (const sub of subs) tables.push(...(await countRows(source, sub.target, sub.tables)));
     const unequal = tables.filter((t) => !t.equal);
-    if (unequal.length > 0) throw new Error(`row counts differ at the fence: ${unequal.map((t) => `${t.table} source ${t.source}, target ${t.target ?? 'unreadable'}`).join('; ')}`);
+    if (unequal.length > 0)
+      throw new Error(`row counts differ at the fence: ${unequal.map((t) => `${t.table} source ${t.source}, target ${t.target ?? 'unreadable'}`).join('; ')}`);
     done('verify', `${tables.length} table(s), ${tables.reduce((s, t) => s + t.source, 0)} rows, equal on both sides`);
 
     // 7. Replication back, and the forward subscription(s) disabled.
     if (opts.reverse) {
       reverse = await setupReverse(primary, subs[0]!.target, subs[0]!.tables, opts.reverseConfigFile);
-      done('reverse', `slot ${reverse.slot} on the new primary from ${formatLsn(reverse.consistentPoint)}; ${opts.reverseConfigFile ? `start it: pgsub run -c ${opts.reverseConfigFile}` : 'config not written (--reverse-config)'}`);
+      done(
+        'reverse',
+        `slot ${reverse.slot} on the new primary from ${formatLsn(reverse.consistentPoint)}; ${opts.reverseConfigFile ? `start it: pgsub run -c ${opts.reverseConfigFile}` : 'config not written (--reverse-config)'}`,
+      );
     }
     for (const sub of subs) await finishForward(sub, source, fenceLsn);
     done('finish', `subscription(s) ${subs.map((s) => s.config.subscription).join(', ')} disabled: cut over at ${formatLsn(fenceLsn)}`);
@@ -242,12 +270,21 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
         target_next_before: targetNextBefore?.toString() ?? null,
         target_next_after: targetNextAfter?.toString() ?? null,
       })),
-      reverse: reverse && { subscription: reverse.subscription, slot: reverse.slot, publication: reverse.publication, from_lsn: formatLsn(reverse.consistentPoint), config_file: reverse.configFile },
+      reverse: reverse && {
+        subscription: reverse.subscription,
+        slot: reverse.slot,
+        publication: reverse.publication,
+        from_lsn: formatLsn(reverse.consistentPoint),
+        config_file: reverse.configFile,
+      },
     };
   } catch (err) {
     const undone: string[] = [];
     if (reverse) {
-      await undoReverse(primary, subs[0]!.target, reverse).then(() => undone.push('reverse setup removed'), (e) => undone.push(`reverse setup NOT removed (${errorText(e)})`));
+      await undoReverse(primary, subs[0]!.target, reverse).then(
+        () => undone.push('reverse setup removed'),
+        (e) => undone.push(`reverse setup NOT removed (${errorText(e)})`),
+      );
     }
     if (fence) {
       await liftFence(fenceClient, fence).then(
@@ -274,7 +311,9 @@ async function finishForward(sub: Sub, source: Db, fenceLsn: Lsn): Promise<void>
      ON CONFLICT (subscription) DO UPDATE SET enabled = false, disabled_reason = EXCLUDED.disabled_reason, disabled_at = EXCLUDED.disabled_at`,
     [sub.config.subscription, `cut over at ${formatLsn(fenceLsn)}: the target is the primary now`],
   );
-  await source.query(`SELECT pg_catalog.pg_terminate_backend(active_pid)::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, [sub.config.slotName]);
+  await source.query(`SELECT pg_catalog.pg_terminate_backend(active_pid)::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, [
+    sub.config.slotName,
+  ]);
 }
 
 async function closeAll(source: Db, subs: Sub[]): Promise<void> {
@@ -284,14 +323,21 @@ async function closeAll(source: Db, subs: Sub[]): Promise<void> {
 
 /** The human summary (step 8). */
 export function renderCutover(r: CutoverReport): string {
-  const lines = ['', `cutover done: ${r.subscriptions.join(', ')} at ${r.fence_lsn}, write downtime ${(r.write_downtime_ms / 1000).toFixed(2)} s (fence ${r.fence}${r.fence === 'read-only' ? `, ${r.sessions_terminated} session(s) terminated` : ''})`];
+  const lines = [
+    '',
+    `cutover done: ${r.subscriptions.join(', ')} at ${r.fence_lsn}, write downtime ${(r.write_downtime_ms / 1000).toFixed(2)} s (fence ${r.fence}${r.fence === 'read-only' ? `, ${r.sessions_terminated} session(s) terminated` : ''})`,
+  ];
   lines.push(`  ${'table'.padEnd(32)} ${'source rows'.padStart(12)} ${'target rows'.padStart(12)}`);
   for (const t of r.tables) lines.push(`  ${t.table.slice(0, 32).padEnd(32)} ${String(t.source).padStart(12)} ${String(t.target ?? '-').padStart(12)}`);
   if (r.sequences.length > 0) {
     lines.push(`  ${'sequence'.padEnd(32)} ${'source next'.padStart(12)} ${'target next'.padStart(12)}  moved`);
-    for (const s of r.sequences) lines.push(`  ${s.sequence.slice(0, 32).padEnd(32)} ${(s.source_next ?? '-').padStart(12)} ${(s.target_next_after ?? '-').padStart(12)}  ${s.moved ? 'yes' : 'no (ahead)'}`);
+    for (const s of r.sequences)
+      lines.push(`  ${s.sequence.slice(0, 32).padEnd(32)} ${(s.source_next ?? '-').padStart(12)} ${(s.target_next_after ?? '-').padStart(12)}  ${s.moved ? 'yes' : 'no (ahead)'}`);
   }
-  if (r.reverse) lines.push(`  reverse: ${r.reverse.subscription} (slot ${r.reverse.slot}, publication ${r.reverse.publication}) from ${r.reverse.from_lsn}${r.reverse.config_file ? `: pgsub run -c ${r.reverse.config_file}` : ''}`);
+  if (r.reverse)
+    lines.push(
+      `  reverse: ${r.reverse.subscription} (slot ${r.reverse.slot}, publication ${r.reverse.publication}) from ${r.reverse.from_lsn}${r.reverse.config_file ? `: pgsub run -c ${r.reverse.config_file}` : ''}`,
+    );
   lines.push('  the application may now write to the target; the source stays read-only');
   return `${lines.join('\n')}\n`;
 }

@@ -50,8 +50,19 @@ export function startWorkload(url: string, clients: number): Workload {
           await db.connect();
         }
         await db.query('BEGIN');
-        if (i % 10 === 0) customer = Number((await db.query<{ id: string }>('INSERT INTO shop.customers (name, email) VALUES ($1, $2) RETURNING id::text', [`customer ${n}.${i}`, `c${n}.${i}@example.com`])).rows[0]!.id);
-        const order = Number((await db.query<{ id: string }>(`INSERT INTO shop.orders (customer_id, amount, status, placed_at) VALUES ($1, $2, 'new', now()) RETURNING id::text`, [customer, (i % 997) + 0.99])).rows[0]!.id);
+        if (i % 10 === 0)
+          customer = Number(
+            (await db.query<{ id: string }>('INSERT INTO shop.customers (name, email) VALUES ($1, $2) RETURNING id::text', [`customer ${n}.${i}`, `c${n}.${i}@example.com`]))
+              .rows[0]!.id,
+          );
+        const order = Number(
+          (
+            await db.query<{ id: string }>(`INSERT INTO shop.orders (customer_id, amount, status, placed_at) VALUES ($1, $2, 'new', now()) RETURNING id::text`, [
+              customer,
+              (i % 997) + 0.99,
+            ])
+          ).rows[0]!.id,
+        );
         await db.query('INSERT INTO shop."order lines" SELECT $1, g, $2 || g, g FROM generate_series(1, 1 + $1::bigint % 3) g', [order, `sku-${i % 50}-`]);
         if (mine.length > 0 && i % 3 === 0) await db.query(`UPDATE shop.orders SET status = 'paid', amount = amount + 1 WHERE id = $1`, [mine[mine.length - 1]]);
         if (mine.length > 2 && i % 7 === 0) {

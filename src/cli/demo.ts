@@ -40,7 +40,9 @@ const SCHEMA_COPY_FIXES = new Set(['TARGET_TABLE_MISSING', 'TARGET_TYPE_MISSING'
 
 export async function runDemo(opts: DemoOptions): Promise<number> {
   const out = (line: string) => process.stdout.write(`${line}\n`);
-  out(`pgsub demo: a migration from PostgreSQL ${opts.publisherMajor} to PostgreSQL ${opts.targetMajor}, an application of ${opts.clients} clients writing throughout (${opts.transactions} transactions before the cutover)`);
+  out(
+    `pgsub demo: a migration from PostgreSQL ${opts.publisherMajor} to PostgreSQL ${opts.targetMajor}, an application of ${opts.clients} clients writing throughout (${opts.transactions} transactions before the cutover)`,
+  );
   let publisher: Cluster | undefined;
   let target: Cluster | undefined;
   const binaries = ownBinaries();
@@ -66,20 +68,37 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
 
     const config = loadConfig({
       env: {},
-      overrides: { subscription: 'demo', source: publisher.url('shop'), target: target.url('shop'), publication: 'demo_pub', status_interval: 1, sequence_interval: 2, log_level: process.env.PGSUB_LOG_LEVEL ?? 'warn' },
+      overrides: {
+        subscription: 'demo',
+        source: publisher.url('shop'),
+        target: target.url('shop'),
+        publication: 'demo_pub',
+        status_interval: 1,
+        sequence_interval: 2,
+        log_level: process.env.PGSUB_LOG_LEVEL ?? 'warn',
+      },
     });
     const log = createLogger(config.logLevel, process.stderr as never);
 
     out('\n1. preflight');
     const first = await preflight(config, { copyRateMb: 50, longTransactionSeconds: 60, checkTablePrivileges });
     const blockers = first.findings.filter((f) => f.severity === 'blocker');
-    out(`  ${blockers.length} blocker(s), all fixed by schema copy: ${[...new Set(blockers.map((b) => b.code))].join(', ') || 'none'}; ${first.findings.filter((f) => f.severity === 'warning').length} warning(s)`);
+    out(
+      `  ${blockers.length} blocker(s), all fixed by schema copy: ${[...new Set(blockers.map((b) => b.code))].join(', ') || 'none'}; ${first.findings.filter((f) => f.severity === 'warning').length} warning(s)`,
+    );
     if (blockers.some((b) => !SCHEMA_COPY_FIXES.has(b.code))) return fail(out, `preflight: ${blockers.map((b) => `${b.code} ${b.object}: ${b.message}`).join('; ')}`);
 
     out('\n2. schema copy');
     const withDump = await copyTheSchema(config, target, out);
     const ready = await preflight(config, { copyRateMb: 50, longTransactionSeconds: 60, checkTablePrivileges });
-    if (!ready.ready) return fail(out, `preflight after the schema copy: ${ready.findings.filter((f) => f.severity === 'blocker').map((b) => `${b.code} ${b.object}`).join(', ')}`);
+    if (!ready.ready)
+      return fail(
+        out,
+        `preflight after the schema copy: ${ready.findings
+          .filter((f) => f.severity === 'blocker')
+          .map((b) => `${b.code} ${b.object}`)
+          .join(', ')}`,
+      );
     const e = ready.estimate!;
     out(`  preflight: ready; the initial copy: ${e.tables} tables, about ${e.rows} rows`);
 
@@ -88,19 +107,33 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
     const app = startWorkload(publisher.url('shop'), opts.clients);
     const started = Date.now();
     const progress = setInterval(() => void showProgress(publisher!, app.stats.committed, started, out), 1000);
-    await waitFor(async () => (await target!.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'demo'`, [], 'shop'))[0]?.ok === true, { timeoutMs: 300_000, intervalMs: 200, what: 'the initial copy' });
-    const [copy] = await target.query<{ rows: string; seconds: string }>(`SELECT sum(rows_copied)::text AS rows, extract(epoch FROM max(copy_finished_at) - min(copy_started_at))::numeric(10,1)::text AS seconds FROM pgsub.subscription_rel WHERE subscription = 'demo'`, [], 'shop');
+    await waitFor(
+      async () =>
+        (await target!.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'demo'`, [], 'shop'))[0]?.ok ===
+        true,
+      { timeoutMs: 300_000, intervalMs: 200, what: 'the initial copy' },
+    );
+    const [copy] = await target.query<{ rows: string; seconds: string }>(
+      `SELECT sum(rows_copied)::text AS rows, extract(epoch FROM max(copy_finished_at) - min(copy_started_at))::numeric(10,1)::text AS seconds FROM pgsub.subscription_rel WHERE subscription = 'demo'`,
+      [],
+      'shop',
+    );
     out(`  initial copy: ${copy?.rows ?? 0} rows in ${copy?.seconds ?? '?'} s, while the application wrote`);
     if (withDump) {
       const post = await copySchema(config, { step: 'post-data', force: false, print: false, pgDump: null });
       out(`  schema copy, post-data step: ${post.applied.length} object(s) (the foreign key) now that every table is ready`);
     }
-    await waitFor(() => app.stats.committed >= opts.transactions, { timeoutMs: 600_000, intervalMs: 200, what: 'the application\'s transactions' });
+    await waitFor(() => app.stats.committed >= opts.transactions, { timeoutMs: 600_000, intervalMs: 200, what: "the application's transactions" });
     clearInterval(progress);
     await showProgress(publisher, app.stats.committed, started, out);
 
     out('\n4. cutover (fence read-only)');
-    const report = await runCutover([config], { fence: 'read-only', maxLagBytes: 16 * 1024 * 1024, lagTimeoutMs: 60_000, applyTimeoutMs: 60_000, reverse: false, reverseConfigFile: null }, out, log);
+    const report = await runCutover(
+      [config],
+      { fence: 'read-only', maxLagBytes: 16 * 1024 * 1024, lagTimeoutMs: 60_000, applyTimeoutMs: 60_000, reverse: false, reverseConfigFile: null },
+      out,
+      log,
+    );
     const stats = await app.stop();
     runner.stop();
     await runner.done.catch(() => {});
@@ -158,7 +191,12 @@ async function sequencesAhead(config: Config): Promise<{ name: string; sourceLas
       const name = `${s.schema}.${s.name}`;
       const src = a.get(name);
       const tgt = b.get(name);
-      return { name, sourceLast: src?.lastValue.toString() ?? '-', targetNext: tgt ? nextValue(tgt).toString() : '-', ahead: Boolean(src && tgt && nextValue(tgt) > src.lastValue) };
+      return {
+        name,
+        sourceLast: src?.lastValue.toString() ?? '-',
+        targetNext: tgt ? nextValue(tgt).toString() : '-',
+        ahead: Boolean(src && tgt && nextValue(tgt) > src.lastValue),
+      };
     });
   } finally {
     await source.close();

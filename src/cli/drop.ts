@@ -57,10 +57,16 @@ export async function dropSubscription(config: Config, opts: { keepSlot: boolean
   try {
     const originName = replicationOriginName(config.subscription);
     const existing = new Set(
-      (await sql.unsafe<{ name: string }[]>(`SELECT c.relname AS name FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'pgsub' AND c.relkind = 'r'`)).map((r) => r.name),
+      (
+        await sql.unsafe<{ name: string }[]>(
+          `SELECT c.relname AS name FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'pgsub' AND c.relkind = 'r'`,
+        )
+      ).map((r) => r.name),
     );
     // Transactions prepared on the target for this subscription stay (their data is the user's); report them.
-    preparedLeft = (await sql.unsafe<{ gid: string }[]>(`SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE gid LIKE $1`, [`pgsub\\_${config.subscription.replace(/[_%\\]/g, '\\$&')}\\_%`])).map((r) => r.gid);
+    preparedLeft = (
+      await sql.unsafe<{ gid: string }[]>(`SELECT gid FROM pg_catalog.pg_prepared_xacts WHERE gid LIKE $1`, [`pgsub\\_${config.subscription.replace(/[_%\\]/g, '\\$&')}\\_%`])
+    ).map((r) => r.gid);
     if (existing.has('deferred_index')) {
       // Indexes a copy cut short left dropped go back first (tablesync/deferred-indexes.ts).
       for (const t of await tablesWithDeferredIndexes(runOnSql(sql), config.subscription)) {

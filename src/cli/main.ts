@@ -25,7 +25,7 @@ import { listPublishedTables } from '../tablesync/catalog.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { enableSubscription, requestSkip } from '../conflict/control.js';
 import { migrateTarget } from '../origin/store.js';
-import { formatLsn, parseLsn } from '../protocol/lsn.js';
+import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { packageVersion } from './version.js';
 import { registerMigrationCommands } from './migrate-commands.js';
 
@@ -52,11 +52,13 @@ program
     let supervisor: Supervisor | null = null;
     const runner = startRunner(config, log, { onStreaming: ({ startLsn }) => supervisor?.streaming(startLsn) });
     supervisor = superviseService(runner, notifier, log, config.receiveTimeoutMs);
-    const metrics = config.metricsListen ? await startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log).catch((err: unknown) => {
-      // Asked for and not possible (the port is taken): say so, and stop.
-      runner.stop();
-      throw new ConfigError(`metrics_listen ${config.metricsListen}: ${(err as Error).message}`, { key: 'metrics_listen' });
-    }) : null;
+    const metrics = config.metricsListen
+      ? await startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log).catch((err: unknown) => {
+          // Asked for and not possible (the port is taken): say so, and stop.
+          runner.stop();
+          throw new ConfigError(`metrics_listen ${config.metricsListen}: ${(err as Error).message}`, { key: 'metrics_listen' });
+        })
+      : null;
     installStopSignals(log, () => {
       supervisor?.stopping();
       runner.stop();
@@ -83,7 +85,7 @@ program
 
 program
   .command('status')
-  .description('show the subscription\'s progress recorded in the target and the slot on the publisher (exit 3: a side is unreachable; docs/status-json.md)')
+  .description("show the subscription's progress recorded in the target and the slot on the publisher (exit 3: a side is unreachable; docs/status-json.md)")
   .option('-c, --config <file>', 'YAML or JSON config file')
   .option('--json', 'print JSON')
   .action(async (opts: { config?: string; json?: boolean }) => {
@@ -120,7 +122,10 @@ program
     const target = { schema: table.slice(0, dot), table: table.slice(dot + 1) };
     if (config.twoPhase && (await withSource(config, (replication) => replication.getSlot(config.slotName)))?.twoPhase) {
       // Native refuses REFRESH PUBLICATION with copy_data while two_phase is enabled, for the same reason (launcher.ts).
-      throw new ConfigError(`resync: two_phase is enabled on slot ${config.slotName}, so ${table} cannot be copied again: a transaction prepared during the copy would lack its changes. Re-create the subscription to copy it again`, { key: 'table' });
+      throw new ConfigError(
+        `resync: two_phase is enabled on slot ${config.slotName}, so ${table} cannot be copied again: a transaction prepared during the copy would lack its changes. Re-create the subscription to copy it again`,
+        { key: 'table' },
+      );
     }
     const ok = await withMaintenance(config, (sql) => requestRefresh(sql, config.subscription, target));
     if (!ok) throw new ConfigError(`resync: ${table} is not a table of subscription ${config.subscription} (see pgsub status)`, { key: 'table' });
@@ -134,7 +139,7 @@ program
   .option('-c, --config <file>', 'YAML or JSON config file')
   .action(async (opts: { config?: string; lsn: string }) => {
     const config = loadConfig({ file: opts.config });
-    let lsn;
+    let lsn: Lsn;
     try {
       lsn = parseLsn(opts.lsn);
     } catch {
@@ -167,7 +172,7 @@ program
 
 program
   .command('drop')
-  .description('drop the subscription like DROP SUBSCRIPTION: the publisher\'s slot, pgsub\'s rows and replication origin in the target, spool files')
+  .description("drop the subscription like DROP SUBSCRIPTION: the publisher's slot, pgsub's rows and replication origin in the target, spool files")
   .option('-c, --config <file>', 'YAML or JSON config file')
   .option('--keep-slot', 'leave the replication slot on the publisher (like slot_name = NONE)')
   .action(async (opts: { config?: string; keepSlot?: boolean }) => {
@@ -177,14 +182,17 @@ program
     process.stdout.write(
       `subscription ${config.subscription} dropped: slot ${config.slotName} ${report.slot}, ${report.rows} row(s) of pgsub's schema deleted, replication origin ${report.origin}, ${report.spoolFiles} spool file(s) removed\n`,
     );
-    if (report.preparedLeft.length > 0) process.stdout.write(`left in place: transactions prepared on the target ${report.preparedLeft.join(', ')} (COMMIT PREPARED or ROLLBACK PREPARED them)\n`);
+    if (report.preparedLeft.length > 0)
+      process.stdout.write(`left in place: transactions prepared on the target ${report.preparedLeft.join(', ')} (COMMIT PREPARED or ROLLBACK PREPARED them)\n`);
   });
 
 registerMigrationCommands(program);
 
 program
   .command('demo')
-  .description('a whole migration on embedded servers: an older publisher with an application writing throughout, preflight, schema copy, initial copy, streaming, the fenced cutover, and a final comparison')
+  .description(
+    'a whole migration on embedded servers: an older publisher with an application writing throughout, preflight, schema copy, initial copy, streaming, the fenced cutover, and a final comparison',
+  )
   .option('--publisher <major>', 'publisher major version', '14')
   .option('--target <major>', 'target major version', '18')
   .option('--transactions <n>', 'transactions the application commits before the cutover', '5000')

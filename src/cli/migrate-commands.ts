@@ -37,18 +37,21 @@ const positive = (name: string, value: string): number => {
 export function registerMigrationCommands(program: Command): void {
   program
     .command('cutover')
-    .description('switch to the target: lag check, write fence, wait until the running service applied the fence LSN, sequences, row counts, optionally replication back; any failure lifts the fence')
+    .description(
+      'switch to the target: lag check, write fence, wait until the running service applied the fence LSN, sequences, row counts, optionally replication back; any failure lifts the fence',
+    )
     .option('-c, --config <file...>', 'config file(s); several subscriptions of one source database are drained to the same fence')
     .option('--fence <how>', 'read-only (the source database read-only, other sessions terminated) | none (you fenced the application yourself)', 'read-only')
     .option('--max-lag-mb <n>', 'start only when the target is at most this far behind', '16')
     .option('--lag-timeout <seconds>', 'how long to wait for the lag to come under --max-lag-mb', '60')
     .option('--timeout <seconds>', 'how long to wait, fenced, for the service to apply the fence LSN', '60')
     .option('--reverse', 'set up replication from the new primary back to the old one (origin = none)')
-    .option('--reverse-config <file>', 'where to write the reverse subscription\'s config', 'pgsub-reverse.yaml')
+    .option('--reverse-config <file>', "where to write the reverse subscription's config", 'pgsub-reverse.yaml')
     .option('--json', 'print the summary as JSON')
     .action((opts: { config?: string[]; fence: string; maxLagMb: string; lagTimeout: string; timeout: string; reverse?: boolean; reverseConfig: string; json?: boolean }) =>
       withExitCode(async () => {
-        if (opts.fence !== 'read-only' && opts.fence !== 'none') throw new ConfigError(`cutover: --fence must be read-only or none, not ${JSON.stringify(opts.fence)}`, { key: 'fence' });
+        if (opts.fence !== 'read-only' && opts.fence !== 'none')
+          throw new ConfigError(`cutover: --fence must be read-only or none, not ${JSON.stringify(opts.fence)}`, { key: 'fence' });
         const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file }));
         const log = createLogger(configs[0]!.logLevel, process.stderr as never);
         const say = opts.json ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
@@ -91,10 +94,12 @@ export function registerMigrationCommands(program: Command): void {
       }),
     );
 
-  const schema = program.command('schema').description('the published tables\' schema: copy it to the target from pg_dump, or compare both sides');
+  const schema = program.command('schema').description("the published tables' schema: copy it to the target from pg_dump, or compare both sides");
   schema
     .command('copy')
-    .description('create the published tables on the target from pg_dump --schema-only of the source (step tables before pgsub run; step post-data, foreign keys and triggers, once every table is ready)')
+    .description(
+      'create the published tables on the target from pg_dump --schema-only of the source (step tables before pgsub run; step post-data, foreign keys and triggers, once every table is ready)',
+    )
     .option('-c, --config <file>', 'YAML or JSON config file')
     .option('--step <step>', 'tables | post-data', 'tables')
     .option('--force', 'tables: drop and re-create published tables the target has already; post-data: run before the initial copy finished')
@@ -103,7 +108,8 @@ export function registerMigrationCommands(program: Command): void {
     .option('--json', 'print JSON')
     .action((opts: { config?: string; step: string; force?: boolean; print?: boolean; pgDump?: string; json?: boolean }) =>
       withExitCode(async () => {
-        if (opts.step !== 'tables' && opts.step !== 'post-data') throw new ConfigError(`schema copy: --step must be tables or post-data, not ${JSON.stringify(opts.step)}`, { key: 'step' });
+        if (opts.step !== 'tables' && opts.step !== 'post-data')
+          throw new ConfigError(`schema copy: --step must be tables or post-data, not ${JSON.stringify(opts.step)}`, { key: 'step' });
         const config = loadConfig({ file: opts.config });
         const say = opts.json || opts.print ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
         const report = await copySchema(config, { step: opts.step as SchemaStep, force: Boolean(opts.force), print: Boolean(opts.print), pgDump: opts.pgDump ?? null }, say);

@@ -19,8 +19,8 @@ import { openMaintenance, type Sql } from '../target/connect.js';
 import { PgsubError, SubscriptionNotFoundError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection, type SlotInfo } from '../protocol/replication.js';
-import { formatBytes, formatSeconds } from '../tablesync/progress.js';
-import { STATE_NAMES, type RelState } from '../tablesync/state.js';
+import { formatBytes, formatSeconds } from '../tablesync/copy-report.js';
+import { STATE_NAMES, type RelState } from '../tablesync/sync-state.js';
 import { loadStats, type Stats } from '../conflict/control.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
 import { sequenceStatus, type SequenceStatus } from '../migrate/sequences.js';
@@ -82,11 +82,11 @@ export type StatusReport = {
   last_error_pending: boolean | null;
   apply_error_count: number | null;
 } & Conflicts & {
-  stats_reset: string | null;
-  tables: TableStatus[] | null;
-  /** The synced sequences on both sides (migrate/sequences.ts); null when a side could not be read; [] with sequences: off. */
-  sequences: SequenceStatus[] | null;
-};
+    stats_reset: string | null;
+    tables: TableStatus[] | null;
+    /** The synced sequences on both sides (migrate/sequences.ts); null when a side could not be read; [] with sequences: off. */
+    sequences: SequenceStatus[] | null;
+  };
 
 interface SourceRead {
   slot: SlotInfo | null;
@@ -131,7 +131,11 @@ class SideError extends Error {
 
 /** Gathers both sides and prints them; returns the exit code (0, or 3 with a side unreachable). */
 export async function printStatus(config: Config, json: boolean): Promise<number> {
-  const [source, target, sequences] = await Promise.allSettled([readSource(config), readTarget(config), config.sequences === 'sync' ? sequenceStatus(config) : Promise.resolve([])]);
+  const [source, target, sequences] = await Promise.allSettled([
+    readSource(config),
+    readTarget(config),
+    config.sequences === 'sync' ? sequenceStatus(config) : Promise.resolve([]),
+  ]);
   if (target.status === 'rejected' && target.reason instanceof PgsubError) throw target.reason;
   const report = buildReport(config, source, target);
   report.sequences = sequences.status === 'fulfilled' ? sequences.value : null;
@@ -220,11 +224,27 @@ async function readOrigin(sql: Sql, subscription: string): Promise<OriginRead | 
     [subscription],
   );
   if (!row) return null;
-  return { remoteLsn: parseLsn(row.remote_lsn), lastCommitEndLsn: row.last_commit_end_lsn, lastCommitTime: row.last_commit_time, transactionsApplied: Number(row.transactions_applied) };
+  return {
+    remoteLsn: parseLsn(row.remote_lsn),
+    lastCommitEndLsn: row.last_commit_end_lsn,
+    lastCommitTime: row.last_commit_time,
+    transactionsApplied: Number(row.transactions_applied),
+  };
 }
 
 async function readTables(sql: Sql, subscription: string): Promise<TableStatus[]> {
-  type Row = { schema_name: string; table_name: string; state: string; sync_lsn: string | null; rows_copied: string; bytes_copied: string; seconds: string | null; last_error: string | null; last_error_at: string | null; error_count: string };
+  type Row = {
+    schema_name: string;
+    table_name: string;
+    state: string;
+    sync_lsn: string | null;
+    rows_copied: string;
+    bytes_copied: string;
+    seconds: string | null;
+    last_error: string | null;
+    last_error_at: string | null;
+    error_count: string;
+  };
   const query = (errors: boolean) =>
     sql.unsafe<Row[]>(
       `SELECT "schema_name", "table_name", "state", "sync_lsn"::text AS sync_lsn, "rows_copied"::text AS rows_copied, "bytes_copied"::text AS bytes_copied,
@@ -342,7 +362,10 @@ function renderText(report: StatusReport): string {
   }
   if (sequences && sequences.length > 0) {
     lines.push('', `${'sequence'.padEnd(32)} ${'source last'.padStart(14)} ${'target next'.padStart(14)} ${'ahead by'.padStart(9)}`);
-    for (const q of sequences) lines.push(`${q.sequence.slice(0, 32).padEnd(32)} ${(q.source_last_value ?? '-').padStart(14)} ${(q.target_next_value ?? '-').padStart(14)} ${String(q.ahead_by ?? '-').padStart(9)}${q.synced === false ? '  BEHIND' : ''}`);
+    for (const q of sequences)
+      lines.push(
+        `${q.sequence.slice(0, 32).padEnd(32)} ${(q.source_last_value ?? '-').padStart(14)} ${(q.target_next_value ?? '-').padStart(14)} ${String(q.ahead_by ?? '-').padStart(9)}${q.synced === false ? '  BEHIND' : ''}`,
+      );
   }
   return `${lines.join('\n')}\n`;
 }

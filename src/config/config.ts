@@ -27,13 +27,29 @@ const boolEnum = <const T extends readonly [string, ...string[]]>(values: T, sho
 const oneOf = <const T extends readonly [string, ...string[]]>(values: T) => z.enum(values, { error: (iss) => `${showValue(iss.input)} is not one of ${values.join(', ')}` });
 const text = () => z.string({ error: (iss) => `${showValue(iss.input)} is not a string` });
 /** A number, or a string holding one (environment variables); an empty string is not 0. */
-const numeric = z.union([z.number(), z.string().trim().regex(/^[-+]?(\d+(\.\d*)?|\.\d+)(e[-+]?\d+)?$/i).transform(Number)], {
-  error: (iss) => `${showValue(iss.input)} is not a number`,
-});
+const numeric = z.union(
+  [
+    z.number(),
+    z
+      .string()
+      .trim()
+      .regex(/^[-+]?(\d+(\.\d*)?|\.\d+)(e[-+]?\d+)?$/i)
+      .transform(Number),
+  ],
+  {
+    error: (iss) => `${showValue(iss.input)} is not a number`,
+  },
+);
 const atLeast = (min: number) => ({ error: (iss: { input?: unknown }) => `must be at least ${min}, got ${showValue(iss.input)}` });
 const atMost = (max: number) => ({ error: (iss: { input?: unknown }) => `must be at most ${max}, got ${showValue(iss.input)}` });
 const int = (min: number, max: number) =>
-  numeric.pipe(z.number().int({ error: (iss) => `must be a whole number, got ${showValue(iss.input)}` }).min(min, atLeast(min)).max(max, atMost(max)));
+  numeric.pipe(
+    z
+      .number()
+      .int({ error: (iss) => `must be a whole number, got ${showValue(iss.input)}` })
+      .min(min, atLeast(min))
+      .max(max, atMost(max)),
+  );
 const range = (min: number, max: number) => numeric.pipe(z.number().min(min, atLeast(min)).max(max, atMost(max)));
 const seconds = numeric.pipe(z.number().positive({ error: (iss) => `must be more than 0 (seconds), got ${showValue(iss.input)}` }));
 const identifier = text().min(1).max(63);
@@ -129,9 +145,7 @@ const fileSchema = z
     sequences: oneOf(['sync', 'off']).default('sync'),
     sequence_interval: seconds.default(30),
     sequence_margin: int(0, 1_000_000_000).default(1000),
-    sequence_names: z
-      .union([text(), z.array(text())], { error: (iss) => `${showValue(iss.input)} is not a sequence name or a list of them` })
-      .default([]),
+    sequence_names: z.union([text(), z.array(text())], { error: (iss) => `${showValue(iss.input)} is not a sequence name or a list of them` }).default([]),
     pg_dump: text().min(1).optional(),
     log_level: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
@@ -179,7 +193,7 @@ export interface Config {
   queueSize: number;
   /** Most source transactions applied in one target transaction while behind (1: one each). */
   groupTransactions: number;
-  /** Target connections applying independent transactions in parallel while behind (1: the apply connection only; apply/lanes.ts). */
+  /** Target connections applying independent transactions in parallel while behind (1: the apply connection only; apply/run/lanes.ts). */
   applyWorkers: number;
   /** Most rows per multi-row INSERT for a run of inserts into one table (1: one statement per row). */
   batchRows: number;
@@ -249,7 +263,13 @@ export function loadConfig(opts: LoadOptions = {}): Config {
       const hint = didYouMean(name, ENV_NAMES) || ` (known: ${CONFIG_KEYS.join(', ')})`;
       throw new ConfigError(`environment variable ${name} is not a pgsub setting${hint}`, { key: name });
     }
-    raw[key] = key === 'publication' ? value.split(',').map((s) => s.trim()).filter(Boolean) : value;
+    raw[key] =
+      key === 'publication'
+        ? value
+            .split(',')
+            .map((s) => s.trim())
+            .filter(Boolean)
+        : value;
     origins[key] = name;
   }
   for (const [key, value] of Object.entries(opts.overrides ?? {})) {
@@ -318,7 +338,12 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
     subscription: c.subscription,
     source: parseConninfo(c.source, 'source', env),
     target: parseConninfo(c.target, 'target', env),
-    publications: Array.isArray(c.publication) ? c.publication : c.publication.split(',').map((s) => s.trim()).filter(Boolean),
+    publications: Array.isArray(c.publication)
+      ? c.publication
+      : c.publication
+          .split(',')
+          .map((s) => s.trim())
+          .filter(Boolean),
     slotName: c.slot_name ?? c.subscription,
     copyData: c.copy_data,
     truncateBeforeCopy: c.truncate_before_copy,
@@ -364,7 +389,7 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
     // The walsender only accepts these characters in slot names.
     throw new ConfigError(`slot_name ${JSON.stringify(config.slotName)} may contain only lower-case letters, digits and underscores`, { key: 'slot_name' });
   }
-  rejectUnimplemented(c, streaming);
+  rejectUnimplemented(c);
   Object.freeze(config.source);
   Object.freeze(config.target);
   Object.freeze(config.publications);
@@ -376,7 +401,8 @@ function sequenceNames(value: string | string[]): { schema: string; name: string
   const names = (Array.isArray(value) ? value : value.split(',')).map((s) => s.trim()).filter(Boolean);
   return names.map((n) => {
     const dot = n.indexOf('.');
-    if (dot <= 0 || dot === n.length - 1) throw new ConfigError(`invalid configuration: sequence_names: give sequences as schema.name, not ${JSON.stringify(n)}`, { key: 'sequence_names' });
+    if (dot <= 0 || dot === n.length - 1)
+      throw new ConfigError(`invalid configuration: sequence_names: give sequences as schema.name, not ${JSON.stringify(n)}`, { key: 'sequence_names' });
     return { schema: n.slice(0, dot), name: n.slice(dot + 1) };
   });
 }
@@ -392,13 +418,13 @@ function conflictConfig(c: FileConfig['conflicts']): ConflictConfig {
 }
 
 /** Options users know from CREATE SUBSCRIPTION whose non-default values are not built yet. */
-function rejectUnimplemented(c: FileConfig, streaming: string): void {
+function rejectUnimplemented(c: FileConfig): void {
   const refuse = (key: string, value: unknown, hint: string) => {
     throw new NotImplementedError(`${key} = ${String(value)} is not implemented yet: ${hint}`, { key });
   };
   if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
-  if (!c.password_required) refuse('password_required', false, 'pgsub connects as a client; authentication is the server\'s choice');
+  if (!c.password_required) refuse('password_required', false, "pgsub connects as a client; authentication is the server's choice");
   if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');
   if (c.failover) refuse('failover', true, 'failover slots are not built yet');
 }

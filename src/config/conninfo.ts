@@ -30,14 +30,55 @@ const SSL_MODES: readonly SslMode[] = ['disable', 'allow', 'prefer', 'require', 
 /** libpq's connection keywords (PostgreSQL 18). Like libpq, any other key is an error, so a
  *  misspelt `sslmode` cannot silently connect without TLS. Keys outside ConnInfo are ignored. */
 const LIBPQ_KEYWORDS = new Set([
-  'host', 'hostaddr', 'port', 'dbname', 'user', 'password', 'passfile', 'require_auth', 'channel_binding',
-  'connect_timeout', 'client_encoding', 'options', 'application_name', 'fallback_application_name',
-  'keepalives', 'keepalives_idle', 'keepalives_interval', 'keepalives_count', 'tcp_user_timeout', 'replication',
-  'gssencmode', 'sslmode', 'sslnegotiation', 'sslcompression', 'sslcert', 'sslkey', 'sslpassword', 'sslcertmode',
-  'sslrootcert', 'sslcrl', 'sslcrldir', 'sslsni', 'requirepeer', 'ssl_min_protocol_version', 'ssl_max_protocol_version',
-  'krbsrvname', 'gsslib', 'gssdelegation', 'service', 'target_session_attrs', 'load_balance_hosts',
-  'min_protocol_version', 'max_protocol_version', 'scram_client_key', 'scram_server_key',
-  'oauth_issuer', 'oauth_client_id', 'oauth_client_secret', 'oauth_scope',
+  'host',
+  'hostaddr',
+  'port',
+  'dbname',
+  'user',
+  'password',
+  'passfile',
+  'require_auth',
+  'channel_binding',
+  'connect_timeout',
+  'client_encoding',
+  'options',
+  'application_name',
+  'fallback_application_name',
+  'keepalives',
+  'keepalives_idle',
+  'keepalives_interval',
+  'keepalives_count',
+  'tcp_user_timeout',
+  'replication',
+  'gssencmode',
+  'sslmode',
+  'sslnegotiation',
+  'sslcompression',
+  'sslcert',
+  'sslkey',
+  'sslpassword',
+  'sslcertmode',
+  'sslrootcert',
+  'sslcrl',
+  'sslcrldir',
+  'sslsni',
+  'requirepeer',
+  'ssl_min_protocol_version',
+  'ssl_max_protocol_version',
+  'krbsrvname',
+  'gsslib',
+  'gssdelegation',
+  'service',
+  'target_session_attrs',
+  'load_balance_hosts',
+  'min_protocol_version',
+  'max_protocol_version',
+  'scram_client_key',
+  'scram_server_key',
+  'oauth_issuer',
+  'oauth_client_id',
+  'oauth_client_secret',
+  'oauth_scope',
 ]);
 
 /** Parse a URI or key=value conninfo; libpq environment variables fill what it omits. */
@@ -169,10 +210,12 @@ export function redactConninfo(info: ConnInfo): string {
 
 /** Remove a password from free text (error messages echo conninfo strings sometimes). */
 export function redactSecrets(text: string): string {
-  return text
-    // Up to the last '@' of the authority: a password may hold a raw '@' (URL parsing accepts it).
-    .replace(/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^/?#\s]*@/gi, '$1****@')
-    .replace(/(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)/gi, '$1****');
+  return (
+    text
+      // Up to the last '@' of the authority: a password may hold a raw '@' (URL parsing accepts it).
+      .replace(/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^/?#\s]*@/gi, '$1****@')
+      .replace(/(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)/gi, '$1****')
+  );
 }
 
 /** TLS options for sslmode, identical for both drivers (libpq semantics). */

@@ -10,7 +10,7 @@
  * because their apply transaction never commits.
  */
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
-import { formatPgTimestamp, type Tuple } from '../protocol/messages.js';
+import { formatPgTimestamp, schemaOf, type Tuple } from '../protocol/messages.js';
 import type { RelationMessage } from '../protocol/messages.js';
 import type { Statement } from '../target/statement.js';
 import { quoteIdent } from '../quote.js';
@@ -59,10 +59,11 @@ export function unchangedColumns(rel: ConflictRelation, tuple: Tuple | undefined
 const LOG_COLUMNS =
   '"subscription", "conflict_type", "relation", "schema_name", "table_name", "key", "remote_tuple", "local_tuple", ' +
   '"local_origin", "local_commit_ts", "remote_lsn", "remote_xid", "remote_commit_ts", "policy", "detail"';
-const LOG_VALUES = '$1, $2, $3, $4, $5, $6::pg_catalog.jsonb, $7::pg_catalog.jsonb, $8::pg_catalog.jsonb, $9, $10::pg_catalog.timestamptz, $11::pg_catalog.pg_lsn, $12::pg_catalog.int8, $13::pg_catalog.timestamptz, $14, $15';
+const LOG_VALUES =
+  '$1, $2, $3, $4, $5, $6::pg_catalog.jsonb, $7::pg_catalog.jsonb, $8::pg_catalog.jsonb, $9, $10::pg_catalog.timestamptz, $11::pg_catalog.pg_lsn, $12::pg_catalog.int8, $13::pg_catalog.timestamptz, $14, $15';
 
 function logParams(subscription: string, r: ConflictRecord): (string | null)[] {
-  const schema = r.relation ? (r.relation.remote.namespace === '' ? 'pg_catalog' : r.relation.remote.namespace) : null;
+  const schema = r.relation ? schemaOf(r.relation.remote) : null;
   return [
     subscription,
     r.type,

@@ -40,7 +40,9 @@ export async function openPgDb(info: ConnInfo, applicationName: string, side: Si
 /** A connected `pg` client as a Db; close() ends the client. */
 export async function dbFromClient(client: pg.Client, info: ConnInfo, side: Side): Promise<Db> {
   const query = async <T extends Row>(text: string, params?: unknown[]) => (await client.query<T>(text, params as unknown[])).rows;
-  const [v] = await query<{ num: string; version: string }>(`SELECT pg_catalog.current_setting('server_version_num') AS num, pg_catalog.current_setting('server_version') AS version`);
+  const [v] = await query<{ num: string; version: string }>(
+    `SELECT pg_catalog.current_setting('server_version_num') AS num, pg_catalog.current_setting('server_version') AS version`,
+  );
   return {
     side,
     info,

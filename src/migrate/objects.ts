@@ -249,7 +249,8 @@ export async function readFunctionDeps(db: Db, rels: readonly Rel[], types: read
 /** schema.name → whether it exists here, for types (pg_type) or relations (pg_class). */
 export async function existing(db: Db, catalog: 'type' | 'class' | 'collation', names: readonly { schema: string; name: string }[]): Promise<Set<string>> {
   if (names.length === 0) return new Set();
-  const [table, nameCol, nsCol] = catalog === 'type' ? ['pg_type', 'typname', 'typnamespace'] : catalog === 'class' ? ['pg_class', 'relname', 'relnamespace'] : ['pg_collation', 'collname', 'collnamespace'];
+  const [table, nameCol, nsCol] =
+    catalog === 'type' ? ['pg_type', 'typname', 'typnamespace'] : catalog === 'class' ? ['pg_class', 'relname', 'relnamespace'] : ['pg_collation', 'collname', 'collnamespace'];
   const rows = await db.query<Row>(
     `SELECT x.schema || '.' || x.name AS name
        FROM pg_catalog.json_to_recordset($1::json) AS x(schema text, name text)

@@ -110,9 +110,15 @@ function dumpEnv(info: ConnInfo): NodeJS.ProcessEnv {
 
 /** `pg_dump --schema-only … args` against the source; the plain SQL it prints. */
 export async function runPgDump(dump: PgDump, info: ConnInfo, args: string[]): Promise<string> {
-  const r = await run(dump.path, ['--schema-only', '--no-owner', '--no-privileges', '--host', info.host, '--port', String(info.port), '--username', info.user, '--dbname', info.database, ...args], dumpEnv(info));
+  const r = await run(
+    dump.path,
+    ['--schema-only', '--no-owner', '--no-privileges', '--host', info.host, '--port', String(info.port), '--username', info.user, '--dbname', info.database, ...args],
+    dumpEnv(info),
+  );
   if (r.error || r.code !== 0) {
-    throw new PgDumpError(`pg_dump ${dump.version} failed (exit ${r.code ?? r.error?.code}): ${redactSecrets(r.stderr.trim() || String(r.error?.message ?? ''))}`, { pgDumpVersion: dump.version });
+    throw new PgDumpError(`pg_dump ${dump.version} failed (exit ${r.code ?? r.error?.code}): ${redactSecrets(r.stderr.trim() || String(r.error?.message ?? ''))}`, {
+      pgDumpVersion: dump.version,
+    });
   }
   return r.stdout;
 }
@@ -132,7 +138,7 @@ const HEADER = /^-- (?:Data for )?Name: (.*); Type: ([^;]+); Schema: ([^;]+); Ow
  */
 export function splitDump(text: string): { preamble: string; entries: DumpEntry[] } {
   const lines = text.split('\n').filter((l) => !l.startsWith('\\'));
-  const end = lines.findIndex((l) => l === '-- PostgreSQL database dump complete');
+  const end = lines.indexOf('-- PostgreSQL database dump complete');
   const body = end >= 0 ? lines.slice(0, end - 1) : lines;
   // A header is framed by `--` lines: "--", "-- Name: …", "--".
   const headers: { at: number; m: RegExpExecArray }[] = [];
@@ -140,11 +146,23 @@ export function splitDump(text: string): { preamble: string; entries: DumpEntry[
     const m = HEADER.exec(line);
     if (m && body[i - 1] === '--' && body[i + 1] === '--') headers.push({ at: i, m });
   });
-  const preamble = body.slice(0, headers.length > 0 ? headers[0]!.at - 1 : body.length).filter((l) => !/^--( |$)/.test(l)).join('\n').trim();
+  const preamble = body
+    .slice(0, headers.length > 0 ? headers[0]!.at - 1 : body.length)
+    .filter((l) => !/^--( |$)/.test(l))
+    .join('\n')
+    .trim();
   const entries = headers.map(({ at, m }, k) => {
     const until = k + 1 < headers.length ? headers[k + 1]!.at - 1 : body.length;
     const [, name, type, schema] = m;
-    return { name: name!, type: type!.trim(), schema: schema === '-' ? null : schema!, sql: body.slice(at + 2, until).join('\n').trim() };
+    return {
+      name: name!,
+      type: type!.trim(),
+      schema: schema === '-' ? null : schema!,
+      sql: body
+        .slice(at + 2, until)
+        .join('\n')
+        .trim(),
+    };
   });
   return { preamble, entries };
 }

@@ -10,8 +10,21 @@ import type { Config } from '../config/config.js';
 import type { PublishedTable } from '../tablesync/catalog.js';
 import { quoteQualified } from '../quote.js';
 import { arrayLiteral, isTrue, publishedTables, relationsParam, type Db, type Row } from './db.js';
-import { Findings, ident, qualified } from './findings.js';
-import { readColumns, readDescendants, readExtensions, readFunctionDeps, readSequenceUses, readTypeDeps, seqName, type Column, type FunctionDep, type Rel, type SequenceUse, type TypeDep } from './objects.js';
+import { type Findings, ident, qualified } from './findings.js';
+import {
+  readColumns,
+  readDescendants,
+  readExtensions,
+  readFunctionDeps,
+  readSequenceUses,
+  readTypeDeps,
+  seqName,
+  type Column,
+  type FunctionDep,
+  type Rel,
+  type SequenceUse,
+  type TypeDep,
+} from './objects.js';
 
 export interface DatabaseLocale {
   encoding: string;
@@ -62,10 +75,12 @@ export async function readLocale(db: Db): Promise<DatabaseLocale> {
 
 export async function checkSource(db: Db, config: Config, opts: SourceCheckOptions, f: Findings): Promise<SourceFacts> {
   const settings = new Map(
-    (await db.query<Row>(
-      `SELECT name::text, setting::text FROM pg_catalog.pg_settings
+    (
+      await db.query<Row>(
+        `SELECT name::text, setting::text FROM pg_catalog.pg_settings
         WHERE name IN ('wal_level', 'max_replication_slots', 'max_wal_senders', 'max_slot_wal_keep_size', 'wal_sender_timeout', 'standard_conforming_strings')`,
-    )).map((r) => [r.name!, r.setting!]),
+      )
+    ).map((r) => [r.name!, r.setting!]),
   );
   const [role] = await db.query<Row>(
     `SELECT current_user::text AS name, r.rolsuper::text AS super, r.rolreplication::text AS replication,
@@ -76,15 +91,37 @@ export async function checkSource(db: Db, config: Config, opts: SourceCheckOptio
   checkWal(db, settings, f);
   await checkSlots(db, config, settings, f);
   if (!superuser && !isTrue(role!.replication)) {
-    f.blocker('SOURCE_ROLE_REPLICATION', 'source', `role ${role!.name}`, `role "${role!.name}" has no REPLICATION attribute: it cannot open pgsub's replication connection`, `ALTER ROLE ${ident(role!.name!)} REPLICATION;`);
+    f.blocker(
+      'SOURCE_ROLE_REPLICATION',
+      'source',
+      `role ${role!.name}`,
+      `role "${role!.name}" has no REPLICATION attribute: it cannot open pgsub's replication connection`,
+      `ALTER ROLE ${ident(role!.name!)} REPLICATION;`,
+    );
   }
 
-  const pubs = await db.query<Row>(`SELECT pubname::text AS name, puballtables::text AS all_tables FROM pg_catalog.pg_publication WHERE pubname = ANY ($1::text[])`, [arrayLiteral(config.publications)]);
+  const pubs = await db.query<Row>(`SELECT pubname::text AS name, puballtables::text AS all_tables FROM pg_catalog.pg_publication WHERE pubname = ANY ($1::text[])`, [
+    arrayLiteral(config.publications),
+  ]);
   for (const p of config.publications) {
-    if (!pubs.some((r) => r.name === p)) f.blocker('SOURCE_PUBLICATION_MISSING', 'source', `publication ${p}`, `publication "${p}" does not exist in database ${db.info.database}`, `CREATE PUBLICATION ${ident(p)} FOR TABLE …;`);
+    if (!pubs.some((r) => r.name === p))
+      f.blocker(
+        'SOURCE_PUBLICATION_MISSING',
+        'source',
+        `publication ${p}`,
+        `publication "${p}" does not exist in database ${db.info.database}`,
+        `CREATE PUBLICATION ${ident(p)} FOR TABLE …;`,
+      );
   }
   const tables = await publishedTables(db, config.publications);
-  if (pubs.length > 0 && tables.length === 0) f.blocker('SOURCE_NO_TABLES', 'source', `publication ${config.publications.join(', ')}`, 'the publications publish no tables', `ALTER PUBLICATION ${ident(config.publications[0]!)} ADD TABLE …;`);
+  if (pubs.length > 0 && tables.length === 0)
+    f.blocker(
+      'SOURCE_NO_TABLES',
+      'source',
+      `publication ${config.publications.join(', ')}`,
+      'the publications publish no tables',
+      `ALTER PUBLICATION ${ident(config.publications[0]!)} ADD TABLE …;`,
+    );
   const roots: Rel[] = tables.map((t) => ({ schema: t.schema, table: t.table }));
   const rels = [...roots, ...(await readDescendants(db, roots))];
 
@@ -92,7 +129,13 @@ export async function checkSource(db: Db, config: Config, opts: SourceCheckOptio
   const sequences = [...(await readSequenceUses(db, rels)), ...config.sequenceNames.map((s) => ({ ...s, kind: 'config' as const, usedBy: null }))];
   await checkSequences(db, config, sequences, role!.name!, f);
   if (!superuser && !isTrue(role!.read_stats)) {
-    f.info('SOURCE_NOT_CHECKED', 'source', 'other sessions', `role "${role!.name}" sees only its own sessions' transactions: long-running transactions of other roles were not checked (pg_read_all_stats shows them)`, `GRANT pg_read_all_stats TO ${ident(role!.name!)};`);
+    f.info(
+      'SOURCE_NOT_CHECKED',
+      'source',
+      'other sessions',
+      `role "${role!.name}" sees only its own sessions' transactions: long-running transactions of other roles were not checked (pg_read_all_stats shows them)`,
+      `GRANT pg_read_all_stats TO ${ident(role!.name!)};`,
+    );
   }
   await checkTransactions(db, opts, f);
   await checkNotReplicated(db, rels, f);
@@ -116,19 +159,48 @@ export async function checkSource(db: Db, config: Config, opts: SourceCheckOptio
 function checkWal(db: Db, settings: Map<string, string>, f: Findings): void {
   const walLevel = settings.get('wal_level');
   if (walLevel !== 'logical') {
-    f.blocker('SOURCE_WAL_LEVEL', 'source', 'wal_level', `wal_level is ${walLevel}: logical replication needs logical`, 'ALTER SYSTEM SET wal_level = logical;  -- then restart the publisher');
+    f.blocker(
+      'SOURCE_WAL_LEVEL',
+      'source',
+      'wal_level',
+      `wal_level is ${walLevel}: logical replication needs logical`,
+      'ALTER SYSTEM SET wal_level = logical;  -- then restart the publisher',
+    );
   }
   const keep = settings.get('max_slot_wal_keep_size');
   if (keep === undefined) {
-    f.warning('SOURCE_SLOT_WAL_KEEP', 'source', 'max_slot_wal_keep_size', `PostgreSQL ${Math.floor(db.versionNum / 10000)} cannot limit the WAL a slot keeps (max_slot_wal_keep_size is 13+): while pgsub is stopped or behind, the publisher keeps all WAL since the slot's position, until its disk is full`, 'watch the slot\'s retained WAL (pgsub status: slot_retained_wal_bytes; max_retained_wal_mb warns)');
+    f.warning(
+      'SOURCE_SLOT_WAL_KEEP',
+      'source',
+      'max_slot_wal_keep_size',
+      `PostgreSQL ${Math.floor(db.versionNum / 10000)} cannot limit the WAL a slot keeps (max_slot_wal_keep_size is 13+): while pgsub is stopped or behind, the publisher keeps all WAL since the slot's position, until its disk is full`,
+      "watch the slot's retained WAL (pgsub status: slot_retained_wal_bytes; max_retained_wal_mb warns)",
+    );
   } else if (Number(keep) < 0) {
-    f.warning('SOURCE_SLOT_WAL_KEEP', 'source', 'max_slot_wal_keep_size', 'max_slot_wal_keep_size = -1: while pgsub is stopped or behind, the publisher keeps all WAL since the slot\'s position, without bound, until its disk is full', "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB';  SELECT pg_reload_conf();  -- a size your WAL disk can hold");
+    f.warning(
+      'SOURCE_SLOT_WAL_KEEP',
+      'source',
+      'max_slot_wal_keep_size',
+      "max_slot_wal_keep_size = -1: while pgsub is stopped or behind, the publisher keeps all WAL since the slot's position, without bound, until its disk is full",
+      "ALTER SYSTEM SET max_slot_wal_keep_size = '50GB';  SELECT pg_reload_conf();  -- a size your WAL disk can hold",
+    );
   } else {
-    f.info('SOURCE_SLOT_WAL_KEEP', 'source', 'max_slot_wal_keep_size', `max_slot_wal_keep_size = ${keep} MB: a slot further behind is invalidated, and pgsub stops with PGSUB_SLOT_LOST (exit 4); the subscription must then be re-created and copied again`);
+    f.info(
+      'SOURCE_SLOT_WAL_KEEP',
+      'source',
+      'max_slot_wal_keep_size',
+      `max_slot_wal_keep_size = ${keep} MB: a slot further behind is invalidated, and pgsub stops with PGSUB_SLOT_LOST (exit 4); the subscription must then be re-created and copied again`,
+    );
   }
   const timeout = Number(settings.get('wal_sender_timeout') ?? '60000');
   if (timeout === 0) {
-    f.warning('SOURCE_WAL_SENDER_TIMEOUT', 'source', 'wal_sender_timeout', 'wal_sender_timeout = 0: a pgsub connection lost without a close keeps holding the slot until the kernel gives up on it (pgsub restarted meanwhile is refused the slot)', "ALTER SYSTEM SET wal_sender_timeout = '60s';  SELECT pg_reload_conf();");
+    f.warning(
+      'SOURCE_WAL_SENDER_TIMEOUT',
+      'source',
+      'wal_sender_timeout',
+      'wal_sender_timeout = 0: a pgsub connection lost without a close keeps holding the slot until the kernel gives up on it (pgsub restarted meanwhile is refused the slot)',
+      "ALTER SYSTEM SET wal_sender_timeout = '60s';  SELECT pg_reload_conf();",
+    );
   }
 }
 
@@ -148,10 +220,22 @@ async function checkSlots(db: Db, config: Config, settings: Map<string, string>,
   const freeSenders = maxSenders - Number(senders!.used);
   const why = `pgsub's slot${copies > 0 ? ` plus ${copies} temporary one(s) for the parallel initial copy (max_sync_workers)` : ''}`;
   if (freeSlots < slotsNeeded) {
-    f.blocker('SOURCE_SLOTS', 'source', 'max_replication_slots', `${freeSlots} free replication slot(s) of ${maxSlots} (${slots!.used} in use); pgsub needs ${slotsNeeded}: ${why}`, `ALTER SYSTEM SET max_replication_slots = ${Number(slots!.used) + slotsNeeded + 2};  -- then restart the publisher (or drop unused slots: SELECT pg_drop_replication_slot(slot_name) …)`);
+    f.blocker(
+      'SOURCE_SLOTS',
+      'source',
+      'max_replication_slots',
+      `${freeSlots} free replication slot(s) of ${maxSlots} (${slots!.used} in use); pgsub needs ${slotsNeeded}: ${why}`,
+      `ALTER SYSTEM SET max_replication_slots = ${Number(slots!.used) + slotsNeeded + 2};  -- then restart the publisher (or drop unused slots: SELECT pg_drop_replication_slot(slot_name) …)`,
+    );
   }
   if (freeSenders < sendersNeeded) {
-    f.blocker('SOURCE_WALSENDERS', 'source', 'max_wal_senders', `${freeSenders} free walsender(s) of ${maxSenders} (${senders!.used} in use); pgsub needs ${sendersNeeded}: its streaming connection${copies > 0 ? ` plus ${copies} for the parallel initial copy` : ''}`, `ALTER SYSTEM SET max_wal_senders = ${Number(senders!.used) + sendersNeeded + 2};  -- then restart the publisher`);
+    f.blocker(
+      'SOURCE_WALSENDERS',
+      'source',
+      'max_wal_senders',
+      `${freeSenders} free walsender(s) of ${maxSenders} (${senders!.used} in use); pgsub needs ${sendersNeeded}: its streaming connection${copies > 0 ? ` plus ${copies} for the parallel initial copy` : ''}`,
+      `ALTER SYSTEM SET max_wal_senders = ${Number(senders!.used) + sendersNeeded + 2};  -- then restart the publisher`,
+    );
   }
 }
 
@@ -172,7 +256,13 @@ async function checkTables(db: Db, rels: Rel[], tables: PublishedTable[], role: 
     const name = `${r.schema}.${r.rel}`;
     const obj = qualified(r.schema!, r.rel!);
     if (!isTrue(r.readable)) {
-      f.blocker('SOURCE_TABLE_SELECT', 'source', name, `role "${role}" cannot read ${name}: the initial copy needs SELECT on it (and USAGE on its schema)`, `GRANT USAGE ON SCHEMA ${ident(r.schema!)} TO ${ident(role)};  GRANT SELECT ON ${obj} TO ${ident(role)};`);
+      f.blocker(
+        'SOURCE_TABLE_SELECT',
+        'source',
+        name,
+        `role "${role}" cannot read ${name}: the initial copy needs SELECT on it (and USAGE on its schema)`,
+        `GRANT USAGE ON SCHEMA ${ident(r.schema!)} TO ${ident(role)};  GRANT SELECT ON ${obj} TO ${ident(role)};`,
+      );
     }
     if (r.kind === 'p') continue; // a partitioned table holds no rows; its partitions are checked
     const pubUpdates = updates.get(name) ?? publishesUpdates;
@@ -200,10 +290,21 @@ async function checkSequences(db: Db, config: Config, sequences: SequenceUse[], 
   if (sequences.length === 0) return;
   const names = sequences.map(seqName);
   if (config.sequences === 'off') {
-    f.warning('SOURCE_SEQUENCES', 'source', `${sequences.length} sequence(s)`, `sequences: off: ${names.slice(0, 5).join(', ')}${names.length > 5 ? ', …' : ''} are not copied; after the cutover the target hands out values the source already used`, 'sequences: sync  (the default)');
+    f.warning(
+      'SOURCE_SEQUENCES',
+      'source',
+      `${sequences.length} sequence(s)`,
+      `sequences: off: ${names.slice(0, 5).join(', ')}${names.length > 5 ? ', …' : ''} are not copied; after the cutover the target hands out values the source already used`,
+      'sequences: sync  (the default)',
+    );
     return;
   }
-  f.info('SOURCE_SEQUENCES', 'source', `${sequences.length} sequence(s)`, `synced by pgsub while streaming and exactly at cutover (sequences: sync): ${names.slice(0, 5).join(', ')}${names.length > 5 ? ', …' : ''}`);
+  f.info(
+    'SOURCE_SEQUENCES',
+    'source',
+    `${sequences.length} sequence(s)`,
+    `synced by pgsub while streaming and exactly at cutover (sequences: sync): ${names.slice(0, 5).join(', ')}${names.length > 5 ? ', …' : ''}`,
+  );
   const rows = await db.query<Row>(
     `SELECT x.schema || '.' || x.name AS name, (pg_catalog.to_regclass(pg_catalog.format('%I.%I', x.schema, x.name)) IS NOT NULL)::text AS present,
             COALESCE(pg_catalog.has_sequence_privilege(pg_catalog.to_regclass(pg_catalog.format('%I.%I', x.schema, x.name)), 'SELECT'), false)::text AS readable
@@ -213,7 +314,14 @@ async function checkSequences(db: Db, config: Config, sequences: SequenceUse[], 
   for (const r of rows) {
     const s = sequences.find((q) => seqName(q) === r.name)!;
     if (!isTrue(r.present)) f.blocker('SOURCE_SEQUENCE_MISSING', 'source', r.name!, `sequence ${r.name} (sequence_names) does not exist on the source`, 'fix sequence_names');
-    else if (!isTrue(r.readable)) f.blocker('SOURCE_SEQUENCE_SELECT', 'source', r.name!, `role "${role}" cannot read sequence ${r.name}: the sequence sync needs SELECT on it`, `GRANT SELECT ON SEQUENCE ${qualified(s.schema, s.name)} TO ${ident(role)};`);
+    else if (!isTrue(r.readable))
+      f.blocker(
+        'SOURCE_SEQUENCE_SELECT',
+        'source',
+        r.name!,
+        `role "${role}" cannot read sequence ${r.name}: the sequence sync needs SELECT on it`,
+        `GRANT SELECT ON SEQUENCE ${qualified(s.schema, s.name)} TO ${ident(role)};`,
+      );
   }
 }
 
@@ -236,9 +344,17 @@ async function checkTransactions(db: Db, opts: SourceCheckOptions, f: Findings):
       `end it, or: SELECT pg_terminate_backend(${r.pid});`,
     );
   }
-  const prepared = await db.query<Row>(`SELECT gid::text, database::text AS db, owner::text, pg_catalog.floor(extract(epoch FROM pg_catalog.now() - prepared))::text AS age FROM pg_catalog.pg_prepared_xacts ORDER BY prepared`);
+  const prepared = await db.query<Row>(
+    `SELECT gid::text, database::text AS db, owner::text, pg_catalog.floor(extract(epoch FROM pg_catalog.now() - prepared))::text AS age FROM pg_catalog.pg_prepared_xacts ORDER BY prepared`,
+  );
   for (const r of prepared) {
-    f.warning('SOURCE_PREPARED_TRANSACTION', 'source', `gid ${r.gid}`, `transaction "${r.gid}" (database ${r.db}, owner ${r.owner}) has been prepared for ${r.age} s: creating pgsub's slot waits until it is committed or rolled back`, `COMMIT PREPARED '${r.gid!.replace(/'/g, "''")}';  -- or ROLLBACK PREPARED`);
+    f.warning(
+      'SOURCE_PREPARED_TRANSACTION',
+      'source',
+      `gid ${r.gid}`,
+      `transaction "${r.gid}" (database ${r.db}, owner ${r.owner}) has been prepared for ${r.age} s: creating pgsub's slot waits until it is committed or rolled back`,
+      `COMMIT PREPARED '${r.gid!.replace(/'/g, "''")}';  -- or ROLLBACK PREPARED`,
+    );
   }
 }
 
@@ -254,16 +370,42 @@ async function checkNotReplicated(db: Db, rels: Rel[], f: Findings): Promise<voi
   );
   for (const r of rows) {
     const name = `${r.schema}.${r.rel}`;
-    if (r.kind === 'm') f.warning('SOURCE_MATERIALIZED_VIEW', 'source', name, `materialized view ${name} is not replicated: create it on the target (pg_dump --schema-only --table) and refresh it after the copy and at cutover`, `REFRESH MATERIALIZED VIEW ${qualified(r.schema!, r.rel!)};  -- on the target`);
-    else f.warning('SOURCE_UNLOGGED_TABLE', 'source', name, `unlogged table ${name} is not replicated (it writes no WAL) and cannot be published: its rows stay behind`, `ALTER TABLE ${qualified(r.schema!, r.rel!)} SET LOGGED;  -- then add it to the publication; or copy it by hand after the fence`);
+    if (r.kind === 'm')
+      f.warning(
+        'SOURCE_MATERIALIZED_VIEW',
+        'source',
+        name,
+        `materialized view ${name} is not replicated: create it on the target (pg_dump --schema-only --table) and refresh it after the copy and at cutover`,
+        `REFRESH MATERIALIZED VIEW ${qualified(r.schema!, r.rel!)};  -- on the target`,
+      );
+    else
+      f.warning(
+        'SOURCE_UNLOGGED_TABLE',
+        'source',
+        name,
+        `unlogged table ${name} is not replicated (it writes no WAL) and cannot be published: its rows stay behind`,
+        `ALTER TABLE ${qualified(r.schema!, r.rel!)} SET LOGGED;  -- then add it to the publication; or copy it by hand after the fence`,
+      );
   }
   const [lo] = await db.query<Row>(`SELECT count(*)::text AS n FROM pg_catalog.pg_largeobject_metadata`);
   if (Number(lo!.n) > 0) {
-    f.warning('SOURCE_LARGE_OBJECTS', 'source', `${lo!.n} large object(s)`, `the database holds ${lo!.n} large object(s) (pg_largeobject): logical replication does not carry them`, `after the fence: pg_dump --data-only --large-objects --table=<a table without rows> … | psql <target>;  or keep the data in bytea columns`);
+    f.warning(
+      'SOURCE_LARGE_OBJECTS',
+      'source',
+      `${lo!.n} large object(s)`,
+      `the database holds ${lo!.n} large object(s) (pg_largeobject): logical replication does not carry them`,
+      `after the fence: pg_dump --data-only --large-objects --table=<a table without rows> … | psql <target>;  or keep the data in bytea columns`,
+    );
   }
   const triggers = await db.query<Row>(`SELECT evtname::text AS name, evtevent::text AS event, evtenabled::text AS enabled FROM pg_catalog.pg_event_trigger ORDER BY 1`);
   for (const t of triggers) {
-    f.warning('SOURCE_EVENT_TRIGGER', 'source', `event trigger ${t.name}`, `event trigger ${t.name} (${t.event}${t.enabled === 'D' ? ', disabled' : ''}): DDL is not replicated — schema changes made on the source during the migration must be made on the target too (a column added on both sides first is picked up)`, null);
+    f.warning(
+      'SOURCE_EVENT_TRIGGER',
+      'source',
+      `event trigger ${t.name}`,
+      `event trigger ${t.name} (${t.event}${t.enabled === 'D' ? ', disabled' : ''}): DDL is not replicated — schema changes made on the source during the migration must be made on the target too (a column added on both sides first is picked up)`,
+      null,
+    );
   }
 }
 
@@ -287,4 +429,3 @@ async function readSizes(db: Db, rels: Rel[]): Promise<RelSize[]> {
   }
   return rows.map((r) => ({ rel: r.rel!, rows: Number(r.rows ?? 0), tableBytes: Number(r.table_bytes), indexBytes: Number(r.index_bytes) }));
 }
-

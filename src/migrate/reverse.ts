@@ -61,9 +61,14 @@ function conninfoText(info: ConnInfo): string {
 export async function reverseRefusal(config: Config, target: Db): Promise<string | null> {
   const names = reverseNames(config);
   if (target.versionNum < 160000) return `--reverse needs origin = none on the new primary, a PostgreSQL 16 or later server; the target is ${target.version}`;
-  const [s] = await target.query(`SELECT pg_catalog.current_setting('wal_level') AS wal_level, (SELECT count(*) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1)::text AS slots`, [names.slot]);
-  if (s!.wal_level !== 'logical') return `--reverse streams from the new primary, whose wal_level is ${s!.wal_level}: ALTER SYSTEM SET wal_level = logical on the target and restart it first`;
-  if (s!.slots !== '0') return `replication slot ${names.slot} exists on the target already (an earlier reverse setup?): drop it first (SELECT pg_drop_replication_slot('${names.slot}'))`;
+  const [s] = await target.query(
+    `SELECT pg_catalog.current_setting('wal_level') AS wal_level, (SELECT count(*) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1)::text AS slots`,
+    [names.slot],
+  );
+  if (s!.wal_level !== 'logical')
+    return `--reverse streams from the new primary, whose wal_level is ${s!.wal_level}: ALTER SYSTEM SET wal_level = logical on the target and restart it first`;
+  if (s!.slots !== '0')
+    return `replication slot ${names.slot} exists on the target already (an earlier reverse setup?): drop it first (SELECT pg_drop_replication_slot('${names.slot}'))`;
   return null;
 }
 
@@ -113,7 +118,11 @@ export async function setupReverse(config: Config, target: Db, tables: readonly 
 }
 
 /** Remove what setupReverse made (the slot, a publication it created, the rows on the old primary). */
-export async function undoReverse(config: Config, target: Db, setup: Pick<ReverseSetup, 'subscription' | 'slot' | 'publication' | 'createdPublication' | 'configFile'>): Promise<void> {
+export async function undoReverse(
+  config: Config,
+  target: Db,
+  setup: Pick<ReverseSetup, 'subscription' | 'slot' | 'publication' | 'createdPublication' | 'configFile'>,
+): Promise<void> {
   await target.query(`SELECT pg_catalog.pg_drop_replication_slot(slot_name)::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, [setup.slot]);
   if (setup.createdPublication) await target.query(`DROP PUBLICATION IF EXISTS ${quoteIdent(setup.publication)}`);
   const sql = openMaintenance(config.source, `pgsub_${config.subscription}_cutover`);

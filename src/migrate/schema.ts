@@ -66,7 +66,20 @@ const INDEX_TYPES = new Set(['INDEX', 'CONSTRAINT', 'INDEX ATTACH', 'STATISTICS'
 /** Entries that belong to the one before them. */
 const ATTACHED_TYPES = new Set(['COMMENT', 'SECURITY LABEL', 'ACL']);
 /** Never applied: the target's own business (schemas are created IF NOT EXISTS below). */
-const SKIPPED_TYPES = new Set(['SCHEMA', 'EXTENSION', 'PUBLICATION', 'PUBLICATION TABLE', 'PUBLICATION TABLES IN SCHEMA', 'SUBSCRIPTION', 'ACL', 'DEFAULT ACL', 'DATABASE', 'ENCODING', 'STDSTRINGS', 'SEARCHPATH']);
+const SKIPPED_TYPES = new Set([
+  'SCHEMA',
+  'EXTENSION',
+  'PUBLICATION',
+  'PUBLICATION TABLE',
+  'PUBLICATION TABLES IN SCHEMA',
+  'SUBSCRIPTION',
+  'ACL',
+  'DEFAULT ACL',
+  'DATABASE',
+  'ENCODING',
+  'STDSTRINGS',
+  'SEARCHPATH',
+]);
 /** Objects that may exist already and are then kept: an error creating them is "already present". */
 const SHARED_TYPES = new Set(['TYPE', 'DOMAIN', 'COLLATION', 'FUNCTION', 'PROCEDURE', 'SEQUENCE', 'SEQUENCE OWNED BY']);
 /** "already exists" (duplicate_object, duplicate_table, duplicate_function) and "multiple primary keys". */
@@ -134,7 +147,9 @@ export async function copySchema(config: Config, opts: SchemaCopyOptions, out: (
       return report;
     }
     const applied = await apply(config, opts.step, plan, drops);
-    out(`${opts.step === 'tables' ? 'tables step' : 'post-data step'}: ${applied.applied.length} object(s) created${applied.alreadyPresent.length ? `, ${applied.alreadyPresent.length} already present` : ''}${drops.length ? `, ${drops.length} table(s) dropped first (--force)` : ''}`);
+    out(
+      `${opts.step === 'tables' ? 'tables step' : 'post-data step'}: ${applied.applied.length} object(s) created${applied.alreadyPresent.length ? `, ${applied.alreadyPresent.length} already present` : ''}${drops.length ? `, ${drops.length} table(s) dropped first (--force)` : ''}`,
+    );
     return { ...report, dropped: drops, ...applied };
   } finally {
     await source.close();
@@ -144,12 +159,19 @@ export async function copySchema(config: Config, opts: SchemaCopyOptions, out: (
 
 async function planStep(config: Config, opts: SchemaCopyOptions, dump: PgDump, source: Db, target: Db, out: (line: string) => void): Promise<Plan> {
   const published = await publishedTables(source, config.publications);
-  if (published.length === 0) throw new SchemaCopyError('PGSUB_SCHEMA_PREREQUISITE', `publication(s) ${config.publications.join(', ')} publish no tables in the source database (or do not exist)`);
+  if (published.length === 0)
+    throw new SchemaCopyError('PGSUB_SCHEMA_PREREQUISITE', `publication(s) ${config.publications.join(', ')} publish no tables in the source database (or do not exist)`);
   const roots: Rel[] = published.map((t) => ({ schema: t.schema, table: t.table }));
   // A published partition (a publisher before 13, or publish_via_partition_root off) needs its parents.
   const tree = [...roots, ...(await readDescendants(source, roots))];
   const rels = [...(await readAncestors(source, tree)), ...tree];
-  const existingTables = [...(await existing(target, 'class', rels.map((r) => ({ schema: r.schema, name: r.table }))))];
+  const existingTables = [
+    ...(await existing(
+      target,
+      'class',
+      rels.map((r) => ({ schema: r.schema, name: r.table })),
+    )),
+  ];
   if (opts.step === 'post-data' && !opts.force) await requireCopied(target, config.subscription);
   const sequences = [...(await readSequenceUses(source, rels)), ...config.sequenceNames.map((s) => ({ ...s, kind: 'config' as const, usedBy: null }))];
   const tablePatterns = [...rels.map((r) => dumpPattern(r.schema, r.table)), ...sequences.map((s) => dumpPattern(s.schema, s.name))].flatMap((p) => ['--table', p]);
@@ -163,12 +185,20 @@ async function planStep(config: Config, opts: SchemaCopyOptions, dump: PgDump, s
     const pre = splitDump(await runPgDump(dump, config.source, ['--section=pre-data', '--strict-names', ...tablePatterns]));
     const post = splitDump(await runPgDump(dump, config.source, ['--section=post-data', '--strict-names', ...tablePatterns]));
     preamble = pre.preamble;
-    entries = [...deps.entries, ...groups(pre.entries).flat(), ...groups(post.entries).filter((g) => INDEX_TYPES.has(g[0]!.type)).flat()];
+    entries = [
+      ...deps.entries,
+      ...groups(pre.entries).flat(),
+      ...groups(post.entries)
+        .filter((g) => INDEX_TYPES.has(g[0]!.type))
+        .flat(),
+    ];
     out(`${rels.length} table(s), ${sequences.length} sequence(s), ${deps.count} type(s), collation(s) and function(s) they need`);
   } else {
     const post = splitDump(await runPgDump(dump, config.source, ['--section=post-data', '--strict-names', ...tablePatterns]));
     preamble = post.preamble;
-    entries = groups(post.entries).filter((g) => !INDEX_TYPES.has(g[0]!.type)).flat();
+    entries = groups(post.entries)
+      .filter((g) => !INDEX_TYPES.has(g[0]!.type))
+      .flat();
     out(`${rels.length} table(s): ${entries.filter((e) => !ATTACHED_TYPES.has(e.type)).length} foreign key(s), trigger(s), rule(s) and polic(ies)`);
   }
   return { dump, source, target, rels, schemas: [...schemas].sort(), preamble, entries, existingTables };
@@ -178,11 +208,18 @@ async function planStep(config: Config, opts: SchemaCopyOptions, dump: PgDump, s
 async function requireCopied(target: Db, subscription: string): Promise<void> {
   const [t] = await target.query(`SELECT (pg_catalog.to_regclass('"pgsub"."subscription_rel"') IS NOT NULL)::text AS present`);
   if (t?.present !== 'true') return;
-  const rows = await target.query(`SELECT schema_name || '.' || table_name AS rel FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND state <> 'r' ORDER BY 1`, [subscription]);
+  const rows = await target.query(`SELECT schema_name || '.' || table_name AS rel FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND state <> 'r' ORDER BY 1`, [
+    subscription,
+  ]);
   if (rows.length === 0) return;
   throw new SchemaCopyError(
     'PGSUB_SCHEMA_PREREQUISITE',
-    `the initial copy of subscription ${subscription} has not finished for ${rows.length} table(s) (${rows.slice(0, 5).map((r) => r.rel).join(', ')}${rows.length > 5 ? ', …' : ''}; see pgsub status): foreign keys and triggers created now would keep pgsub's copy from deferring indexes and loading frozen. Run this step again once every table is ready, or give --force`,
+    `the initial copy of subscription ${subscription} has not finished for ${rows.length} table(s) (${rows
+      .slice(0, 5)
+      .map((r) => r.rel)
+      .join(
+        ', ',
+      )}${rows.length > 5 ? ', …' : ''}; see pgsub status): foreign keys and triggers created now would keep pgsub's copy from deferring indexes and loading frozen. Run this step again once every table is ready, or give --force`,
     { subscription, notReady: rows.length },
   );
 }
@@ -196,7 +233,14 @@ async function planDependencies(config: Config, dump: PgDump, source: Db, target
   const types = await readTypeDeps(source, rels);
   const functions = await readFunctionDeps(source, rels, types);
   const columns = await readColumns(source, rels);
-  const collations = [...new Set([...columns.values()].flat().map((c) => c.collation).filter((c): c is string => c !== null && !c.startsWith('pg_catalog.')))];
+  const collations = [
+    ...new Set(
+      [...columns.values()]
+        .flat()
+        .map((c) => c.collation)
+        .filter((c): c is string => c !== null && !c.startsWith('pg_catalog.')),
+    ),
+  ];
   const needExtensions = new Set([...types, ...functions].map((o) => o.extension).filter((e): e is string => e !== null));
   const installed = await readExtensions(target);
   const missing = [...needExtensions].filter((e) => !installed.has(e)).sort();
@@ -266,10 +310,14 @@ async function apply(config: Config, step: SchemaStep, plan: Plan, drops: string
       } catch (err) {
         const present = DUPLICATE_STATES.has(sqlstateOf(err) ?? '') && (step === 'post-data' || SHARED_TYPES.has(entry.type));
         if (!present) {
-          throw new SchemaCopyError('PGSUB_SCHEMA_COPY_FAILED', `${entry.type} ${entry.schema ? `${entry.schema}.` : ''}${entry.name} could not be created on the target: ${errorText(err)}; nothing of this step was kept`, {
-            entry: `${entry.type} ${entry.name}`,
-            sqlstate: sqlstateOf(err) ?? undefined,
-          });
+          throw new SchemaCopyError(
+            'PGSUB_SCHEMA_COPY_FAILED',
+            `${entry.type} ${entry.schema ? `${entry.schema}.` : ''}${entry.name} could not be created on the target: ${errorText(err)}; nothing of this step was kept`,
+            {
+              entry: `${entry.type} ${entry.name}`,
+              sqlstate: sqlstateOf(err) ?? undefined,
+            },
+          );
         }
         await client.query('ROLLBACK TO SAVEPOINT pgsub_entry');
         alreadyPresent.push(entry);
@@ -280,9 +328,10 @@ async function apply(config: Config, step: SchemaStep, plan: Plan, drops: string
   } catch (err) {
     await client.query('ROLLBACK').catch(() => {});
     if (err instanceof SchemaCopyError) throw err;
-    throw new SchemaCopyError('PGSUB_SCHEMA_COPY_FAILED', `schema ${step} step failed on the target: ${errorText(err)}; nothing of this step was kept`, { sqlstate: sqlstateOf(err) ?? undefined });
+    throw new SchemaCopyError('PGSUB_SCHEMA_COPY_FAILED', `schema ${step} step failed on the target: ${errorText(err)}; nothing of this step was kept`, {
+      sqlstate: sqlstateOf(err) ?? undefined,
+    });
   } finally {
     await client.end().catch(() => {});
   }
 }
-

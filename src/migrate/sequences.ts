@@ -90,7 +90,14 @@ export async function syncSequences(source: Db, target: Db, seqs: readonly Seque
     const b = tgt.get(name);
     const base = { sequence: name, usedBy: s.usedBy, kind: s.kind };
     if (!a || !b) {
-      out.push({ ...base, sourceNext: a ? nextValue(a) : null, targetNextBefore: b ? nextValue(b) : null, targetNextAfter: b ? nextValue(b) : null, moved: false, missing: a ? 'target' : 'source' });
+      out.push({
+        ...base,
+        sourceNext: a ? nextValue(a) : null,
+        targetNextBefore: b ? nextValue(b) : null,
+        targetNextAfter: b ? nextValue(b) : null,
+        moved: false,
+        missing: a ? 'target' : 'source',
+      });
       continue;
     }
     const before = nextValue(b);
@@ -99,7 +106,12 @@ export async function syncSequences(source: Db, target: Db, seqs: readonly Seque
     if (want > b.max) want = b.max;
     if (want < b.min) want = b.min;
     const move = ahead(want, before, b.increment);
-    if (move) await target.query(`SELECT pg_catalog.setval(pg_catalog.format('%I.%I', $1::text, $2::text)::pg_catalog.regclass, $3::pg_catalog.int8, false)::text`, [s.schema, s.name, want.toString()]);
+    if (move)
+      await target.query(`SELECT pg_catalog.setval(pg_catalog.format('%I.%I', $1::text, $2::text)::pg_catalog.regclass, $3::pg_catalog.int8, false)::text`, [
+        s.schema,
+        s.name,
+        want.toString(),
+      ]);
     out.push({ ...base, sourceNext: nextValue(a), targetNextBefore: before, targetNextAfter: move ? want : before, moved: move, missing: null });
   }
   return out;

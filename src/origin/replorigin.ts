@@ -17,18 +17,14 @@ export function replicationOriginName(subscription: string): string {
   return `pgsub_${subscription}`;
 }
 
-export interface OriginSetupRunner {
-  (text: string, params: (string | null)[]): Promise<unknown>;
-}
+export type OriginSetupRunner = (text: string, params: (string | null)[]) => Promise<unknown>;
 
 /** Create the origin if needed and bind it to this session. */
 export async function setupSessionOrigin(run: OriginSetupRunner, name: string): Promise<void> {
   try {
-    await run(
-      'SELECT pg_catalog.pg_replication_origin_create($1) WHERE pg_catalog.pg_replication_origin_oid($1) IS NULL',
-      [name],
-    );
-    await run('SELECT pg_catalog.pg_replication_origin_session_setup($1)', [name]);
+    await run('SELECT pg_catalog.pg_replication_origin_create($1) WHERE pg_catalog.pg_replication_origin_oid($1) IS NULL', [name]);
+    const setup = originSessionSetupStatement(name);
+    await run(setup.text, [name]);
   } catch (err) {
     const e = err as { code?: string; message?: string };
     if (e.code === '42501') {
@@ -48,4 +44,14 @@ export function originXactSetupStatement(endLsn: Lsn, commitTime: bigint): State
     text: 'SELECT pg_catalog.pg_replication_origin_xact_setup($1::pg_catalog.pg_lsn, $2::pg_catalog.timestamptz)',
     params: [formatLsn(endLsn), formatPgTimestamp(commitTime)],
   };
+}
+
+/** Bind the session to the origin: its commits carry the origin (lanes and parallel workers take it in turn). */
+export function originSessionSetupStatement(name: string): Statement {
+  return { text: 'SELECT pg_catalog.pg_replication_origin_session_setup($1)', params: [name] };
+}
+
+/** Release the session's origin, so that another session of the same origin can take it. */
+export function originSessionResetStatement(): Statement {
+  return { text: 'SELECT pg_catalog.pg_replication_origin_session_reset()', params: [] };
 }

@@ -159,9 +159,7 @@ export function preparedRowStatement(subscription: string, gid: string, remoteXi
  * anything): the origin moves to that message's end and the prepared row goes.
  */
 export function finishPreparedStatements(subscription: string, gid: string, endLsn: Lsn, commitTime: bigint | null): Statement[] {
-  const origin = commitTime === null
-    ? idleProgressStatement(subscription, endLsn)
-    : commitProgressStatement(subscription, endLsn, commitTime);
+  const origin = commitTime === null ? idleProgressStatement(subscription, endLsn) : commitProgressStatement(subscription, endLsn, commitTime);
   return [origin, forgetPreparedStatement(subscription, gid)];
 }
 

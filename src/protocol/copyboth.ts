@@ -4,20 +4,18 @@
  * the CopyData messages are cut out of the socket's chunks here, each XLogData frame
  * becoming one view of its pgoutput message. This replaced pg-copy-streams' both(), which
  * copies every frame through a BufferList and pushes it through an object-mode Readable:
- * with a frame per row that machinery cost more CPU than decoding the rows (W1 profile:
- * ~0.45 s of 3 s). Back-pressure is the socket's own: bytes are read only when the
+ * with a frame per row that machinery cost more CPU than decoding the rows
+ * (docs/design-measurements.md). Back-pressure is the socket's own: bytes are read only when the
  * consumer asks for the next batch.
  *
  * Reads are coalesced: after a read of less than 64 kB the next one waits a few
  * milliseconds. A subscriber faster than the walsender otherwise wakes for every few
- * frames the walsender sends (W1: 109,000 reads of ~9 messages), and each wake-up costs
- * both sides: the walsender's send() has to wake the reader, the reader runs a batch. A
- * 3 ms pause (the gain stopped growing there) cut W1 to 2,800 reads and, per 1M rows,
- * pgsub's CPU 2.6-3.1 → 1.5-1.7 s and the walsender's 3.3-3.9 → 2.7-2.8 s, what it uses
- * serving the native subscriber; a lagging subscriber finds 64 kB waiting and never
- * pauses. What it costs is at most 3 ms of lag per read when the stream is light.
- * Stopping the socket's reads during the pause made the walsender block on a full socket
- * instead, which cost it more (4.7 s).
+ * frames the walsender sends, and each wake-up costs both sides: the walsender's send()
+ * has to wake the reader, the reader runs a batch. A 3 ms pause brings the walsender's CPU
+ * down to what it uses serving the native subscriber (docs/design-measurements.md); a
+ * lagging subscriber finds 64 kB waiting and never pauses. What it costs is at most 3 ms
+ * of lag per read when the stream is light. Stopping the socket's reads during the pause
+ * made the walsender block on a full socket instead, which cost it more.
  *
  * An ErrorResponse, or the server's CopyDone, hands the rest of the bytes back to pg's
  * parser, so the error reaches this query's handleError and the connection stays usable.

@@ -29,14 +29,7 @@
  */
 import { ProtocolError } from '../errors.js';
 import type { Lsn } from './lsn.js';
-import type {
-  DecodeContext,
-  PgOutputMessage,
-  RelationColumn,
-  ReplicaIdentity,
-  Tuple,
-  TupleValue,
-} from './messages.js';
+import type { DecodeContext, PgOutputMessage, RelationColumn, ReplicaIdentity, Tuple, TupleValue } from './messages.js';
 import { Reader } from './reader.js';
 
 const NULL_VALUE: TupleValue = Object.freeze({ kind: 'null' }) as TupleValue;
@@ -163,19 +156,21 @@ function readTuple(r: Reader, l: TupleLabels): Tuple {
       case 0x75 /* u */:
         tuple[i] = UNCHANGED_VALUE;
         break;
-      case 0x74 /* t */: {
-        const len = length(r, l.textLength);
-        tuple[i] = { kind: 'text', value: r.utf8(len, l.text) };
-        break;
-      }
-      case 0x62 /* b */: {
-        const len = length(r, l.binaryLength);
-        // A view into the message, not a copy (a copy per value cost ~10% of the apply's
-        // CPU): the frame's memory is held as long as the value, which is until its
-        // batch is sent, and nothing writes into it (binary.ts copies before rewriting).
-        tuple[i] = { kind: 'binary', value: r.bytes(len, l.binary) };
-        break;
-      }
+      case 0x74 /* t */:
+        {
+          const len = length(r, l.textLength);
+          tuple[i] = { kind: 'text', value: r.utf8(len, l.text) };
+          break;
+        }
+      case 0x62 /* b */:
+        {
+          const len = length(r, l.binaryLength);
+          // A view into the message, not a copy (a copy per value cost ~10% of the apply's
+          // CPU): the frame's memory is held as long as the value, which is until its
+          // batch is sent, and nothing writes into it (binary.ts copies before rewriting).
+          tuple[i] = { kind: 'binary', value: r.bytes(len, l.binary) };
+          break;
+        }
       default:
         badField(l.kind, `unrecognized data representation ${hex(kind)}${printable(kind)} in column ${i}`, r.offset - 1);
     }
@@ -203,225 +198,231 @@ export function decode(buf: Buffer, ctx: DecodeContext): PgOutputMessage {
   const r = new Reader(buf);
   const tag = r.u8('message tag');
   switch (tag) {
-    case 0x42 /* B */: {
-      const finalLsn = setLsn(r, 'BEGIN final_lsn');
-      const commitTime = r.i64('BEGIN commit_time');
-      const xid = r.u32('BEGIN xid');
-      r.end('BEGIN');
-      return { tag: 'begin', finalLsn, commitTime, xid };
-    }
-
-    case 0x43 /* C */: {
-      const flags = zeroFlags(r, 'COMMIT flags');
-      const commitLsn = r.lsn('COMMIT commit_lsn');
-      const endLsn = r.lsn('COMMIT end_lsn');
-      const commitTime = r.i64('COMMIT commit_time');
-      r.end('COMMIT');
-      return { tag: 'commit', flags, commitLsn, endLsn, commitTime };
-    }
-
-    case 0x4f /* O */: {
-      const originLsn = r.lsn('ORIGIN origin_lsn');
-      const originName = r.cstring('ORIGIN name');
-      r.end('ORIGIN');
-      return { tag: 'origin', originLsn, originName };
-    }
-
-    case 0x52 /* R */: {
-      const xid = ctx.inStream ? r.u32('RELATION xid') : undefined;
-      const relationId = r.u32('RELATION relation id');
-      const namespace = r.cstring('RELATION namespace');
-      const name = r.cstring('RELATION name');
-      const replicaIdent = replicaIdentity(r);
-      const columns = readColumns(r);
-      r.end('RELATION');
-      return xid === undefined
-        ? { tag: 'relation', relationId, namespace, name, replicaIdentity: replicaIdent, columns }
-        : { tag: 'relation', xid, relationId, namespace, name, replicaIdentity: replicaIdent, columns };
-    }
-
-    case 0x59 /* Y */: {
-      const xid = ctx.inStream ? r.u32('TYPE xid') : undefined;
-      const typeOid = r.u32('TYPE type oid');
-      const namespace = r.cstring('TYPE namespace');
-      const name = r.cstring('TYPE name');
-      r.end('TYPE');
-      return xid === undefined
-        ? { tag: 'type', typeOid, namespace, name }
-        : { tag: 'type', xid, typeOid, namespace, name };
-    }
-
-    case 0x49 /* I */: {
-      const xid = ctx.inStream ? r.u32('INSERT xid') : undefined;
-      const relationId = r.u32('INSERT relation id');
-      const at = r.offset;
-      const marker = r.u8('INSERT tuple marker');
-      if (marker !== 0x4e /* N */) badField('INSERT tuple marker', `expected 'N', got ${hex(marker)}${printable(marker)}`, at);
-      const newTuple = readTuple(r, INSERT_NEW);
-      r.end('INSERT');
-      return xid === undefined ? { tag: 'insert', relationId, newTuple } : { tag: 'insert', xid, relationId, newTuple };
-    }
-
-    case 0x55 /* U */: {
-      const xid = ctx.inStream ? r.u32('UPDATE xid') : undefined;
-      const relationId = r.u32('UPDATE relation id');
-      let at = r.offset;
-      let marker = r.u8('UPDATE tuple marker');
-      let oldKind: 'key' | 'old' | undefined;
-      let oldTuple: Tuple | undefined;
-      if (marker === 0x4b /* K */ || marker === 0x4f /* O */) {
-        oldKind = marker === 0x4b ? 'key' : 'old';
-        oldTuple = readTuple(r, UPDATE_OLD);
-        at = r.offset;
-        marker = r.u8('UPDATE new tuple marker');
-        if (marker !== 0x4e) badField('UPDATE new tuple marker', `expected 'N', got ${hex(marker)}${printable(marker)}`, at);
-      } else if (marker !== 0x4e /* N */) {
-        badField('UPDATE tuple marker', `expected 'K', 'O' or 'N', got ${hex(marker)}${printable(marker)}`, at);
+    case 0x42 /* B */:
+      {
+        const finalLsn = setLsn(r, 'BEGIN final_lsn');
+        const commitTime = r.i64('BEGIN commit_time');
+        const xid = r.u32('BEGIN xid');
+        r.end('BEGIN');
+        return { tag: 'begin', finalLsn, commitTime, xid };
       }
-      const newTuple = readTuple(r, UPDATE_NEW);
-      r.end('UPDATE');
-      if (oldKind === undefined) {
-        return xid === undefined ? { tag: 'update', relationId, newTuple } : { tag: 'update', xid, relationId, newTuple };
+
+    case 0x43 /* C */:
+      {
+        const flags = zeroFlags(r, 'COMMIT flags');
+        const commitLsn = r.lsn('COMMIT commit_lsn');
+        const endLsn = r.lsn('COMMIT end_lsn');
+        const commitTime = r.i64('COMMIT commit_time');
+        r.end('COMMIT');
+        return { tag: 'commit', flags, commitLsn, endLsn, commitTime };
       }
-      return xid === undefined
-        ? { tag: 'update', relationId, oldKind, oldTuple: oldTuple!, newTuple }
-        : { tag: 'update', xid, relationId, oldKind, oldTuple: oldTuple!, newTuple };
-    }
 
-    case 0x44 /* D */: {
-      const xid = ctx.inStream ? r.u32('DELETE xid') : undefined;
-      const relationId = r.u32('DELETE relation id');
-      const at = r.offset;
-      const marker = r.u8('DELETE tuple marker');
-      if (marker !== 0x4b /* K */ && marker !== 0x4f /* O */) {
-        badField('DELETE tuple marker', `expected 'K' or 'O', got ${hex(marker)}${printable(marker)}`, at);
+    case 0x4f /* O */:
+      {
+        const originLsn = r.lsn('ORIGIN origin_lsn');
+        const originName = r.cstring('ORIGIN name');
+        r.end('ORIGIN');
+        return { tag: 'origin', originLsn, originName };
       }
-      const oldKind = marker === 0x4b ? 'key' : 'old';
-      const oldTuple = readTuple(r, DELETE_OLD);
-      r.end('DELETE');
-      return xid === undefined
-        ? { tag: 'delete', relationId, oldKind, oldTuple }
-        : { tag: 'delete', xid, relationId, oldKind, oldTuple };
-    }
 
-    case 0x54 /* T */: {
-      const xid = ctx.inStream ? r.u32('TRUNCATE xid') : undefined;
-      const n = count(r, 'TRUNCATE relation count', 4);
-      const options = r.u8('TRUNCATE options');
-      r.need(n, RELID_BYTES, 'TRUNCATE relation ids');
-      const relationIds = new Array<number>(n);
-      for (let i = 0; i < n; i++) relationIds[i] = r.u32('TRUNCATE relation id');
-      r.end('TRUNCATE');
-      const cascade = (options & 1) !== 0;
-      const restartIdentity = (options & 2) !== 0;
-      return xid === undefined
-        ? { tag: 'truncate', cascade, restartIdentity, relationIds }
-        : { tag: 'truncate', xid, cascade, restartIdentity, relationIds };
-    }
+    case 0x52 /* R */:
+      {
+        const xid = ctx.inStream ? r.u32('RELATION xid') : undefined;
+        const relationId = r.u32('RELATION relation id');
+        const namespace = r.cstring('RELATION namespace');
+        const name = r.cstring('RELATION name');
+        const replicaIdent = replicaIdentity(r);
+        const columns = readColumns(r);
+        r.end('RELATION');
+        return xid === undefined
+          ? { tag: 'relation', relationId, namespace, name, replicaIdentity: replicaIdent, columns }
+          : { tag: 'relation', xid, relationId, namespace, name, replicaIdentity: replicaIdent, columns };
+      }
 
-    case 0x4d /* M */: {
-      const xid = ctx.inStream ? r.u32('MESSAGE xid') : undefined;
-      const flags = r.u8('MESSAGE flags');
-      const lsn = r.lsn('MESSAGE lsn');
-      const prefix = r.cstring('MESSAGE prefix');
-      const len = length(r, 'MESSAGE content length');
-      const content = r.copy(len, 'MESSAGE content');
-      r.end('MESSAGE');
-      const transactional = (flags & 1) !== 0;
-      return xid === undefined
-        ? { tag: 'message', transactional, lsn, prefix, content }
-        : { tag: 'message', xid, transactional, lsn, prefix, content };
-    }
+    case 0x59 /* Y */:
+      {
+        const xid = ctx.inStream ? r.u32('TYPE xid') : undefined;
+        const typeOid = r.u32('TYPE type oid');
+        const namespace = r.cstring('TYPE namespace');
+        const name = r.cstring('TYPE name');
+        r.end('TYPE');
+        return xid === undefined ? { tag: 'type', typeOid, namespace, name } : { tag: 'type', xid, typeOid, namespace, name };
+      }
 
-    case 0x53 /* S */: {
-      const xid = r.u32('STREAM START xid');
-      const firstSegment = r.u8('STREAM START first_segment') === 1;
-      r.end('STREAM START');
-      return { tag: 'streamStart', xid, firstSegment };
-    }
+    case 0x49 /* I */:
+      {
+        const xid = ctx.inStream ? r.u32('INSERT xid') : undefined;
+        const relationId = r.u32('INSERT relation id');
+        const at = r.offset;
+        const marker = r.u8('INSERT tuple marker');
+        if (marker !== 0x4e /* N */) badField('INSERT tuple marker', `expected 'N', got ${hex(marker)}${printable(marker)}`, at);
+        const newTuple = readTuple(r, INSERT_NEW);
+        r.end('INSERT');
+        return xid === undefined ? { tag: 'insert', relationId, newTuple } : { tag: 'insert', xid, relationId, newTuple };
+      }
 
-    case 0x45 /* E */: {
-      r.end('STREAM STOP');
-      return { tag: 'streamStop' };
-    }
+    case 0x55 /* U */:
+      {
+        const xid = ctx.inStream ? r.u32('UPDATE xid') : undefined;
+        const relationId = r.u32('UPDATE relation id');
+        let at = r.offset;
+        let marker = r.u8('UPDATE tuple marker');
+        let oldKind: 'key' | 'old' | undefined;
+        let oldTuple: Tuple | undefined;
+        if (marker === 0x4b /* K */ || marker === 0x4f /* O */) {
+          oldKind = marker === 0x4b ? 'key' : 'old';
+          oldTuple = readTuple(r, UPDATE_OLD);
+          at = r.offset;
+          marker = r.u8('UPDATE new tuple marker');
+          if (marker !== 0x4e) badField('UPDATE new tuple marker', `expected 'N', got ${hex(marker)}${printable(marker)}`, at);
+        } else if (marker !== 0x4e /* N */) {
+          badField('UPDATE tuple marker', `expected 'K', 'O' or 'N', got ${hex(marker)}${printable(marker)}`, at);
+        }
+        const newTuple = readTuple(r, UPDATE_NEW);
+        r.end('UPDATE');
+        if (oldKind === undefined) {
+          return xid === undefined ? { tag: 'update', relationId, newTuple } : { tag: 'update', xid, relationId, newTuple };
+        }
+        return xid === undefined
+          ? { tag: 'update', relationId, oldKind, oldTuple: oldTuple!, newTuple }
+          : { tag: 'update', xid, relationId, oldKind, oldTuple: oldTuple!, newTuple };
+      }
 
-    case 0x63 /* c */: {
-      const xid = r.u32('STREAM COMMIT xid');
-      const flags = zeroFlags(r, 'STREAM COMMIT flags');
-      const commitLsn = r.lsn('STREAM COMMIT commit_lsn');
-      const endLsn = r.lsn('STREAM COMMIT end_lsn');
-      const commitTime = r.i64('STREAM COMMIT commit_time');
-      r.end('STREAM COMMIT');
-      return { tag: 'streamCommit', xid, flags, commitLsn, endLsn, commitTime };
-    }
+    case 0x44 /* D */:
+      {
+        const xid = ctx.inStream ? r.u32('DELETE xid') : undefined;
+        const relationId = r.u32('DELETE relation id');
+        const at = r.offset;
+        const marker = r.u8('DELETE tuple marker');
+        if (marker !== 0x4b /* K */ && marker !== 0x4f /* O */) {
+          badField('DELETE tuple marker', `expected 'K' or 'O', got ${hex(marker)}${printable(marker)}`, at);
+        }
+        const oldKind = marker === 0x4b ? 'key' : 'old';
+        const oldTuple = readTuple(r, DELETE_OLD);
+        r.end('DELETE');
+        return xid === undefined ? { tag: 'delete', relationId, oldKind, oldTuple } : { tag: 'delete', xid, relationId, oldKind, oldTuple };
+      }
 
-    case 0x41 /* A */: {
-      const xid = r.u32('STREAM ABORT xid');
-      const subXid = r.u32('STREAM ABORT subxid');
-      if (ctx.streamAbortInfo === true) {
-        const abortLsn = r.lsn('STREAM ABORT abort_lsn');
-        const abortTime = r.i64('STREAM ABORT abort_time');
+    case 0x54 /* T */:
+      {
+        const xid = ctx.inStream ? r.u32('TRUNCATE xid') : undefined;
+        const n = count(r, 'TRUNCATE relation count', 4);
+        const options = r.u8('TRUNCATE options');
+        r.need(n, RELID_BYTES, 'TRUNCATE relation ids');
+        const relationIds = new Array<number>(n);
+        for (let i = 0; i < n; i++) relationIds[i] = r.u32('TRUNCATE relation id');
+        r.end('TRUNCATE');
+        const cascade = (options & 1) !== 0;
+        const restartIdentity = (options & 2) !== 0;
+        return xid === undefined ? { tag: 'truncate', cascade, restartIdentity, relationIds } : { tag: 'truncate', xid, cascade, restartIdentity, relationIds };
+      }
+
+    case 0x4d /* M */:
+      {
+        const xid = ctx.inStream ? r.u32('MESSAGE xid') : undefined;
+        const flags = r.u8('MESSAGE flags');
+        const lsn = r.lsn('MESSAGE lsn');
+        const prefix = r.cstring('MESSAGE prefix');
+        const len = length(r, 'MESSAGE content length');
+        const content = r.copy(len, 'MESSAGE content');
+        r.end('MESSAGE');
+        const transactional = (flags & 1) !== 0;
+        return xid === undefined ? { tag: 'message', transactional, lsn, prefix, content } : { tag: 'message', xid, transactional, lsn, prefix, content };
+      }
+
+    case 0x53 /* S */:
+      {
+        const xid = r.u32('STREAM START xid');
+        const firstSegment = r.u8('STREAM START first_segment') === 1;
+        r.end('STREAM START');
+        return { tag: 'streamStart', xid, firstSegment };
+      }
+
+    case 0x45 /* E */:
+      {
+        r.end('STREAM STOP');
+        return { tag: 'streamStop' };
+      }
+
+    case 0x63 /* c */:
+      {
+        const xid = r.u32('STREAM COMMIT xid');
+        const flags = zeroFlags(r, 'STREAM COMMIT flags');
+        const commitLsn = r.lsn('STREAM COMMIT commit_lsn');
+        const endLsn = r.lsn('STREAM COMMIT end_lsn');
+        const commitTime = r.i64('STREAM COMMIT commit_time');
+        r.end('STREAM COMMIT');
+        return { tag: 'streamCommit', xid, flags, commitLsn, endLsn, commitTime };
+      }
+
+    case 0x41 /* A */:
+      {
+        const xid = r.u32('STREAM ABORT xid');
+        const subXid = r.u32('STREAM ABORT subxid');
+        if (ctx.streamAbortInfo === true) {
+          const abortLsn = r.lsn('STREAM ABORT abort_lsn');
+          const abortTime = r.i64('STREAM ABORT abort_time');
+          r.end('STREAM ABORT');
+          return { tag: 'streamAbort', xid, subXid, abortLsn, abortTime };
+        }
         r.end('STREAM ABORT');
-        return { tag: 'streamAbort', xid, subXid, abortLsn, abortTime };
+        return { tag: 'streamAbort', xid, subXid };
       }
-      r.end('STREAM ABORT');
-      return { tag: 'streamAbort', xid, subXid };
-    }
 
-    case 0x62 /* b */: {
-      const prepareLsn = setLsn(r, 'BEGIN PREPARE prepare_lsn');
-      const endLsn = setLsn(r, 'BEGIN PREPARE end_lsn');
-      const prepareTime = r.i64('BEGIN PREPARE prepare_time');
-      const xid = r.u32('BEGIN PREPARE xid');
-      const gid = r.cstring('BEGIN PREPARE gid');
-      r.end('BEGIN PREPARE');
-      return { tag: 'beginPrepare', prepareLsn, endLsn, prepareTime, xid, gid };
-    }
+    case 0x62 /* b */:
+      {
+        const prepareLsn = setLsn(r, 'BEGIN PREPARE prepare_lsn');
+        const endLsn = setLsn(r, 'BEGIN PREPARE end_lsn');
+        const prepareTime = r.i64('BEGIN PREPARE prepare_time');
+        const xid = r.u32('BEGIN PREPARE xid');
+        const gid = r.cstring('BEGIN PREPARE gid');
+        r.end('BEGIN PREPARE');
+        return { tag: 'beginPrepare', prepareLsn, endLsn, prepareTime, xid, gid };
+      }
 
     case 0x50 /* P */:
-    case 0x70 /* p */: {
-      // proto.c: logicalrep_read_prepare_common, shared by PREPARE and STREAM PREPARE.
-      const l = tag === 0x50 ? PREPARE : STREAM_PREPARE;
-      const flags = zeroFlags(r, l.flags);
-      const prepareLsn = setLsn(r, l.prepareLsn);
-      const endLsn = setLsn(r, l.endLsn);
-      const prepareTime = r.i64(l.prepareTime);
-      const at = r.offset;
-      const xid = r.u32(l.xid);
-      if (xid === 0) badField(l.xid, 'invalid two-phase transaction id 0', at);
-      const gid = r.cstring(l.gid);
-      r.end(l.message);
-      return { tag: tag === 0x50 ? 'prepare' : 'streamPrepare', flags, prepareLsn, endLsn, prepareTime, xid, gid };
-    }
+    case 0x70 /* p */:
+      {
+        // proto.c: logicalrep_read_prepare_common, shared by PREPARE and STREAM PREPARE.
+        const l = tag === 0x50 ? PREPARE : STREAM_PREPARE;
+        const flags = zeroFlags(r, l.flags);
+        const prepareLsn = setLsn(r, l.prepareLsn);
+        const endLsn = setLsn(r, l.endLsn);
+        const prepareTime = r.i64(l.prepareTime);
+        const at = r.offset;
+        const xid = r.u32(l.xid);
+        if (xid === 0) badField(l.xid, 'invalid two-phase transaction id 0', at);
+        const gid = r.cstring(l.gid);
+        r.end(l.message);
+        return { tag: tag === 0x50 ? 'prepare' : 'streamPrepare', flags, prepareLsn, endLsn, prepareTime, xid, gid };
+      }
 
-    case 0x4b /* K */: {
-      const flags = zeroFlags(r, 'COMMIT PREPARED flags');
-      const commitLsn = setLsn(r, 'COMMIT PREPARED commit_lsn');
-      const endLsn = setLsn(r, 'COMMIT PREPARED end_lsn');
-      const commitTime = r.i64('COMMIT PREPARED commit_time');
-      const xid = r.u32('COMMIT PREPARED xid');
-      const gid = r.cstring('COMMIT PREPARED gid');
-      r.end('COMMIT PREPARED');
-      return { tag: 'commitPrepared', flags, commitLsn, endLsn, commitTime, xid, gid };
-    }
+    case 0x4b /* K */:
+      {
+        const flags = zeroFlags(r, 'COMMIT PREPARED flags');
+        const commitLsn = setLsn(r, 'COMMIT PREPARED commit_lsn');
+        const endLsn = setLsn(r, 'COMMIT PREPARED end_lsn');
+        const commitTime = r.i64('COMMIT PREPARED commit_time');
+        const xid = r.u32('COMMIT PREPARED xid');
+        const gid = r.cstring('COMMIT PREPARED gid');
+        r.end('COMMIT PREPARED');
+        return { tag: 'commitPrepared', flags, commitLsn, endLsn, commitTime, xid, gid };
+      }
 
-    case 0x72 /* r */: {
-      const flags = zeroFlags(r, 'ROLLBACK PREPARED flags');
-      const prepareEndLsn = setLsn(r, 'ROLLBACK PREPARED prepare_end_lsn');
-      const rollbackEndLsn = setLsn(r, 'ROLLBACK PREPARED rollback_end_lsn');
-      const prepareTime = r.i64('ROLLBACK PREPARED prepare_time');
-      const rollbackTime = r.i64('ROLLBACK PREPARED rollback_time');
-      const xid = r.u32('ROLLBACK PREPARED xid');
-      const gid = r.cstring('ROLLBACK PREPARED gid');
-      r.end('ROLLBACK PREPARED');
-      return { tag: 'rollbackPrepared', flags, prepareEndLsn, rollbackEndLsn, prepareTime, rollbackTime, xid, gid };
-    }
+    case 0x72 /* r */:
+      {
+        const flags = zeroFlags(r, 'ROLLBACK PREPARED flags');
+        const prepareEndLsn = setLsn(r, 'ROLLBACK PREPARED prepare_end_lsn');
+        const rollbackEndLsn = setLsn(r, 'ROLLBACK PREPARED rollback_end_lsn');
+        const prepareTime = r.i64('ROLLBACK PREPARED prepare_time');
+        const rollbackTime = r.i64('ROLLBACK PREPARED rollback_time');
+        const xid = r.u32('ROLLBACK PREPARED xid');
+        const gid = r.cstring('ROLLBACK PREPARED gid');
+        r.end('ROLLBACK PREPARED');
+        return { tag: 'rollbackPrepared', flags, prepareEndLsn, rollbackEndLsn, prepareTime, rollbackTime, xid, gid };
+      }
 
     default:
-      throw new ProtocolError(
-        'PGSUB_PROTOCOL_UNKNOWN_MESSAGE',
-        `unknown pgoutput message tag ${hex(tag)}${printable(tag)}`,
-        { tag: hex(tag) },
-      );
+      throw new ProtocolError('PGSUB_PROTOCOL_UNKNOWN_MESSAGE', `unknown pgoutput message tag ${hex(tag)}${printable(tag)}`, { tag: hex(tag) });
   }
 }

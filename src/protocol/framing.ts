@@ -56,26 +56,26 @@ export function parseReplicationFrame(buf: Buffer): ReplicationFrame {
   const r = new Reader(buf);
   const tag = r.u8('replication frame tag');
   switch (tag) {
-    case 0x77 /* w */: {
-      const walStart = r.lsn('XLogData walStart');
-      const walEnd = r.lsn('XLogData walEnd');
-      const sendTime = r.i64('XLogData sendTime');
-      const data = r.bytes(r.remaining(), 'XLogData data');
-      return { kind: 'xlogData', walStart, walEnd, sendTime, data };
-    }
-    case 0x6b /* k */: {
-      const walEnd = r.lsn('keepalive walEnd');
-      const sendTime = r.i64('keepalive sendTime');
-      const replyRequested = r.u8('keepalive replyRequested') !== 0;
-      r.end('keepalive');
-      return { kind: 'keepalive', walEnd, sendTime, replyRequested };
-    }
+    case 0x77 /* w */:
+      {
+        const walStart = r.lsn('XLogData walStart');
+        const walEnd = r.lsn('XLogData walEnd');
+        const sendTime = r.i64('XLogData sendTime');
+        const data = r.bytes(r.remaining(), 'XLogData data');
+        return { kind: 'xlogData', walStart, walEnd, sendTime, data };
+      }
+    case 0x6b /* k */:
+      {
+        const walEnd = r.lsn('keepalive walEnd');
+        const sendTime = r.i64('keepalive sendTime');
+        const replyRequested = r.u8('keepalive replyRequested') !== 0;
+        r.end('keepalive');
+        return { kind: 'keepalive', walEnd, sendTime, replyRequested };
+      }
     default:
-      throw new ProtocolError(
-        'PGSUB_PROTOCOL_UNKNOWN_MESSAGE',
-        `unknown replication frame tag 0x${tag.toString(16).padStart(2, '0')}`,
-        { tag: `0x${tag.toString(16).padStart(2, '0')}` },
-      );
+      throw new ProtocolError('PGSUB_PROTOCOL_UNKNOWN_MESSAGE', `unknown replication frame tag 0x${tag.toString(16).padStart(2, '0')}`, {
+        tag: `0x${tag.toString(16).padStart(2, '0')}`,
+      });
   }
 }
 

@@ -9,11 +9,7 @@
 import type { Lsn } from './lsn.js';
 
 /** One column value of a TupleData: null, unchanged TOAST, text, or binary. */
-export type TupleValue =
-  | { kind: 'null' }
-  | { kind: 'unchanged' }
-  | { kind: 'text'; value: string }
-  | { kind: 'binary'; value: Buffer };
+export type TupleValue = { kind: 'null' } | { kind: 'unchanged' } | { kind: 'text'; value: string } | { kind: 'binary'; value: Buffer };
 
 export type Tuple = TupleValue[];
 
@@ -28,9 +24,24 @@ export interface RelationColumn {
 /** Replica identity setting as pgoutput sends it: relreplident. */
 export type ReplicaIdentity = 'default' | 'nothing' | 'full' | 'index';
 
-export interface BeginMessage { tag: 'begin'; finalLsn: Lsn; commitTime: bigint; xid: number }
-export interface CommitMessage { tag: 'commit'; flags: number; commitLsn: Lsn; endLsn: Lsn; commitTime: bigint }
-export interface OriginMessage { tag: 'origin'; originLsn: Lsn; originName: string }
+export interface BeginMessage {
+  tag: 'begin';
+  finalLsn: Lsn;
+  commitTime: bigint;
+  xid: number;
+}
+export interface CommitMessage {
+  tag: 'commit';
+  flags: number;
+  commitLsn: Lsn;
+  endLsn: Lsn;
+  commitTime: bigint;
+}
+export interface OriginMessage {
+  tag: 'origin';
+  originLsn: Lsn;
+  originName: string;
+}
 export interface RelationMessage {
   tag: 'relation';
   xid?: number;
@@ -41,8 +52,24 @@ export interface RelationMessage {
   replicaIdentity: ReplicaIdentity;
   columns: RelationColumn[];
 }
-export interface TypeMessage { tag: 'type'; xid?: number; typeOid: number; namespace: string; name: string }
-export interface InsertMessage { tag: 'insert'; xid?: number; relationId: number; newTuple: Tuple }
+/** The schema a Relation or Type message names: pgoutput sends pg_catalog as an empty namespace. */
+export function schemaOf(message: { namespace: string }): string {
+  return message.namespace === '' ? 'pg_catalog' : message.namespace;
+}
+
+export interface TypeMessage {
+  tag: 'type';
+  xid?: number;
+  typeOid: number;
+  namespace: string;
+  name: string;
+}
+export interface InsertMessage {
+  tag: 'insert';
+  xid?: number;
+  relationId: number;
+  newTuple: Tuple;
+}
 export interface UpdateMessage {
   tag: 'update';
   xid?: number;
@@ -52,7 +79,13 @@ export interface UpdateMessage {
   oldTuple?: Tuple;
   newTuple: Tuple;
 }
-export interface DeleteMessage { tag: 'delete'; xid?: number; relationId: number; oldKind: 'key' | 'old'; oldTuple: Tuple }
+export interface DeleteMessage {
+  tag: 'delete';
+  xid?: number;
+  relationId: number;
+  oldKind: 'key' | 'old';
+  oldTuple: Tuple;
+}
 export interface TruncateMessage {
   tag: 'truncate';
   xid?: number;
@@ -68,8 +101,14 @@ export interface LogicalMessage {
   prefix: string;
   content: Buffer;
 }
-export interface StreamStartMessage { tag: 'streamStart'; xid: number; firstSegment: boolean }
-export interface StreamStopMessage { tag: 'streamStop' }
+export interface StreamStartMessage {
+  tag: 'streamStart';
+  xid: number;
+  firstSegment: boolean;
+}
+export interface StreamStopMessage {
+  tag: 'streamStop';
+}
 export interface StreamCommitMessage {
   tag: 'streamCommit';
   xid: number;

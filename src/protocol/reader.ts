@@ -41,11 +41,10 @@ export class Reader {
   }
 
   #truncated(n: number, what: string): never {
-    throw new ProtocolError(
-      'PGSUB_PROTOCOL_TRUNCATED',
-      `${what}: need ${n} byte(s) at offset ${this.#pos}, only ${this.#end - this.#pos} left`,
-      { field: what, offset: this.#pos },
-    );
+    throw new ProtocolError('PGSUB_PROTOCOL_TRUNCATED', `${what}: need ${n} byte(s) at offset ${this.#pos}, only ${this.#end - this.#pos} left`, {
+      field: what,
+      offset: this.#pos,
+    });
   }
 
   /**
@@ -109,11 +108,7 @@ export class Reader {
     const start = this.#pos;
     const nul = start < this.#end ? this.#buf.indexOf(0, start) : -1;
     if (nul < 0 || nul >= this.#end) {
-      throw new ProtocolError(
-        'PGSUB_PROTOCOL_TRUNCATED',
-        `${what}: unterminated string at offset ${start}`,
-        { field: what, offset: start },
-      );
+      throw new ProtocolError('PGSUB_PROTOCOL_TRUNCATED', `${what}: unterminated string at offset ${start}`, { field: what, offset: start });
     }
     this.#pos = nul + 1;
     return nul === start ? '' : this.#buf.toString('utf8', start, nul);
@@ -147,11 +142,7 @@ export class Reader {
   /** The message must be fully consumed: anything left is a protocol violation. */
   end(what: string): void {
     if (this.#pos !== this.#end) {
-      throw new ProtocolError(
-        'PGSUB_PROTOCOL_TRAILING_BYTES',
-        `${what}: ${this.#end - this.#pos} trailing byte(s) at offset ${this.#pos}`,
-        { field: what, offset: this.#pos },
-      );
+      throw new ProtocolError('PGSUB_PROTOCOL_TRAILING_BYTES', `${what}: ${this.#end - this.#pos} trailing byte(s) at offset ${this.#pos}`, { field: what, offset: this.#pos });
     }
   }
 }

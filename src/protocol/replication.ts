@@ -112,9 +112,7 @@ export class ReplicationConnection {
   }
 
   async settings(): Promise<{ walLevel: string; walSenderTimeoutMs: number }> {
-    const rows = await this.sql<{ name: string; setting: string }>(
-      `SELECT name, setting FROM pg_catalog.pg_settings WHERE name IN ('wal_level', 'wal_sender_timeout')`,
-    );
+    const rows = await this.sql<{ name: string; setting: string }>(`SELECT name, setting FROM pg_catalog.pg_settings WHERE name IN ('wal_level', 'wal_sender_timeout')`);
     const get = (name: string) => rows.find((r) => r.name === name)?.setting;
     return { walLevel: get('wal_level') ?? 'unknown', walSenderTimeoutMs: Number(get('wal_sender_timeout') ?? 60000) };
   }
@@ -170,9 +168,7 @@ export class ReplicationConnection {
 
   /** CREATE_REPLICATION_SLOT … LOGICAL pgoutput; the pre-15 syntax every version 10–18 accepts. */
   async createSlot(name: string): Promise<{ consistentPoint: Lsn }> {
-    const res = await this.client.query<{ consistent_point: string }>(
-      `CREATE_REPLICATION_SLOT ${quoteIdent(name)} LOGICAL pgoutput NOEXPORT_SNAPSHOT`,
-    );
+    const res = await this.client.query<{ consistent_point: string }>(`CREATE_REPLICATION_SLOT ${quoteIdent(name)} LOGICAL pgoutput NOEXPORT_SNAPSHOT`);
     const row = res.rows[0];
     if (!row) throw new SourceSetupError(`CREATE_REPLICATION_SLOT ${name} returned no row`);
     return { consistentPoint: parseLsn(row.consistent_point) };
@@ -194,10 +190,7 @@ export class ReplicationConnection {
 
   /** Enter CopyBoth mode. The returned stream yields one Buffer per CopyData frame. */
   startReplication(opts: StartOptions): ReplicationStream {
-    const options: string[] = [
-      `proto_version ${quoteLiteral(String(opts.protoVersion))}`,
-      `publication_names ${quoteLiteral(opts.publications.map(quoteIdent).join(','))}`,
-    ];
+    const options: string[] = [`proto_version ${quoteLiteral(String(opts.protoVersion))}`, `publication_names ${quoteLiteral(opts.publications.map(quoteIdent).join(','))}`];
     if (opts.binary) options.push(`binary 'true'`);
     if (opts.messages) options.push(`messages 'true'`);
     if (opts.streaming && opts.streaming !== 'off') options.push(`streaming ${quoteLiteral(opts.streaming)}`);

@@ -18,10 +18,10 @@
 import http from 'node:http';
 import { Counter, Gauge, Registry } from 'prom-client';
 import type { Logger } from '../log.js';
-import { pgTimeToEpochMs, type Progress } from '../origin/progress.js';
+import { pgTimeToEpochMs, type Progress } from '../origin/positions.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
-import { STATE_NAMES, type SyncStates } from '../tablesync/state.js';
+import { STATE_NAMES, type SyncStates } from '../tablesync/sync-state.js';
 import type { TableProgress } from '../tablesync/job.js';
 
 export interface SlotHealth {
@@ -81,14 +81,56 @@ export function buildRegistry(source: MetricsSource): Registry {
   gauge('pgsub_lag_seconds', 'Age of the last source commit applied while more waits, clock offset corrected; 0 when caught up', () => lagSeconds(source));
   gauge('pgsub_clock_offset_seconds', 'Estimated offset of the publisher clock behind this host plus the shortest network delay', () => seconds(p()?.clockOffsetMs ?? null));
 
-  new Counter({ name: 'pgsub_apply_error_count', help: 'Apply errors in this process (pg_stat_subscription_stats.apply_error_count)', registers: [registry], collect() { setCounter(this, source.errors().apply); } });
-  new Counter({ name: 'pgsub_sync_error_count', help: 'Table copy errors in this process (pg_stat_subscription_stats.sync_error_count)', registers: [registry], collect() { setCounter(this, source.errors().sync); } });
+  new Counter({
+    name: 'pgsub_apply_error_count',
+    help: 'Apply errors in this process (pg_stat_subscription_stats.apply_error_count)',
+    registers: [registry],
+    collect() {
+      setCounter(this, source.errors().apply);
+    },
+  });
+  new Counter({
+    name: 'pgsub_sync_error_count',
+    help: 'Table copy errors in this process (pg_stat_subscription_stats.sync_error_count)',
+    registers: [registry],
+    collect() {
+      setCounter(this, source.errors().sync);
+    },
+  });
   for (const type of CONFLICT_TYPES) {
-    new Counter({ name: `pgsub_confl_${type}`, help: `${type} conflicts resolved by a policy in this process (pg_stat_subscription_stats.confl_${type})`, registers: [registry], collect() { setCounter(this, source.counters.conflicts[type]); } });
+    new Counter({
+      name: `pgsub_confl_${type}`,
+      help: `${type} conflicts resolved by a policy in this process (pg_stat_subscription_stats.confl_${type})`,
+      registers: [registry],
+      collect() {
+        setCounter(this, source.counters.conflicts[type]);
+      },
+    });
   }
-  new Counter({ name: 'pgsub_transactions_applied_total', help: 'Source transactions applied by this process', registers: [registry], collect() { setCounter(this, source.counters.transactionsApplied); } });
-  new Counter({ name: 'pgsub_transactions_skipped_total', help: 'Source transactions skipped (pgsub skip, or nothing published in them)', registers: [registry], collect() { setCounter(this, source.counters.transactionsSkipped); } });
-  new Counter({ name: 'pgsub_changes_applied_total', help: 'Row changes applied by this process', registers: [registry], collect() { setCounter(this, source.counters.changesApplied); } });
+  new Counter({
+    name: 'pgsub_transactions_applied_total',
+    help: 'Source transactions applied by this process',
+    registers: [registry],
+    collect() {
+      setCounter(this, source.counters.transactionsApplied);
+    },
+  });
+  new Counter({
+    name: 'pgsub_transactions_skipped_total',
+    help: 'Source transactions skipped (pgsub skip, or nothing published in them)',
+    registers: [registry],
+    collect() {
+      setCounter(this, source.counters.transactionsSkipped);
+    },
+  });
+  new Counter({
+    name: 'pgsub_changes_applied_total',
+    help: 'Row changes applied by this process',
+    registers: [registry],
+    collect() {
+      setCounter(this, source.counters.changesApplied);
+    },
+  });
 
   new Gauge({
     name: 'pgsub_tablesync_tables',
@@ -135,7 +177,11 @@ export function buildRegistry(source: MetricsSource): Registry {
       if (status) this.set({ wal_status: status }, 1);
     },
   });
-  gauge('pgsub_slot_safe_wal_size_bytes', 'WAL that can still be written before the slot is lost (pg_replication_slots.safe_wal_size)', () => source.slot()?.safeWalSizeBytes ?? null);
+  gauge(
+    'pgsub_slot_safe_wal_size_bytes',
+    'WAL that can still be written before the slot is lost (pg_replication_slots.safe_wal_size)',
+    () => source.slot()?.safeWalSizeBytes ?? null,
+  );
   gauge('pgsub_slot_retained_wal_bytes', 'WAL the publisher keeps for the slot (current WAL position minus restart_lsn)', () => source.slot()?.retainedWalBytes ?? null);
   new Gauge({
     name: 'pgsub_info',

@@ -54,7 +54,9 @@ export function runLockKey(subscription: string): [number, number] {
 export async function takeRunLock(conn: WireConnection, config: Config, own: OwnConnections, log: Logger): Promise<void> {
   const [classId, objId] = runLockKey(config.subscription);
   const tryLock = async () => {
-    const [result] = await runAlone(conn, [{ text: 'SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4)', params: [String(classId), String(objId)], wantRows: true }]);
+    const [result] = await runAlone(conn, [
+      { text: 'SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4)', params: [String(classId), String(objId)], wantRows: true },
+    ]);
     return result?.rows[0]?.[0] === 't';
   };
   let locked = await tryLock();
@@ -62,7 +64,10 @@ export async function takeRunLock(conn: WireConnection, config: Config, own: Own
     const holder = await lockHolder(conn, config.subscription, classId, objId);
     const ours = holder !== null && (own.has('target', holder.backendPid) || (holder.pid === process.pid && holder.host === os.hostname()));
     if (holder !== null && !ours) {
-      const who = holder.pid !== null ? `pgsub pid ${holder.pid} on host ${holder.host}` : `a session of application_name "${holder.applicationName ?? ''}" from ${holder.clientAddr ?? 'a local socket'}`;
+      const who =
+        holder.pid !== null
+          ? `pgsub pid ${holder.pid} on host ${holder.host}`
+          : `a session of application_name "${holder.applicationName ?? ''}" from ${holder.clientAddr ?? 'a local socket'}`;
       throw new AlreadyRunningError(
         `subscription ${config.subscription} is already run by ${who} (target backend pid ${holder.backendPid}): stop that process first, or give this one another subscription name`,
         { subscription: config.subscription, pid: holder.pid ?? undefined, host: holder.host ?? undefined, backendPid: holder.backendPid },
@@ -74,7 +79,10 @@ export async function takeRunLock(conn: WireConnection, config: Config, own: Own
     }
     const deadline = Date.now() + STALE_WAIT_MS;
     while (!(locked = await tryLock()) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
-    if (!locked) throw new AlreadyRunningError(`subscription ${config.subscription} is locked by another session in the target that did not let go within ${STALE_WAIT_MS / 1000} s`, { subscription: config.subscription });
+    if (!locked)
+      throw new AlreadyRunningError(`subscription ${config.subscription} is locked by another session in the target that did not let go within ${STALE_WAIT_MS / 1000} s`, {
+        subscription: config.subscription,
+      });
   }
   await runAlone(conn, [
     {

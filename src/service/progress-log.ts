@@ -10,13 +10,12 @@
  * clock offset between the hosts, as the metrics compute it (metrics.ts lagSeconds): no
  * query. With nothing left to apply it is 0, not the age of the last commit.
  */
-import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { lagSeconds } from './metrics.js';
 import { formatLsn } from '../protocol/lsn.js';
 import type { TableProgress } from '../tablesync/job.js';
-import type { SyncStates } from '../tablesync/state.js';
+import type { SyncStates } from '../tablesync/sync-state.js';
 import type { SessionHandle } from './session.js';
 
 export const DEFAULT_PROGRESS_INTERVAL_MS = 30_000;
@@ -66,7 +65,6 @@ export class ProgressLog {
   private readonly copied: CopiedTotals = { tables: 0, rows: 0, bytes: 0 };
 
   constructor(
-    private readonly config: Config,
     private readonly log: Logger,
     private readonly sources: ProgressSources,
     private readonly intervalMs = progressIntervalMs(),

@@ -29,8 +29,8 @@ import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
 import { Launcher } from '../tablesync/launcher.js';
-import { ProgressReporter } from '../tablesync/progress.js';
-import { SyncStates } from '../tablesync/state.js';
+import { ProgressReporter } from '../tablesync/copy-report.js';
+import { SyncStates } from '../tablesync/sync-state.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
 import { ProgressLog, type CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
@@ -124,7 +124,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       .finally(() => sql.end({ timeout: 5 }).catch(() => {}));
   };
   // The 30 s progress line; it also counts the rows each finished copy brought.
-  const progressLog = new ProgressLog(config, log, { counters, sync, session: () => session, copyRunning: () => launcher.busy });
+  const progressLog = new ProgressLog(log, { counters, sync, session: () => session, copyRunning: () => launcher.busy });
   const launcher = new Launcher(config, log, sync, {
     onCopyFinished: (t) => {
       progressLog.copyFinished(launcher.progress.get(`${t.schema}.${t.table}`));
@@ -170,7 +170,14 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     reportedUnknown.add(name);
     void launcher.refresh().catch(() => {});
   };
-  const deps: { sync: SyncStates; beforeStreaming: () => Promise<void>; onUnknownTable: typeof onUnknownTable; carefulLsn: Lsn | null; noGroupUntil: Lsn | null; own: OwnConnections } = {
+  const deps: {
+    sync: SyncStates;
+    beforeStreaming: () => Promise<void>;
+    onUnknownTable: typeof onUnknownTable;
+    carefulLsn: Lsn | null;
+    noGroupUntil: Lsn | null;
+    own: OwnConnections;
+  } = {
     own,
     sync,
     beforeStreaming,
@@ -340,12 +347,18 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           throw err;
         }
         if (disabled) {
-          log.error({ err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; subscription disabled (disable_on_error)');
+          log.error(
+            { err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+            'apply failed; subscription disabled (disable_on_error)',
+          );
           await waitForEnable();
           delay = config.retryMinDelayMs;
           continue;
         }
-        log.error({ err: describeError(err), retryInMs: delay, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; retrying');
+        log.error(
+          { err: describeError(err), retryInMs: delay, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+          'apply failed; retrying',
+        );
         // Not unref'd: between sessions this timer is what keeps the service alive.
         await sleep(delay);
         delay = Math.min(delay * 2, config.retryMaxDelayMs);

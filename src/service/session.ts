@@ -8,16 +8,16 @@
  * the slot (preflight.ts). A lost apply connection ends the session at once, even idle.
  */
 import type { Config } from '../config/config.js';
-import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError, TargetSetupError } from '../errors.js';
+import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
 import { clearPassedError, loadControl } from '../conflict/control.js';
-import type { SyncStates } from '../tablesync/state.js';
+import type { SyncStates } from '../tablesync/sync-state.js';
 import { StreamSpool } from '../apply/txn/spool.js';
 import { quoteLiteral } from '../quote.js';
 import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
-import { protoVersionFor } from '../protocol/version.js';
-import { Progress } from '../origin/progress.js';
+import { protoVersionFor } from '../protocol/proto-version.js';
+import { Progress } from '../origin/positions.js';
 import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
 import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
 import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/run/loop.js';
@@ -253,7 +253,8 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       carefulLsn: deps.carefulLsn ?? null,
     });
     if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
-    if (config.conflicts.detect) log.info({ originDiffers: originId !== null }, originId !== null ? 'conflict detection on, with origin checks (track_commit_timestamp)' : 'conflict detection on');
+    if (config.conflicts.detect)
+      log.info({ originDiffers: originId !== null }, originId !== null ? 'conflict detection on, with origin checks (track_commit_timestamp)' : 'conflict detection on');
     // A dead target is noticed when it happens, not at the next statement (idle for hours).
     let stopped = false;
     let lost: Error | null = null;
@@ -301,7 +302,9 @@ async function reconcileSlot(config: Config, replication: ReplicationConnection,
   const slot = await replication.getSlot(config.slotName);
   if (slot) await claimSlot(replication, slot, config, streamingName, own, log);
   if (slot && (slot.slotType !== 'logical' || slot.plugin !== 'pgoutput')) {
-    throw new SourceSetupError(`replication slot "${config.slotName}" exists but is a ${slot.slotType} slot with plugin ${slot.plugin ?? 'none'}, not a logical pgoutput slot`, { slot: config.slotName });
+    throw new SourceSetupError(`replication slot "${config.slotName}" exists but is a ${slot.slotType} slot with plugin ${slot.plugin ?? 'none'}, not a logical pgoutput slot`, {
+      slot: config.slotName,
+    });
   }
   if (!slot && origin) {
     throw new SourceSetupError(
@@ -366,7 +369,9 @@ async function checkPublications(config: Config, replication: ReplicationConnect
   const found = new Set(rows.map((r) => r.pubname));
   const missing = config.publications.filter((p) => !found.has(p));
   if (missing.length > 0) {
-    throw new SourceSetupError(`publication${missing.length > 1 ? 's' : ''} ${missing.map((m) => `"${m}"`).join(', ')} not found in the publisher's database`, { publication: missing.join(', ') });
+    throw new SourceSetupError(`publication${missing.length > 1 ? 's' : ''} ${missing.map((m) => `"${m}"`).join(', ')} not found in the publisher's database`, {
+      publication: missing.join(', '),
+    });
   }
 }
 
@@ -401,7 +406,11 @@ async function withMaintenanceConn<T>(config: Config, appName: string, fn: (sql:
 async function trackedOriginId(conn: WireConnection, originName: string): Promise<number | null> {
   if (conn.serverVersionNum < 160000) return null;
   const [result] = await runAlone(conn, [
-    { text: `SELECT pg_catalog.current_setting('track_commit_timestamp'), pg_catalog.pg_replication_origin_oid($1)::pg_catalog.int8::pg_catalog.text`, params: [originName], wantRows: true },
+    {
+      text: `SELECT pg_catalog.current_setting('track_commit_timestamp'), pg_catalog.pg_replication_origin_oid($1)::pg_catalog.int8::pg_catalog.text`,
+      params: [originName],
+      wantRows: true,
+    },
   ]);
   const row = result?.rows[0];
   if (row?.[0] !== 'on' || row?.[1] == null) return null;

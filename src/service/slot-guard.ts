@@ -62,7 +62,11 @@ export function startSlotGuard(config: Config, log: Logger, opts: SlotGuardOptio
     }
     const retained = health.retainedWalBytes ?? 0;
     if (opts.maxRetainedBytes > 0 && retained > opts.maxRetainedBytes) {
-      if (!overBudget) log.warn({ slot: config.slotName, retainedWalBytes: retained, maxRetainedWalBytes: opts.maxRetainedBytes, walStatus: row.wal_status, safeWalSizeBytes: health.safeWalSizeBytes }, 'the slot retains more WAL on the publisher than max_retained_wal');
+      if (!overBudget)
+        log.warn(
+          { slot: config.slotName, retainedWalBytes: retained, maxRetainedWalBytes: opts.maxRetainedBytes, walStatus: row.wal_status, safeWalSizeBytes: health.safeWalSizeBytes },
+          'the slot retains more WAL on the publisher than max_retained_wal',
+        );
       overBudget = true;
     } else if (overBudget) {
       overBudget = false;
@@ -72,9 +76,19 @@ export function startSlotGuard(config: Config, log: Logger, opts: SlotGuardOptio
 
   // Until the slot is seen (the first session creates it) it is looked for every second.
   let timer: NodeJS.Timeout | null = null;
+  // A read on a connection gone silent (a black-holed network) must not hang the guard, nor its stop().
+  const checkTimeoutMs = Math.max(config.receiveTimeoutMs, 5000);
   const tick = () => {
     if (stopped) return;
-    running = check()
+    let timeout: NodeJS.Timeout | undefined;
+    running = Promise.race([
+      check(),
+      new Promise<never>((_, reject) => {
+        timeout = setTimeout(() => reject(new Error(`no answer from the publisher within ${checkTimeoutMs} ms`)), checkTimeoutMs);
+        timeout.unref();
+      }),
+    ])
+      .finally(() => clearTimeout(timeout))
       .catch(async (err: unknown) => {
         log.debug({ err: redactSecrets(String((err as Error).message ?? err)) }, 'slot guard: cannot read the slot');
         await conn?.close();
@@ -93,8 +107,13 @@ export function startSlotGuard(config: Config, log: Logger, opts: SlotGuardOptio
     async stop() {
       stopped = true;
       if (timer) clearTimeout(timer);
+      // Closing first: a read in flight on a silent connection ends when its socket is dropped.
+      const closing = conn?.close();
+      conn = null;
+      await closing;
       await running;
-      await conn?.close();
+      // A connection opened while stopping.
+      await (conn as ReplicationConnection | null)?.close();
     },
   };
 }

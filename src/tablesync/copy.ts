@@ -92,7 +92,14 @@ export async function startCopyIn(target: pg.Client, t: PublishedTable, options:
  * binary format the header and trailer ride in messages too, so live counts may be off by
  * those; the returned rows are the target's own count.
  */
-export async function relayInto(writer: CopyIn, source: pg.Client, t: PublishedTable, range: CopyRange, binary: boolean, onData: (bytes: number, rows: number) => void): Promise<{ rows: number; bytes: number }> {
+export async function relayInto(
+  writer: CopyIn,
+  source: pg.Client,
+  t: PublishedTable,
+  range: CopyRange,
+  binary: boolean,
+  onData: (bytes: number, rows: number) => void,
+): Promise<{ rows: number; bytes: number }> {
   const reader = new CopyOutRelay(sourceCopySql(t, range, binary), (messages, bytes) => onData(bytes, messages));
   source.query(reader as unknown as pg.QueryConfig);
   await pipeline(reader, writer);
@@ -104,9 +111,9 @@ export async function relayInto(writer: CopyIn, source: pg.Client, t: PublishedT
  * whole table) when splitting is not possible or not worth it. A range costs two
  * connections, a transaction and a query-based COPY on each side, ranges of one table
  * contend on its WAL and relation extension, and only a table copied whole can be loaded
- * frozen (job.ts). On a 2-core machine the 20-table set copied faster with its tables
- * whole, and so did the 269 MB table (2.68 s against 2.79 s in two ranges, 10% less CPU);
- * hence the default minimum of 256 MB per range (sync_range_min_mb).
+ * frozen (job.ts). Measured, whole tables copied faster up to a few hundred MB
+ * (docs/design-measurements.md), hence the default minimum of 256 MB per range
+ * (sync_range_min_mb).
  */
 export function splitRanges(t: PublishedTable, maxParts: number, canSplit: boolean, minPages = 8): CopyRange[] {
   const parts = Math.min(maxParts, Math.floor(t.pages / Math.max(minPages, 8)));

@@ -1,8 +1,7 @@
 /**
  * Indexes built after the copy (`defer_indexes`). Loading rows into a table with a
  * primary key inserts every key into a btree one at a time — on PostgreSQL 18 that is more
- * than half of the target's work for a narrow table (2,000,000 rows: 3.2 s of backend CPU
- * with the key, 1.4 s without it, 0.7 s to build the key afterwards) — and ranges copied in
+ * than half of the target's work for a narrow table (docs/design-measurements.md) — and ranges copied in
  * parallel insert into the middle of the tree, splitting pages half-full. So when a table
  * is empty at the start of its copy, the copy's first transaction drops the indexes it can
  * safely drop and records their definitions in pgsub.deferred_index; the transaction that
@@ -74,16 +73,21 @@ export async function deferIndexes(run: Run, subscription: string, schema: strin
     [schema, table],
   )) as unknown as Candidate[];
   if (rows.length === 0) return [];
-  const [next] = await run(
-    `SELECT COALESCE(max("ord"), 0)::int AS ord FROM "pgsub"."deferred_index" WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
-    [subscription, schema, table],
-  );
+  const [next] = await run(`SELECT COALESCE(max("ord"), 0)::int AS ord FROM "pgsub"."deferred_index" WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`, [
+    subscription,
+    schema,
+    table,
+  ]);
   let ord = Number(next?.ord ?? 0);
   for (const r of rows) {
-    await run(
-      `INSERT INTO "pgsub"."deferred_index" ("subscription", "schema_name", "table_name", "ord", "index_name", "definition") VALUES ($1, $2, $3, $4, $5, $6)`,
-      [subscription, schema, table, ++ord, r.index_name, r.definition],
-    );
+    await run(`INSERT INTO "pgsub"."deferred_index" ("subscription", "schema_name", "table_name", "ord", "index_name", "definition") VALUES ($1, $2, $3, $4, $5, $6)`, [
+      subscription,
+      schema,
+      table,
+      ++ord,
+      r.index_name,
+      r.definition,
+    ]);
     await run(
       r.constraint_name !== null
         ? `ALTER TABLE ONLY ${quoteQualified(schema, table)} DROP CONSTRAINT ${quoteIdent(r.constraint_name)}`
@@ -114,9 +118,7 @@ export async function restoreIndexes(run: Run, subscription: string, schema: str
     );
     // One backend builds, not a parallel build, unless the target was configured for one:
     // parallel workers each sort into temporary files the leader then merges, and other
-    // tables' copies run beside the build anyway. 2,000,000 int8 keys: 0.42-0.64 s alone
-    // against 0.66-0.84 s with the default 2 workers (a text key 1.65-2.0 s against
-    // 1.93-2.38 s; PG18, 2 cores); bench:sync's single table 0.2 s less target CPU.
+    // tables' copies run beside the build anyway (docs/design-measurements.md).
     await run(
       `SELECT pg_catalog.set_config('max_parallel_maintenance_workers', '0', true)
          FROM pg_catalog.pg_settings WHERE name = 'max_parallel_maintenance_workers' AND source = 'default'`,

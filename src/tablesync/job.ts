@@ -3,10 +3,10 @@
  * LSN from a temporary slot, record the table as datasync at that LSN, empty it in the
  * target if this is a retry (or the config asks), copy it, and record it as finishedcopy
  * at that LSN. The stream then applies exactly the transactions committing at or after it
- * (see state.ts). A crash anywhere before finishedcopy leaves datasync, and the next
+ * (see sync-state.ts). A crash anywhere before finishedcopy leaves datasync, and the next
  * attempt starts over with a new snapshot.
  *
- * A table copied whole runs on a lane (lanes.ts): a walsender transaction holding a
+ * A table copied whole runs on a lane (copy-lanes.ts): a walsender transaction holding a
  * snapshot shared with the other whole-table copies of the same refresh, and a target
  * connection, both reused from table to table. A large table (64 MB of heap or more, or
  * split into page ranges) gets a snapshot of its own, exported to one publisher and one
@@ -22,8 +22,8 @@ import { quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
 import { openCopyClient, relayInto, splitRanges, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
-import type { LanePool } from './lanes.js';
-import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './state.js';
+import type { LanePool } from './copy-lanes.js';
+import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './sync-state.js';
 
 export interface TableProgress {
   schema: string;
@@ -82,14 +82,16 @@ export async function syncTable(ctx: SyncJobContext, t: PublishedTable, previous
 /**
  * A large table, whole or in page ranges, under an exported snapshot of its own, one
  * connection pair per range. A COPY on a lane's walsender cost the publisher more CPU per
- * byte than on a plain backend (the 269 MB table: 0.92-0.98 s against 0.81-0.89 s, and
- * 3.07 s against 2.66-2.88 s in all), so lanes are for the smaller tables, whose time
+ * byte than on a plain backend (docs/design-measurements.md), so lanes are for the smaller tables, whose time
  * goes into connections and slots rather than bytes.
  */
 async function syncOnOwnSnapshot(ctx: SyncJobContext, t: PublishedTable, previous: TableSync, ranges: CopyRange[]): Promise<void> {
   const { config } = ctx;
   const appName = `pgsub_${config.subscription}_sync`;
-  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_t${++slotCounter}`.slice(0, 63).toLowerCase().replace(/[^a-z0-9_]/g, '_');
+  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_t${++slotCounter}`
+    .slice(0, 63)
+    .toLowerCase()
+    .replace(/[^a-z0-9_]/g, '_');
   const replication = await ReplicationConnection.open(config.source, appName);
   let control: pg.Client | null = null;
   try {
@@ -109,7 +111,15 @@ async function syncOnOwnSnapshot(ctx: SyncJobContext, t: PublishedTable, previou
  * Datasync at `syncLsn`, the copy (`copy`, told whether it may FREEZE; returns per range
  * whether it did), then the indexes back and finishedcopy, on the `control` connection.
  */
-async function copyAndFinish(ctx: SyncJobContext, t: PublishedTable, previous: TableSync, control: pg.Client, syncLsn: Lsn, ranges: number, copy: (freeze: boolean) => Promise<boolean[]>): Promise<void> {
+async function copyAndFinish(
+  ctx: SyncJobContext,
+  t: PublishedTable,
+  previous: TableSync,
+  control: pg.Client,
+  syncLsn: Lsn,
+  ranges: number,
+  copy: (freeze: boolean) => Promise<boolean[]>,
+): Promise<void> {
   const { config, log } = ctx;
   const { truncatable } = await prepareTarget(control, config, t, previous, syncLsn);
   ctx.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn });
@@ -183,7 +193,11 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
     await control.query(state.text, [...state.params]);
     const clear = clearSyncProgressStatement(config.subscription, t);
     await control.query(clear.text, [...clear.params]);
-    await control.query(`UPDATE "pgsub"."subscription_rel" SET "rows_copied" = 0, "bytes_copied" = 0 WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`, [config.subscription, t.schema, t.table]);
+    await control.query(`UPDATE "pgsub"."subscription_rel" SET "rows_copied" = 0, "bytes_copied" = 0 WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`, [
+      config.subscription,
+      t.schema,
+      t.table,
+    ]);
     await control.query('COMMIT');
   } catch (err) {
     await control.query('ROLLBACK').catch(() => {});

@@ -6,7 +6,7 @@
  * periodically, on demand (`pgsub refresh`, or a Relation message for a table it does not
  * know), and `resync` copies one table again while the others keep streaming.
  * It tells the runner when a finished copy needs the stream to re-deliver what that table
- * missed (state.ts), and holds the live progress shown by status and the terminal.
+ * missed (sync-state.ts), and holds the live progress shown by status and the terminal.
  */
 import PQueue from 'p-queue';
 import type { Config } from '../config/config.js';
@@ -19,8 +19,8 @@ import { ZERO_LSN } from '../protocol/lsn.js';
 import { listPublishedTables, type PublishedTable } from './catalog.js';
 import { restoreIndexes, runOnSql } from './deferred-indexes.js';
 import { syncTable, type TableProgress } from './job.js';
-import { LanePool, openLane } from './lanes.js';
-import { rowToSync, type SyncStates, type TableSync } from './state.js';
+import { LanePool, openLane } from './copy-lanes.js';
+import { rowToSync, type SyncStates, type TableSync } from './sync-state.js';
 
 export interface LauncherEvents {
   /** A table finished its copy; the stream must start from its position. */
@@ -80,7 +80,12 @@ export class Launcher {
       [this.config.subscription],
     );
     const keep = (schema: string, table: string) => runningBefore.has(`${schema}.${table}`) || this.running.has(`${schema}.${table}`);
-    const waiting = new Set(this.states.all().filter((t) => t.state === 'i').map((t) => `${t.schema}.${t.table}`));
+    const waiting = new Set(
+      this.states
+        .all()
+        .filter((t) => t.state === 'i')
+        .map((t) => `${t.schema}.${t.table}`),
+    );
     this.states.load(rows.map(rowToSync), { since, keep });
     const taken = this.states.all().filter((t) => t.state === 'r' && waiting.has(`${t.schema}.${t.table}`));
     if (taken.length > 0) this.log.info({ tables: taken.map((t) => `${t.schema}.${t.table}`) }, 'tables applied from now on without a copy (pgsub refresh --no-copy)');
@@ -157,7 +162,7 @@ export class Launcher {
       return;
     }
     // Feedback held for every table of the batch before any of its lanes takes a snapshot
-    // (lanes.ts), then the batch shares them.
+    // (copy-lanes.ts), then the batch shares them.
     for (const t of due) this.states.set({ schema: t.schema, table: t.table, state: 'd', syncLsn: ZERO_LSN });
     const lanes = new LanePool(() => openLane(this.config, `pgsub_${this.config.subscription}_sync`), due.length);
     this.lanePools.add(lanes);
@@ -176,7 +181,16 @@ export class Launcher {
     const k = `${t.schema}.${t.table}`;
     const published = this.published.get(k)!;
     this.running.add(k);
-    const progress: TableProgress = { schema: t.schema, table: t.table, rows: 0, bytes: 0, estimatedBytes: published.estimatedBytes, startedAt: Date.now(), finishedAt: null, syncLsn: null };
+    const progress: TableProgress = {
+      schema: t.schema,
+      table: t.table,
+      rows: 0,
+      bytes: 0,
+      estimatedBytes: published.estimatedBytes,
+      startedAt: Date.now(),
+      finishedAt: null,
+      syncLsn: null,
+    };
     this.progress.set(k, progress);
     void this.tableQueue.add(async () => {
       try {
@@ -211,7 +225,10 @@ export class Launcher {
         // Retry with backoff; the table stays in init/datasync and is picked up again.
         const delay = Math.min(this.config.retryMinDelayMs * 2 ** Math.min(this.failures, 10), this.config.retryMaxDelayMs);
         setTimeout(() => {
-          if (!this.stopped) void this.load().then(() => this.refresh()).catch(() => {});
+          if (!this.stopped)
+            void this.load()
+              .then(() => this.refresh())
+              .catch(() => {});
         }, delay).unref();
       } finally {
         this.running.delete(k);
@@ -258,7 +275,10 @@ export class Launcher {
       const k = `${t.schema}.${t.table}`;
       this.warned.add(k);
       if (!has.has(k)) {
-        this.log.warn({ table: k, side: 'target' }, `${k} has REPLICA IDENTITY FULL and no index on the target: each replicated UPDATE and DELETE scans the whole target table. Add an index on the target (a primary key or unique index on the source is better)`);
+        this.log.warn(
+          { table: k, side: 'target' },
+          `${k} has REPLICA IDENTITY FULL and no index on the target: each replicated UPDATE and DELETE scans the whole target table. Add an index on the target (a primary key or unique index on the source is better)`,
+        );
       }
     }
   }
@@ -303,7 +323,7 @@ export class Launcher {
 }
 
 export const TWO_PHASE_REFUSAL =
-  'not copied: two_phase is enabled on the slot, and a transaction prepared during the copy would lack this table\'s changes. Mark the table copied by hand with pgsub refresh --no-copy (as ALTER SUBSCRIPTION ... REFRESH PUBLICATION WITH (copy_data = false)), or re-create the subscription';
+  "not copied: two_phase is enabled on the slot, and a transaction prepared during the copy would lack this table's changes. Mark the table copied by hand with pgsub refresh --no-copy (as ALTER SUBSCRIPTION ... REFRESH PUBLICATION WITH (copy_data = false)), or re-create the subscription";
 
 /** The target-side channel a running pgsub listens on for refresh requests. */
 export function notifyChannel(subscription: string): string {

@@ -62,10 +62,9 @@ async function backendBusy(info: ConnInfo, applicationName: string, pid: number,
   client.on('error', () => {});
   try {
     await client.connect();
-    const { rows } = await client.query<{ state: string | null; wait_event_type: string | null }>(
-      'SELECT state, wait_event_type FROM pg_catalog.pg_stat_activity WHERE pid = $1',
-      [pid],
-    );
+    const { rows } = await client.query<{ state: string | null; wait_event_type: string | null }>('SELECT state, wait_event_type FROM pg_catalog.pg_stat_activity WHERE pid = $1', [
+      pid,
+    ]);
     return rows[0]?.state === 'active' && rows[0].wait_event_type !== 'Client';
   } catch {
     return false;
@@ -88,7 +87,12 @@ export async function runAlone(conn: WireConnection, statements: readonly Statem
 }
 
 /** Rows of a catalog query as objects, by the names of its SELECT list in order. */
-export async function queryRows<T extends Record<string, string | null>>(conn: WireConnection, names: readonly (keyof T & string)[], text: string, params: WireValue[] = []): Promise<T[]> {
+export async function queryRows<T extends Record<string, string | null>>(
+  conn: WireConnection,
+  names: readonly (keyof T & string)[],
+  text: string,
+  params: WireValue[] = [],
+): Promise<T[]> {
   const result = await conn.execute(text, params, { wantRows: true });
   return result.rows.map((row) => Object.fromEntries(names.map((n, i) => [n, (row[i] ?? null) as string | null])) as T);
 }
@@ -113,8 +117,14 @@ async function watchedSocket(info: ConnInfo, timeoutMs: number): Promise<net.Soc
   const connectMs = (info.connectTimeoutSeconds ?? 30) * 1000;
   await new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => socket.destroy(new Error(`connect timeout (${connectMs / 1000} s) to ${info.host}:${info.port}`)), connectMs);
-    socket.once('connect', () => (clearTimeout(timer), resolve()));
-    socket.once('error', (err) => (clearTimeout(timer), reject(err)));
+    socket.once('connect', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    socket.once('error', (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
   });
   // What postgres.js names in its errors (it sets these on sockets it connects itself).
   Object.assign(socket, { host: info.host, port: info.port });
@@ -125,11 +135,14 @@ async function watchedSocket(info: ConnInfo, timeoutMs: number): Promise<net.Soc
     return write(...args);
   }) as typeof socket.write;
   socket.on('data', () => (waitingSince = null));
-  const timer = setInterval(() => {
-    if (waitingSince !== null && Date.now() - waitingSince >= timeoutMs) {
-      socket.destroy(new Error(`no answer from the target for ${Math.round(timeoutMs / 1000)} s (target_timeout)`));
-    }
-  }, Math.max(50, Math.min(1000, timeoutMs / 4)));
+  const timer = setInterval(
+    () => {
+      if (waitingSince !== null && Date.now() - waitingSince >= timeoutMs) {
+        socket.destroy(new Error(`no answer from the target for ${Math.round(timeoutMs / 1000)} s (target_timeout)`));
+      }
+    },
+    Math.max(50, Math.min(1000, timeoutMs / 4)),
+  );
   timer.unref();
   socket.once('close', () => clearInterval(timer));
   return socket;

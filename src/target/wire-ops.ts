@@ -9,8 +9,18 @@ import { PgsubError } from '../errors.js';
 
 export type WireValue = string | Buffer | null;
 export type TxStatus = 'I' | 'T' | 'E';
-export interface WireResult { command: string; rowCount: number; rows: unknown[][] }
-export interface WireNotice { severity?: string; code?: string; message: string; detail?: string; hint?: string }
+export interface WireResult {
+  command: string;
+  rowCount: number;
+  rows: unknown[][];
+}
+export interface WireNotice {
+  severity?: string;
+  code?: string;
+  message: string;
+  detail?: string;
+  hint?: string;
+}
 export interface WireOptions {
   applicationName: string;
   /** Sent in the StartupMessage (search_path, session_replication_role, synchronous_commit…). */
@@ -57,20 +67,37 @@ export interface PgConnection extends EventEmitter {
   end(): void;
   sendCopyFail(message: string): void;
 }
-export interface Message { name: string; fields?: unknown[]; text?: string; status?: string; parameterName?: string; parameterValue?: string }
+export interface Message {
+  name: string;
+  fields?: unknown[];
+  text?: string;
+  status?: string;
+  parameterName?: string;
+  parameterValue?: string;
+}
 
 export abstract class Deferred<T> {
   done = false;
   resolve!: (value: T) => void;
   reject!: (err: unknown) => void;
-  readonly promise = new Promise<T>((res, rej) => { this.resolve = res; this.reject = rej; });
+  readonly promise = new Promise<T>((res, rej) => {
+    this.resolve = res;
+    this.reject = rej;
+  });
 }
 export class ExecOp extends Deferred<WireResult> {
   readonly kind = 'exec';
   /** copyIn: 'sent' until the server's CopyInResponse confirms it read the data as the copy's. */
   copy: 'sent' | 'started' | null = null;
   /** `text`, `values`: the statement and its parameters, given to its error (statementText, statementParams) so a caller can say what failed. */
-  constructor(readonly parsed: Stmt | null, readonly rows: unknown[][] | null, readonly text: string, readonly values: readonly WireValue[]) { super(); }
+  constructor(
+    readonly parsed: Stmt | null,
+    readonly rows: unknown[][] | null,
+    readonly text: string,
+    readonly values: readonly WireValue[],
+  ) {
+    super();
+  }
 }
 export class SyncOp extends Deferred<TxStatus> {
   readonly kind = 'sync';
@@ -84,10 +111,17 @@ export class QueryOp extends Deferred<SimpleQueryResult> {
   rows: Record<string, string | null>[] = [];
   result: SimpleQueryResult = { command: '', rowCount: 0, rows: [] };
 }
-export class CloseOp { readonly kind = 'close'; constructor(readonly name: string) {} }
+export class CloseOp {
+  readonly kind = 'close';
+  constructor(readonly name: string) {}
+}
 export type Op = ExecOp | SyncOp | QueryOp | CloseOp;
 
 export class Stmt {
   prepared = false;
-  constructor(readonly name: string, readonly key: string, readonly segment: number) {}
+  constructor(
+    readonly name: string,
+    readonly key: string,
+    readonly segment: number,
+  ) {}
 }

@@ -9,19 +9,37 @@
 export class Fifo<T> {
   #items: (T | undefined)[] = [];
   #head = 0;
-  get length(): number { return this.#items.length - this.#head; }
-  push(item: T): void { this.#items.push(item); }
-  peek(): T | undefined { return this.#items[this.#head]; }
-  at(i: number): T | undefined { return this.#items[this.#head + i]; }
+  get length(): number {
+    return this.#items.length - this.#head;
+  }
+  push(item: T): void {
+    this.#items.push(item);
+  }
+  peek(): T | undefined {
+    return this.#items[this.#head];
+  }
+  at(i: number): T | undefined {
+    return this.#items[this.#head + i];
+  }
   shift(): T | undefined {
     const item = this.#items[this.#head];
     if (item === undefined) return undefined;
     this.#items[this.#head++] = undefined;
-    if (this.#head === this.#items.length) { this.#items.length = 0; this.#head = 0; }
-    else if (this.#head >= 4096 && this.#head * 2 >= this.#items.length) { this.#items.splice(0, this.#head); this.#head = 0; }
+    if (this.#head === this.#items.length) {
+      this.#items.length = 0;
+      this.#head = 0;
+    } else if (this.#head >= 4096 && this.#head * 2 >= this.#items.length) {
+      this.#items.splice(0, this.#head);
+      this.#head = 0;
+    }
     return item;
   }
-  takeAll(): T[] { const all = this.#items.slice(this.#head) as T[]; this.#items = []; this.#head = 0; return all; }
+  takeAll(): T[] {
+    const all = this.#items.slice(this.#head) as T[];
+    this.#items = [];
+    this.#head = 0;
+    return all;
+  }
 }
 
 /** CommandComplete tag without its trailing counts: "INSERT 0 1" → "INSERT". */
@@ -33,7 +51,10 @@ export function tagCommand(tag: string): string {
     let digits = true;
     for (let i = sp + 1; i < end; i++) {
       const c = tag.charCodeAt(i);
-      if (c < 48 || c > 57) { digits = false; break; }
+      if (c < 48 || c > 57) {
+        digits = false;
+        break;
+      }
     }
     if (!digits) break;
     end = sp;

@@ -41,7 +41,25 @@ import { copyFrames, Fifo, parseServerVersion, tagCommand, tagRowCount } from '.
 import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { connectFailure } from '../connect-failure.js';
 import { ConnectionLostError } from '../errors.js';
-import { CloseOp, ExecOp, PipelineAbortedError, QueryOp, Stmt, SyncOp, WireUsageError, type Deferred, type Message, type Op, type PgConnection, type SimpleQueryResult, type TxStatus, type WireNotice, type WireOptions, type WireResult, type WireValue } from './wire-ops.js';
+import {
+  CloseOp,
+  ExecOp,
+  PipelineAbortedError,
+  QueryOp,
+  Stmt,
+  SyncOp,
+  WireUsageError,
+  type Deferred,
+  type Message,
+  type Op,
+  type PgConnection,
+  type SimpleQueryResult,
+  type TxStatus,
+  type WireNotice,
+  type WireOptions,
+  type WireResult,
+  type WireValue,
+} from './wire-ops.js';
 export { PipelineAbortedError, WireUsageError } from './wire-ops.js';
 export type { SimpleQueryResult, TxStatus, WireNotice, WireOptions, WireResult, WireValue } from './wire-ops.js';
 
@@ -71,11 +89,11 @@ export class WireConnection {
   readonly #ops = new Fifo<Op>();
   readonly #params: Map<string, string>;
   #nextName = 0;
-  #segment = 0;           // incremented by every Sync written
-  #unsynced = false;      // execute() written since the last Sync
+  #segment = 0; // incremented by every Sync written
+  #unsynced = false; // execute() written since the last Sync
   #needFlush = false;
   #corked = false;
-  #aborted = false;       // an ErrorResponse arrived; the server skips until its Sync
+  #aborted = false; // an ErrorResponse arrived; the server skips until its Sync
   #abortCause: unknown = null; // set while no Sync follows the failure on the wire
   #pending = 0;
   #txStatus: TxStatus = 'I';
@@ -101,8 +119,12 @@ export class WireConnection {
     this.#params = params;
     this.processId = processId;
     this.serverVersionNum = parseServerVersion(params.get('server_version') ?? '');
-    this.#closed = new Promise((resolve) => { this.#markClosed = resolve; });
-    this.lost = new Promise((resolve) => { this.#markLost = resolve; });
+    this.#closed = new Promise((resolve) => {
+      this.#markClosed = resolve;
+    });
+    this.lost = new Promise((resolve) => {
+      this.#markLost = resolve;
+    });
     this.#timeoutMs = opts.timeoutMs ?? 0;
     this.#probe = opts.probe;
     if (this.#timeoutMs > 0) {
@@ -137,7 +159,11 @@ export class WireConnection {
       return await new Promise<WireConnection>((resolve, reject) => {
         client.connect((err: Error | undefined) => {
           if (err) return reject(err);
-          try { resolve(new WireConnection(con, info, opts, params, internals.processID)); } catch (e) { reject(e); }
+          try {
+            resolve(new WireConnection(con, info, opts, params, internals.processID));
+          } catch (e) {
+            reject(e);
+          }
         });
       });
     } catch (err) {
@@ -146,12 +172,20 @@ export class WireConnection {
     }
   }
 
-  get pending(): number { return this.#pending; }
+  get pending(): number {
+    return this.#pending;
+  }
   /** Statements were sent since the last Sync: the server has not ended their segment. */
-  get unsynced(): boolean { return this.#unsynced; }
+  get unsynced(): boolean {
+    return this.#unsynced;
+  }
   /** Transaction status from the last ReadyForQuery. */
-  get txStatus(): TxStatus { return this.#txStatus; }
-  parameter(name: string): string | undefined { return this.#params.get(name); }
+  get txStatus(): TxStatus {
+    return this.#txStatus;
+  }
+  parameter(name: string): string | undefined {
+    return this.#params.get(name);
+  }
 
   execute(text: string, values: readonly WireValue[] = NO_VALUES, opts?: { paramTypes?: readonly number[]; wantRows?: boolean }): Promise<WireResult> {
     const refused = this.#refusal();
@@ -308,7 +342,8 @@ export class WireConnection {
       .catch(() => false)
       .then((busy) => {
         this.#probing = false;
-        if (busy) this.#lastHeard = Date.now(); // running them (a lock wait, a long statement): wait another period
+        if (busy)
+          this.#lastHeard = Date.now(); // running them (a lock wait, a long statement): wait another period
         else this.#fail(reason);
       });
   };
@@ -323,7 +358,10 @@ export class WireConnection {
   readonly #release = (): void => {
     if (!this.#corked) return;
     this.#corked = false;
-    if (this.#needFlush && !this.#lost) { this.#con.flush(); this.#needFlush = false; }
+    if (this.#needFlush && !this.#lost) {
+      this.#con.flush();
+      this.#needFlush = false;
+    }
     this.#con.stream.uncork();
   };
 
@@ -373,8 +411,14 @@ export class WireConnection {
         if (head?.kind !== 'exec') return this.#desync(msg.name);
         return;
       case 'dataRow':
-        if (head?.kind === 'exec') { head.rows?.push(msg.fields!); return; }
-        if (head?.kind === 'query') { head.rows.push(toRecord(head.columns, msg.fields as (string | null)[])); return; }
+        if (head?.kind === 'exec') {
+          head.rows?.push(msg.fields!);
+          return;
+        }
+        if (head?.kind === 'query') {
+          head.rows.push(toRecord(head.columns, msg.fields as (string | null)[]));
+          return;
+        }
         return this.#desync(msg.name);
       case 'rowDescription':
         if (head?.kind !== 'query') return this.#desync(msg.name);
@@ -405,7 +449,12 @@ export class WireConnection {
       case 'readyForQuery':
         return this.#onReady((msg.status ?? 'I') as TxStatus);
       case 'notice':
-        if (this.#onNotice) try { this.#onNotice(msg as unknown as WireNotice); } catch { /* a logger's problem */ }
+        if (this.#onNotice)
+          try {
+            this.#onNotice(msg as unknown as WireNotice);
+          } catch {
+            /* a logger's problem */
+          }
         return;
       case 'parameterStatus':
         this.#params.set(msg.parameterName!, msg.parameterValue!);
@@ -413,7 +462,10 @@ export class WireConnection {
       case 'copyInResponse':
         if (head?.kind !== 'exec') return this.#desync(msg.name);
         // copyIn: its data is already on the wire.
-        if (head.copy === 'sent') { head.copy = 'started'; return; }
+        if (head.copy === 'sent') {
+          head.copy = 'started';
+          return;
+        }
         // execute() of COPY FROM STDIN has no data source; make the server fail the statement.
         this.#con.sendCopyFail('COPY FROM STDIN is not supported by execute(); use copyIn()');
         return;
@@ -432,9 +484,15 @@ export class WireConnection {
     const head = this.#ops.peek();
     if (head === undefined) return this.#desync('error');
     switch (head.kind) {
-      case 'sync': head.error = err; return; // e.g. a deferred constraint at implicit COMMIT
-      case 'query': head.error ??= err; return; // the server still runs on to ReadyForQuery
-      case 'close': this.#ops.shift(); break;
+      case 'sync':
+        head.error = err;
+        return; // e.g. a deferred constraint at implicit COMMIT
+      case 'query':
+        head.error ??= err;
+        return; // the server still runs on to ReadyForQuery
+      case 'close':
+        this.#ops.shift();
+        break;
       case 'exec':
         this.#ops.shift();
         if (head.parsed !== null && !head.parsed.prepared) this.#forget(head.parsed, false);
@@ -447,7 +505,10 @@ export class WireConnection {
     // awaiting one of them before calling sync() does not wait forever.
     for (let i = 0; ; i++) {
       const op = this.#ops.at(i);
-      if (op === undefined) { this.#abortCause = err; return; }
+      if (op === undefined) {
+        this.#abortCause = err;
+        return;
+      }
       if (op.kind === 'sync' || op.kind === 'query') return;
       if (op.kind === 'exec') this.#rejectOp(op, new PipelineAbortedError(err), true);
     }

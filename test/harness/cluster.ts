@@ -44,6 +44,7 @@ export interface Cluster {
   url(database?: string): string;
   /** Run SQL through a short-lived `pg` Client. Without params the simple protocol is used,
    *  so several statements are allowed; the rows of the last statement are returned. */
+  // biome-ignore lint/suspicious/noExplicitAny: tests read rows of any shape; callers that care pass T
   query<T = any>(sql: string, params?: unknown[], database?: string): Promise<T[]>;
   createDatabase(name: string): Promise<void>;
   /** Fast shutdown, then remove the cluster's directories. Idempotent. */
@@ -103,8 +104,16 @@ let serverUserCache: ServerUser | undefined;
 
 function lookupUser(name: string): ServerUser | undefined {
   try {
-    const uid = Number(execFileSync('id', ['-u', name], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim());
-    const gid = Number(execFileSync('id', ['-g', name], { stdio: ['ignore', 'pipe', 'ignore'] }).toString().trim());
+    const uid = Number(
+      execFileSync('id', ['-u', name], { stdio: ['ignore', 'pipe', 'ignore'] })
+        .toString()
+        .trim(),
+    );
+    const gid = Number(
+      execFileSync('id', ['-g', name], { stdio: ['ignore', 'pipe', 'ignore'] })
+        .toString()
+        .trim(),
+    );
     return { name, uid, gid };
   } catch {
     return undefined;
@@ -148,21 +157,16 @@ interface RunResult {
 function run(cmd: string, args: string[], timeoutMs = (PG_CTL_TIMEOUT_S + 30) * 1000): Promise<RunResult> {
   const [c, a] = wrapCommand(cmd, args);
   return new Promise((resolve) => {
-    execFile(
-      c,
-      a,
-      { env: CHILD_ENV, cwd: '/', timeout: timeoutMs, maxBuffer: 16 * 1024 * 1024, encoding: 'utf8' },
-      (err, stdout, stderr) => {
-        let code = 0;
-        if (err) {
-          const e = err as NodeJS.ErrnoException & { code?: number | string; signal?: string };
-          code = typeof e.code === 'number' ? e.code : -1;
-          if (typeof e.code === 'string') stderr += `\n${e.code}: ${e.message}`;
-          if (e.signal) stderr += `\nkilled by ${e.signal}`;
-        }
-        resolve({ code, stdout, stderr });
-      },
-    );
+    execFile(c, a, { env: CHILD_ENV, cwd: '/', timeout: timeoutMs, maxBuffer: 16 * 1024 * 1024, encoding: 'utf8' }, (err, stdout, stderr) => {
+      let code = 0;
+      if (err) {
+        const e = err as NodeJS.ErrnoException & { code?: number | string; signal?: string };
+        code = typeof e.code === 'number' ? e.code : -1;
+        if (typeof e.code === 'string') stderr += `\n${e.code}: ${e.message}`;
+        if (e.signal) stderr += `\nkilled by ${e.signal}`;
+      }
+      resolve({ code, stdout, stderr });
+    });
   });
 }
 
@@ -216,7 +220,10 @@ function installHandlers(): void {
   if (handlersInstalled) return;
   handlersInstalled = true;
   process.on('exit', cleanupAllSync);
-  for (const [sig, num] of [['SIGINT', 2], ['SIGTERM', 15]] as const) {
+  for (const [sig, num] of [
+    ['SIGINT', 2],
+    ['SIGTERM', 15],
+  ] as const) {
     process.on(sig, () => {
       cleanupAllSync();
       process.exit(128 + num);
@@ -284,7 +291,8 @@ function portIsFree(port: number): Promise<boolean> {
   });
 }
 
-async function pickPort(): Promise<number> {
+/** A free loopback port in the harness's range (below 32768, outside the ephemeral ports). */
+export async function pickPort(): Promise<number> {
   for (let i = 0; i < 200; i++) {
     const port = PORT_MIN + Math.floor(Math.random() * (PORT_MAX - PORT_MIN));
     if (usedPorts.has(port)) continue;
@@ -327,20 +335,13 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
 
   let port = 0;
   try {
-    await fsp.writeFile(
-      path.join(rootDir, MARKER),
-      JSON.stringify({ ownerPid: process.pid, uid: process.getuid?.(), dataDir, binDir, major }),
-    );
+    await fsp.writeFile(path.join(rootDir, MARKER), JSON.stringify({ ownerPid: process.pid, uid: process.getuid?.(), dataDir, binDir, major }));
     if (isRoot()) {
       const u = serverUser();
       await fsp.chown(rootDir, u.uid, u.gid);
     }
 
-    await runOk(
-      initdb,
-      ['-D', dataDir, '-U', SUPERUSER, '--auth=trust', '-E', 'UTF8', '--locale=C', '--no-sync'],
-      `initdb (PostgreSQL ${major})`,
-    );
+    await runOk(initdb, ['-D', dataDir, '-U', SUPERUSER, '--auth=trust', '-E', 'UTF8', '--locale=C', '--no-sync'], `initdb (PostgreSQL ${major})`);
 
     // Harness settings live in their own file, included from postgresql.conf, so that the
     // port can be rewritten on a retry and everything survives restart(). ALTER SYSTEM
@@ -359,7 +360,7 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
       port = await pickPort();
       usedPorts.add(port);
       const lines = Object.entries({ ...settings, port }).map(([k, v]) => `${k} = ${quoteConfValue(v)}`);
-      await fsp.writeFile(harnessConf, lines.join('\n') + '\n');
+      await fsp.writeFile(harnessConf, `${lines.join('\n')}\n`);
       if (isRoot()) {
         const u = serverUser();
         await fsp.chown(harnessConf, u.uid, u.gid);
@@ -373,10 +374,7 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
       entry.running = false;
       usedPorts.delete(port);
       if (attempt < START_ATTEMPTS && looksLikePortClash(log)) continue;
-      throw new Error(
-        `PostgreSQL ${major} failed to start (port ${port}, exit ${r.code}).\n` +
-          `pg_ctl output:\n${r.stdout}${r.stderr}\n--- tail of ${logFile} ---\n${log}`,
-      );
+      throw new Error(`PostgreSQL ${major} failed to start (port ${port}, exit ${r.code}).\n` + `pg_ctl output:\n${r.stdout}${r.stderr}\n--- tail of ${logFile} ---\n${log}`);
     }
   } catch (err) {
     if (entry.running) await run(pgCtl, ['stop', '-D', dataDir, '-m', 'immediate', '-w', '-t', '30']);
@@ -401,6 +399,7 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
     url(database = 'postgres') {
       return `postgres://${SUPERUSER}@${HOST}:${port}/${encodeURIComponent(database)}`;
     },
+    // biome-ignore lint/suspicious/noExplicitAny: as declared in Cluster
     async query<T = any>(sql: string, params?: unknown[], database = 'postgres'): Promise<T[]> {
       const client = new pg.Client({ host: HOST, port, user: SUPERUSER, database });
       client.on('error', () => {}); // e.g. server stopped while idle; the query itself rejects
@@ -420,10 +419,7 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
       if (stopping) throw new Error(`cluster ${name} is stopped`);
       const r = await run(pgCtl, ['restart', '-D', dataDir, '-l', logFile, '-m', mode, '-w', '-t', String(PG_CTL_TIMEOUT_S)]);
       if (r.code !== 0) {
-        throw new Error(
-          `PostgreSQL ${major} restart failed (exit ${r.code}).\n${r.stdout}${r.stderr}\n` +
-            `--- tail of ${logFile} ---\n${await tail(logFile)}`,
-        );
+        throw new Error(`PostgreSQL ${major} restart failed (exit ${r.code}).\n${r.stdout}${r.stderr}\n` + `--- tail of ${logFile} ---\n${await tail(logFile)}`);
       }
     },
     async stopServer(mode: 'fast' | 'smart' | 'immediate' = 'fast') {

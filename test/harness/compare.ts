@@ -26,7 +26,13 @@ export async function tableChecksum(cluster: Cluster, database: string, table: s
   return { table, rows: Number(row?.rows ?? 0), md5: row?.md5 ?? null };
 }
 
-export async function compareTables(source: Cluster, sourceDb: string, target: Cluster, targetDb: string, tables: string[]): Promise<{ equal: boolean; source: TableChecksum[]; target: TableChecksum[] }> {
+export async function compareTables(
+  source: Cluster,
+  sourceDb: string,
+  target: Cluster,
+  targetDb: string,
+  tables: string[],
+): Promise<{ equal: boolean; source: TableChecksum[]; target: TableChecksum[] }> {
   const s = await Promise.all(tables.map((t) => tableChecksum(source, sourceDb, t)));
   const d = await Promise.all(tables.map((t) => tableChecksum(target, targetDb, t)));
   const equal = s.every((x, i) => x.rows === d[i]!.rows && x.md5 === d[i]!.md5);

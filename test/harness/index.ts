@@ -2,7 +2,7 @@ import type { Cluster } from './cluster.js';
 import { currentWalLsn, slotConfirmedLsn } from './compare.js';
 
 export { pgBinDir, installedMajors, hydrateSymlinks, setBinRoot, SHARED_BIN_ROOT } from './binaries.js';
-export { startCluster, stopAllClusters, DEFAULT_SETTINGS } from './cluster.js';
+export { startCluster, stopAllClusters, DEFAULT_SETTINGS, pickPort } from './cluster.js';
 export type { Cluster, ClusterOptions } from './cluster.js';
 
 /** Resolve/reject with `p`, or reject with a descriptive error after `ms` milliseconds. */
@@ -31,10 +31,7 @@ export interface WaitForOptions {
  * Poll `cond` until it returns true. Errors thrown by `cond` count as "not yet"; the last
  * one is included in the timeout error.
  */
-export async function waitFor(
-  cond: () => Promise<boolean> | boolean,
-  { timeoutMs = 10_000, intervalMs = 50, what = 'condition' }: WaitForOptions = {},
-): Promise<void> {
+export async function waitFor(cond: () => Promise<boolean> | boolean, { timeoutMs = 10_000, intervalMs = 50, what = 'condition' }: WaitForOptions = {}): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let lastErr: unknown;
   let attempts = 0;

@@ -7,6 +7,7 @@
  * own timeouts, or proxy.close().
  */
 import net from 'node:net';
+import { pickPort } from './cluster.js';
 
 export interface Proxy {
   port: number;
@@ -54,7 +55,7 @@ export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): 
   });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => resolve());
+    void pickPort().then((port) => server.listen(port, '127.0.0.1', () => resolve()), reject);
   });
   const port = (server.address() as net.AddressInfo).port;
   return {

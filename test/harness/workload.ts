@@ -62,7 +62,12 @@ async function runLedgerClient(publisher: Cluster, database: string, w: LedgerWo
 }
 
 /** Exactly-once check: ledger rows neither lost nor duplicated, every table equal. */
-export async function checkLedger(publisher: Cluster, sourceDb: string, target: Cluster, targetDb: string): Promise<{ sourceRows: number; targetRows: number; duplicates: unknown[]; equal: boolean }> {
+export async function checkLedger(
+  publisher: Cluster,
+  sourceDb: string,
+  target: Cluster,
+  targetDb: string,
+): Promise<{ sourceRows: number; targetRows: number; duplicates: unknown[]; equal: boolean }> {
   const [src] = await publisher.query(`SELECT count(*)::int AS n FROM app.ledger`, [], sourceDb);
   const [dst] = await target.query(`SELECT count(*)::int AS n FROM app.ledger`, [], targetDb);
   const duplicates = await target.query(`SELECT client, seq, count(*)::int AS n FROM app.ledger GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 5`, [], targetDb);

@@ -92,7 +92,11 @@ describe('application_name of the streaming connection', () => {
       assert.equal(row?.v, 'synchronous');
       const named = await publisher.query<{ pid: number }>(`SELECT pid FROM pg_stat_activity WHERE application_name = 'mysub'`);
       const [slot] = await publisher.query<{ active_pid: number }>(`SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'syncsub'`);
-      assert.deepEqual(named.map((r) => r.pid), [slot!.active_pid], 'only the streaming connection is named mysub');
+      assert.deepEqual(
+        named.map((r) => r.pid),
+        [slot!.active_pid],
+        'only the streaming connection is named mysub',
+      );
       const end = await currentWalLsn(publisher, 'src');
       await waitFor(async () => ((await slotConfirmedLsn(publisher, 'syncsub')) ?? 0n) >= end, { timeoutMs: 30_000, what: 'catch-up' });
       const cmp = await compareTables(publisher, 'src', target, 'dst', ['app.items']);

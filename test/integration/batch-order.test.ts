@@ -25,7 +25,11 @@ before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'bord-pub' }), startCluster({ major: 18, name: 'bord-tgt' })]);
   await publisher.createDatabase('src');
   await target.createDatabase('dst');
-  await publisher.query(`${SCHEMA} CREATE PUBLICATION pub FOR TABLE public.acct, public.teller, public.hist, public."trace d ""t""", public."bulk ü", public.bulk_enum;`, [], 'src');
+  await publisher.query(
+    `${SCHEMA} CREATE PUBLICATION pub FOR TABLE public.acct, public.teller, public.hist, public."trace d ""t""", public."bulk ü", public.bulk_enum;`,
+    [],
+    'src',
+  );
   // Target only: an ALWAYS trigger on the quoted table records the order it sees changes
   // in, together with the state of acct at that moment.
   await target.query(

@@ -89,7 +89,10 @@ before(async () => {
   const good = start(env('st_good', 'pub_good'));
   await good.waitForLog('streaming started');
   await publisher.query(`INSERT INTO public.good VALUES (101, 'streamed')`, [], DB);
-  await waitFor(async () => (await target.query<{ n: number }>('SELECT count(*)::int AS n FROM public.good', [], DB))[0]!.n === 101, { timeoutMs: 30_000, what: 'st_good to apply' });
+  await waitFor(async () => (await target.query<{ n: number }>('SELECT count(*)::int AS n FROM public.good', [], DB))[0]!.n === 101, {
+    timeoutMs: 30_000,
+    what: 'st_good to apply',
+  });
   good.kill('SIGTERM');
   assert.equal(await withTimeout(good.exited, 20_000, 'st_good to stop'), 0);
 });
@@ -159,7 +162,10 @@ describe('pgsub status', () => {
       assert.equal(stderr, '', 'no stack trace, nothing at all on stderr');
     }
     // And as a shell pipeline: `pgsub status | head -1`.
-    const sh = spawn('sh', ['-c', `"${process.execPath}" "${PGSUB_BIN}" status | head -1`], { env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...env('st_good', 'pub_good') }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const sh = spawn('sh', ['-c', `"${process.execPath}" "${PGSUB_BIN}" status | head -1`], {
+      env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '/tmp', ...env('st_good', 'pub_good') },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     let err = '';
     sh.stdout.on('data', (c: Buffer) => (out += c.toString('utf8')));
@@ -213,7 +219,10 @@ describe('pgsub status', () => {
       assert.equal(json.origin_remote_lsn, origin!.lsn);
       assert.ok(Number(json.transactions_applied) >= 1, `transactions_applied ${json.transactions_applied}`);
       assert.equal(json.enabled, true);
-      assert.deepEqual(json.tables!.map((t) => [t.table, t.state, t.error_count]), [['public.good', 'ready', 0]]);
+      assert.deepEqual(
+        json.tables!.map((t) => [t.table, t.state, t.error_count]),
+        [['public.good', 'ready', 0]],
+      );
       for (const key of ['slot_exists', 'slot_active', 'slot_confirmed_flush_lsn', 'publisher_wal_lsn', 'lag_bytes']) assert.equal(json[key], null, key);
       assert.match(r.stderr, new RegExp(`^pgsub: source unreachable \\(127\\.0\\.0\\.1:${publisher.port}\\): .*ECONNREFUSED.*\\n$`));
       assertClean(r, 'publisher down, JSON');

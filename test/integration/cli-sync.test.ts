@@ -21,8 +21,12 @@ before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'clisync-pub' }), startCluster({ major: 16, name: 'clisync-tgt' })]);
   await publisher.createDatabase('src');
   await target.createDatabase('dst');
-  await publisher.query(`${SCHEMA} INSERT INTO app.t1 SELECT g, 'one ' || g FROM generate_series(1, 5000) g;
-    INSERT INTO app.t2 SELECT g, 'two ' || g FROM generate_series(1, 3000) g; CREATE PUBLICATION pub FOR TABLE app.t1;`, [], 'src');
+  await publisher.query(
+    `${SCHEMA} INSERT INTO app.t1 SELECT g, 'one ' || g FROM generate_series(1, 5000) g;
+    INSERT INTO app.t2 SELECT g, 'two ' || g FROM generate_series(1, 3000) g; CREATE PUBLICATION pub FOR TABLE app.t1;`,
+    [],
+    'src',
+  );
   await target.query(SCHEMA, [], 'dst');
   env = {
     PGSUB_SOURCE: publisher.url('src'),
@@ -78,7 +82,11 @@ test('status shows the initial copy; refresh picks up an added table; resync cop
   await target.query(`DELETE FROM app.t1 WHERE id <= 100`, [], 'dst');
   const resync = await cli(['resync', 'app.t1']);
   assert.equal(resync.code, 0, resync.out);
-  await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM app.t1`, [], 'dst'))[0].n === 5001, { timeoutMs: 60_000, intervalMs: 300, what: 'app.t1 copied again' });
+  await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM app.t1`, [], 'dst'))[0].n === 5001, {
+    timeoutMs: 60_000,
+    intervalMs: 300,
+    what: 'app.t1 copied again',
+  });
   await waitFor(async () => (await tableStates())['app.t1']?.state === 'ready', { timeoutMs: 60_000, intervalMs: 300, what: 'app.t1 ready after resync' });
   await caughtUp();
   assert.ok((await compareTables(publisher, 'src', target, 'dst', ['app.t1', 'app.t2'])).equal);

@@ -49,7 +49,7 @@ test('--help (and help <command>) exit 0 with the usage on stdout', async () => 
   assert.match(help.stdout, /^Usage: pgsub run \[options\]/);
 });
 
-test('usage errors: commander\'s message and the usage on stderr, nothing on stdout, exit 2', async () => {
+test("usage errors: commander's message and the usage on stderr, nothing on stdout, exit 2", async () => {
   const cases: { args: string[]; message: RegExp; usage: RegExp }[] = [
     { args: ['bogus'], message: /^error: unknown command 'bogus'$/m, usage: /^Usage: pgsub \[options\] \[command\]$/m },
     { args: ['run', '--bogus'], message: /^error: unknown option '--bogus'$/m, usage: /^Usage: pgsub run \[options\]$/m },

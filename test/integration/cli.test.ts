@@ -118,15 +118,23 @@ before(async () => {
     CREATE TABLE public.items (id int PRIMARY KEY, v text NOT NULL);
     CREATE TABLE public.late (id int PRIMARY KEY, v text);
     CREATE TABLE public.big (id int PRIMARY KEY, pad text NOT NULL);`;
-  await publisher.query(`${schema}
+  await publisher.query(
+    `${schema}
     CREATE PUBLICATION pub_items FOR TABLE public.items;
     CREATE PUBLICATION pub_big FOR TABLE public.big;
-    CREATE EXTENSION pg_walinspect;`, [], DB);
+    CREATE EXTENSION pg_walinspect;`,
+    [],
+    DB,
+  );
   // In the target, `big` has no key: a transaction applied twice would show as extra rows
   // instead of a unique violation. `late` is created only later, by the test.
-  await target.query(`
+  await target.query(
+    `
     CREATE TABLE public.items (id int PRIMARY KEY, v text NOT NULL);
-    CREATE TABLE public.big (id int NOT NULL, pad text NOT NULL);`, [], DB);
+    CREATE TABLE public.big (id int NOT NULL, pad text NOT NULL);`,
+    [],
+    DB,
+  );
 });
 
 after(async () => {
@@ -150,7 +158,10 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     await publisher.query("INSERT INTO public.items VALUES (1, 'one'), (2, 'two')", [], DB);
     await waitFor(async () => (await count(target, 'public.items')) === 2, { timeoutMs: 20_000, what: 'the INSERT to reach the target' });
     const rows = await target.query<{ id: number; v: string }>('SELECT id, v FROM public.items ORDER BY id', [], DB);
-    assert.deepEqual(rows, [{ id: 1, v: 'one' }, { id: 2, v: 'two' }]);
+    assert.deepEqual(rows, [
+      { id: 1, v: 'one' },
+      { id: 2, v: 'two' },
+    ]);
 
     // Forced error: a published table that the target lacks. Retryable; pgsub keeps trying.
     await publisher.query("ALTER PUBLICATION pub_items ADD TABLE public.late; INSERT INTO public.late VALUES (10, 'late')", [], DB);
@@ -168,8 +179,14 @@ describe('pgsub CLI against PostgreSQL 18', () => {
 
     assert.equal(await sigterm(p), 0, p.output().slice(-3000));
     const records = logRecords(p.output());
-    assert.ok(records.some((r) => r.msg === 'stopping' && r.signal === 'SIGTERM'), 'logs the signal');
-    assert.ok(records.some((r) => r.msg === 'stopped'), `a 'stopped' line:\n${p.output().slice(-2000)}`);
+    assert.ok(
+      records.some((r) => r.msg === 'stopping' && r.signal === 'SIGTERM'),
+      'logs the signal',
+    );
+    assert.ok(
+      records.some((r) => r.msg === 'stopped'),
+      `a 'stopped' line:\n${p.output().slice(-2000)}`,
+    );
     assert.equal(records.filter((r) => Number(r.level) >= 60).length, 0, 'no fatal lines');
     assertNoSecrets(p.output(), 'whole run');
     const origin = await originRow('cli_a');
@@ -185,7 +202,10 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     // Nothing listening on the source port.
     const noSource = start({ ...pgsubEnv('cli_nosource', 'pub_items'), PGSUB_SOURCE: `postgresql://postgres:${SOURCE_PASSWORD}@127.0.0.1:1/${DB}` });
 
-    for (const [p, mentions] of [[wrongDb, /no_such_db/], [noSource, /ECONNREFUSED|127\.0\.0\.1/]] as const) {
+    for (const [p, mentions] of [
+      [wrongDb, /no_such_db/],
+      [noSource, /ECONNREFUSED|127\.0\.0\.1/],
+    ] as const) {
       await p.waitForLog('apply failed; retrying', 30_000);
       // It keeps retrying (a second attempt is logged) rather than exiting.
       await waitFor(() => logRecords(p.output()).filter((r) => r.msg === 'apply failed; retrying').length >= 2, { timeoutMs: 10_000, what: 'a second attempt' });
@@ -223,11 +243,17 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     try {
       await client.query('BEGIN');
       await client.query(`INSERT INTO public.big SELECT i, md5(i::text) FROM generate_series(1, ${BIG_ROWS}) AS i`);
-      const { rows: [inTx] } = await client.query<{ xid: string; pre: string }>('SELECT pg_current_xact_id()::text AS xid, pg_current_wal_insert_lsn()::text AS pre');
+      const {
+        rows: [inTx],
+      } = await client.query<{ xid: string; pre: string }>('SELECT pg_current_xact_id()::text AS xid, pg_current_wal_insert_lsn()::text AS pre');
       await client.query('COMMIT');
-      const { rows: [post] } = await client.query<{ post: string }>('SELECT pg_current_wal_flush_lsn()::text AS post');
+      const {
+        rows: [post],
+      } = await client.query<{ post: string }>('SELECT pg_current_wal_flush_lsn()::text AS post');
       // The commit record's end: what pgoutput sends as the commit's end_lsn.
-      const { rows: [commit] } = await client.query<{ end_lsn: string }>(
+      const {
+        rows: [commit],
+      } = await client.query<{ end_lsn: string }>(
         "SELECT end_lsn::text FROM pg_get_wal_records_info($1, $2) WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT' AND xid::text = $3",
         [inTx!.pre, post!.post, inTx!.xid],
       );
@@ -252,7 +278,10 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     const signalledAt = Date.now();
     assert.equal(await sigterm(second, 30_000), 0, second.output().slice(-3000));
     const stopMs = Date.now() - signalledAt;
-    assert.ok(logRecords(second.output()).some((r) => r.msg === 'stopped'), 'a stopped line');
+    assert.ok(
+      logRecords(second.output()).some((r) => r.msg === 'stopped'),
+      'a stopped line',
+    );
     assertNoSecrets(second.output(), 'big transaction');
 
     const rowsAfterStop = await count(target, 'public.big');
@@ -286,10 +315,26 @@ describe('pgsub CLI against PostgreSQL 18', () => {
     const cases = [
       { env: noTarget, args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: target is required/ },
       { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_FAILOVER: 'true' }), args: ['run'], line: /^pgsub: PGSUB_NOT_IMPLEMENTED: failover = true is not implemented yet/ },
-      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_SOURCE: `postgresql://postgres:${SOURCE_PASSWORD}@127.0.0.1:99999/${DB}` }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: source: / },
-      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_TARGET: `${targetUri()}&sslmode=sometimes` }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: target: sslmode "sometimes"/ },
-      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_PUBLICATON: 'typo' }), args: ['status', '--json'], line: /^pgsub: PGSUB_CONFIG_INVALID: environment variable PGSUB_PUBLICATON is not a pgsub setting; did you mean PGSUB_PUBLICATION\?$/ },
-      { env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_STREAMING: 'maybe' }), args: ['run'], line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: streaming: "maybe" is not one of off, on, parallel \(from PGSUB_STREAMING\)$/ },
+      {
+        env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_SOURCE: `postgresql://postgres:${SOURCE_PASSWORD}@127.0.0.1:99999/${DB}` }),
+        args: ['run'],
+        line: /^pgsub: PGSUB_CONFIG_INVALID: source: /,
+      },
+      {
+        env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_TARGET: `${targetUri()}&sslmode=sometimes` }),
+        args: ['run'],
+        line: /^pgsub: PGSUB_CONFIG_INVALID: target: sslmode "sometimes"/,
+      },
+      {
+        env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_PUBLICATON: 'typo' }),
+        args: ['status', '--json'],
+        line: /^pgsub: PGSUB_CONFIG_INVALID: environment variable PGSUB_PUBLICATON is not a pgsub setting; did you mean PGSUB_PUBLICATION\?$/,
+      },
+      {
+        env: pgsubEnv('cli_cfg', 'pub_items', { PGSUB_STREAMING: 'maybe' }),
+        args: ['run'],
+        line: /^pgsub: PGSUB_CONFIG_INVALID: invalid configuration: streaming: "maybe" is not one of off, on, parallel \(from PGSUB_STREAMING\)$/,
+      },
     ];
     const runs = cases.map((c) => ({ ...c, p: start(c.env, c.args) }));
     for (const { p, line } of runs) {

@@ -69,8 +69,7 @@ const originLsn = async (sub: string) => {
   const [hi, lo] = String(row.lsn).split('/');
   return (BigInt(`0x${hi}`) << 32n) | BigInt(`0x${lo}`);
 };
-const count = async (where: string, base: number) =>
-  Number((await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id > $1 AND ${where}`, [base], 'dst'))[0].n);
+const count = async (where: string, base: number) => Number((await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id > $1 AND ${where}`, [base], 'dst'))[0].n);
 
 /** `n` one-row transactions in one simple query; returns the WAL position after them. */
 async function transactions(base: number, from: number, to: number, v: (i: number) => number): Promise<bigint> {
@@ -103,8 +102,8 @@ for (const [name, extra, expectLog] of [
       assert.fail(`${err}: ${await count('true', base)} rows\n${child!.output().slice(-5000)}`),
     );
     // Everything before the failing transaction is applied, one by one where it must be.
-    await waitFor(async () => (await count('true', base)) === 2499, { timeoutMs: 60_000, intervalMs: 100, what: 'the 2,499 transactions before the failing one' }).catch(async (err) =>
-      assert.fail(`${err}: ${await count('true', base)} rows, ${await count(`id > ${base + 2499}`, base)} after the failing one\n${child!.output().slice(-5000)}`),
+    await waitFor(async () => (await count('true', base)) === 2499, { timeoutMs: 60_000, intervalMs: 100, what: 'the 2,499 transactions before the failing one' }).catch(
+      async (err) => assert.fail(`${err}: ${await count('true', base)} rows, ${await count(`id > ${base + 2499}`, base)} after the failing one\n${child!.output().slice(-5000)}`),
     );
     // Let it retry a few times: nothing after the failure gets in, nothing is confirmed past it.
     await new Promise((r) => setTimeout(r, 2000));

@@ -33,7 +33,17 @@ const lsns: Record<string, string> = {};
 function subscribe(db: string, extra: Record<string, unknown> = {}): Runner {
   const config = loadConfig({
     env: {},
-    overrides: { subscription: `sub_${db}`, source: pub.url('src'), target: tgt.url(db), publication: 'pub', copy_data: false, status_interval: 1, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
+    overrides: {
+      subscription: `sub_${db}`,
+      source: pub.url('src'),
+      target: tgt.url(db),
+      publication: 'pub',
+      copy_data: false,
+      status_interval: 1,
+      retry_min_delay: 0.2,
+      retry_max_delay: 1,
+      ...extra,
+    },
   });
   const runner = startRunner(config, createLogger('silent'));
   runners.push(runner);
@@ -60,9 +70,23 @@ async function publisherRows(): Promise<string[]> {
   return r.map((x) => x.r);
 }
 
-type LogRow = { conflict_type: string; relation: string | null; table_name: string | null; key: unknown; remote_tuple: unknown; local_tuple: unknown; local_origin: string | null; remote_lsn: string; policy: string };
+type LogRow = {
+  conflict_type: string;
+  relation: string | null;
+  table_name: string | null;
+  key: unknown;
+  remote_tuple: unknown;
+  local_tuple: unknown;
+  local_origin: string | null;
+  remote_lsn: string;
+  policy: string;
+};
 async function conflictLog(db: string): Promise<LogRow[]> {
-  return tgt.query<LogRow>('SELECT conflict_type, relation, table_name, key, remote_tuple, local_tuple, local_origin, remote_lsn::text AS remote_lsn, policy FROM pgsub.conflict_log ORDER BY id', [], db);
+  return tgt.query<LogRow>(
+    'SELECT conflict_type, relation, table_name, key, remote_tuple, local_tuple, local_origin, remote_lsn::text AS remote_lsn, policy FROM pgsub.conflict_log ORDER BY id',
+    [],
+    db,
+  );
 }
 
 async function stats(db: string): Promise<Record<string, number>> {
@@ -98,13 +122,28 @@ const DBS = ['skip', 'keep_local', 'apply_remote', 'error', 'disable'] as const;
 before(async () => {
   [pub, tgt] = await Promise.all([startCluster({ major: 18, name: 'confl-pub' }), startCluster({ major: 18, name: 'confl-tgt', settings: { track_commit_timestamp: 'on' } })]);
   await pub.createDatabase('src');
-  await pub.query(`${DDL}; CREATE PUBLICATION pub FOR TABLE ${TABLE}; CREATE EXTENSION pg_walinspect;
-    INSERT INTO ${TABLE} VALUES (4, 404, 'p4'), (5, 505, 'p5'), (6, 606, 'p6'), (7, 707, 'p7');`, [], 'src');
+  await pub.query(
+    `${DDL}; CREATE PUBLICATION pub FOR TABLE ${TABLE}; CREATE EXTENSION pg_walinspect;
+    INSERT INTO ${TABLE} VALUES (4, 404, 'p4'), (5, 505, 'p5'), (6, 606, 'p6'), (7, 707, 'p7');`,
+    [],
+    'src',
+  );
   for (const db of DBS) {
     await tgt.createDatabase(db);
     await tgt.query(DDL, [], db);
   }
-  const everything = (policy: string) => ({ conflicts: { tables: { [DISPLAY]: Object.fromEntries(['insert_exists', 'update_origin_differs', 'update_exists', 'update_missing', 'delete_origin_differs', 'delete_missing', 'multiple_unique_conflicts'].map((t) => [t, policy])) } } });
+  const everything = (policy: string) => ({
+    conflicts: {
+      tables: {
+        [DISPLAY]: Object.fromEntries(
+          ['insert_exists', 'update_origin_differs', 'update_exists', 'update_missing', 'delete_origin_differs', 'delete_missing', 'multiple_unique_conflicts'].map((t) => [
+            t,
+            policy,
+          ]),
+        ),
+      },
+    },
+  });
   subscribe('skip', everything('skip'));
   subscribe('keep_local', everything('keep_local'));
   // delete_missing cannot take apply_remote (nothing to apply); the subscription default covers it.
@@ -113,16 +152,22 @@ before(async () => {
   subscribe('apply_remote', applyRemote);
   subscribe('error', everything('error'));
   subscribe('disable', { disable_on_error: true });
-  await waitFor(async () => {
-    for (const db of DBS) if ((await slotConfirmedLsn(pub, `sub_${db}`)) === null) return false;
-    return true;
-  }, { timeoutMs: 60_000, what: 'all slots' });
+  await waitFor(
+    async () => {
+      for (const db of DBS) if ((await slotConfirmedLsn(pub, `sub_${db}`)) === null) return false;
+      return true;
+    },
+    { timeoutMs: 60_000, what: 'all slots' },
+  );
   // A row pgsub writes (origin pgsub_<sub>), then rows written locally in every target.
   await remote('T1', `INSERT INTO ${TABLE} VALUES (8, 808, 'r8')`);
-  await waitFor(async () => {
-    for (const db of DBS) if ((await tgt.query(`SELECT 1 FROM ${TABLE} WHERE id = 8`, [], db)).length === 0) return false;
-    return true;
-  }, { timeoutMs: 30_000, what: 'T1 everywhere' });
+  await waitFor(
+    async () => {
+      for (const db of DBS) if ((await tgt.query(`SELECT 1 FROM ${TABLE} WHERE id = 8`, [], db)).length === 0) return false;
+      return true;
+    },
+    { timeoutMs: 30_000, what: 'T1 everywhere' },
+  );
   for (const db of DBS) {
     await tgt.query(`INSERT INTO ${TABLE} VALUES (1, 1001, 'local'), (2, 2002, 'l2'), (3, 202, 'l3'), (6, 606, 'l6'), (7, 707, 'l7'), (9, 909, 'l9')`, [], db);
   }
@@ -150,7 +195,10 @@ describe('conflicts against PostgreSQL 18', () => {
       await waitFor(() => markerApplied(policy), { timeoutMs: 60_000, what: `${policy}: marker` });
       assert.deepEqual(await rows(policy), ['1|1001|local', '2|2002|l2', '3|202|l3', '6|606|l6', '7|707|l7', '8|808|r8', '9|909|l9', '10|1010|marker']);
       const log = await conflictLog(policy);
-      assert.deepEqual(log.map((l) => l.conflict_type), TYPES_IN_ORDER);
+      assert.deepEqual(
+        log.map((l) => l.conflict_type),
+        TYPES_IN_ORDER,
+      );
       for (const l of log) {
         assert.equal(l.policy, policy);
         assert.equal(l.relation, DISPLAY);
@@ -162,7 +210,10 @@ describe('conflicts against PostgreSQL 18', () => {
       assert.deepEqual(byType.insert_exists!.remote_tuple, { id: '1', u: '101', v: 'remote' });
       assert.deepEqual(byType.insert_exists!.local_tuple, { id: 1, u: 1001, v: 'local' });
       assert.equal(byType.insert_exists!.local_origin, '0');
-      assert.deepEqual(byType.multiple_unique_conflicts!.local_tuple, [{ id: 2, u: 2002, v: 'l2' }, { id: 3, u: 202, v: 'l3' }]);
+      assert.deepEqual(byType.multiple_unique_conflicts!.local_tuple, [
+        { id: 2, u: 2002, v: 'l2' },
+        { id: 3, u: 202, v: 'l3' },
+      ]);
       assert.equal(byType.update_missing!.local_tuple, null);
       assert.deepEqual(byType.update_exists!.local_tuple, { id: 9, u: 909, v: 'l9' });
       assert.deepEqual(byType.delete_origin_differs!.local_tuple, { id: 7, u: 707, v: 'l7' });
@@ -177,7 +228,10 @@ describe('conflicts against PostgreSQL 18', () => {
     assert.deepEqual(await rows('apply_remote'), await publisherRows());
     assert.deepEqual(await rows('apply_remote'), ['1|101|remote', '2|202|remote', '4|404|r4', '6|606|r6', '8|909|r8', '10|1010|marker']);
     const log = await conflictLog('apply_remote');
-    assert.deepEqual(log.map((l) => `${l.conflict_type}:${l.policy}`), TYPES_IN_ORDER.map((t) => `${t}:${t === 'delete_missing' ? 'skip' : 'apply_remote'}`));
+    assert.deepEqual(
+      log.map((l) => `${l.conflict_type}:${l.policy}`),
+      TYPES_IN_ORDER.map((t) => `${t}:${t === 'delete_missing' ? 'skip' : 'apply_remote'}`),
+    );
     const s = await stats('apply_remote');
     for (const t of TYPES_IN_ORDER) assert.equal(s[`confl_${t}`], 1, `confl_${t}`);
   });
@@ -185,7 +239,10 @@ describe('conflicts against PostgreSQL 18', () => {
   test('policy error: each failing transaction retried and logged once; a fixed row is applied exactly once; pgsub skip --lsn for the others', async () => {
     const db = 'error';
     const failingWith = async (type: string) => {
-      await waitFor(async () => (await control(db)).error_conflict === type && (await control(db)).error_lsn === lsns[type], { timeoutMs: 30_000, what: `error: ${type} recorded` });
+      await waitFor(async () => (await control(db)).error_conflict === type && (await control(db)).error_lsn === lsns[type], {
+        timeoutMs: 30_000,
+        what: `error: ${type} recorded`,
+      });
       // Retried with backoff: more errors are counted, the log keeps one row for the transaction.
       const before = (await stats(db)).apply_error_count ?? 0;
       await waitFor(async () => ((await stats(db)).apply_error_count ?? 0) > before, { timeoutMs: 10_000, what: `error: ${type} retried` });
@@ -198,7 +255,10 @@ describe('conflicts against PostgreSQL 18', () => {
     const skipVia = async (type: string) => {
       const r = await cli(db, ['skip', '--lsn', lsns[type]!]);
       assert.equal(r.code, 0, r.output);
-      await waitFor(async () => (await conflictLog(db)).some((l) => l.conflict_type === 'transaction_skipped' && l.remote_lsn === lsns[type]), { timeoutMs: 30_000, what: `${type} skipped` });
+      await waitFor(async () => (await conflictLog(db)).some((l) => l.conflict_type === 'transaction_skipped' && l.remote_lsn === lsns[type]), {
+        timeoutMs: 30_000,
+        what: `${type} skipped`,
+      });
       assert.equal((await control(db)).skip_lsn, null);
       // Its failure is no longer pending: the record is cleared with the skip (the next failure may be recorded since).
       assert.notEqual((await control(db)).error_lsn, lsns[type]);
@@ -209,7 +269,10 @@ describe('conflicts against PostgreSQL 18', () => {
     // The operator fixes the target: the retried transaction applies, once.
     await tgt.query(`DELETE FROM ${TABLE} WHERE id = 1`, [], db);
     await failingWith('multiple_unique_conflicts');
-    assert.deepEqual((await rows(db)).filter((r) => r.startsWith('1|')), ['1|101|remote']);
+    assert.deepEqual(
+      (await rows(db)).filter((r) => r.startsWith('1|')),
+      ['1|101|remote'],
+    );
     await tgt.query(`DELETE FROM ${TABLE} WHERE id IN (2, 3)`, [], db);
 
     await failingWith('update_missing');
@@ -254,7 +317,10 @@ describe('conflicts against PostgreSQL 18', () => {
     assert.match(r.output, /enabled/);
     // Resumed: the fixed transaction applies; the next one (native default: error) disables it again.
     await waitFor(async () => (await rows(db)).includes('1|101|remote'), { timeoutMs: 30_000, what: 'applied after enable' });
-    await waitFor(async () => (await control(db)).enabled === false && (await control(db)).error_conflict === 'multiple_unique_conflicts', { timeoutMs: 30_000, what: 'disabled again' });
+    await waitFor(async () => (await control(db)).enabled === false && (await control(db)).error_conflict === 'multiple_unique_conflicts', {
+      timeoutMs: 30_000,
+      what: 'disabled again',
+    });
     assert.equal((await stats(db)).apply_error_count, 2);
   });
 

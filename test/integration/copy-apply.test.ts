@@ -73,7 +73,10 @@ function mapped(schema: string, table: string, columns: readonly { name: string;
     relkind: 'r',
     targetColumns: columns.map((c) => ({ name: c.target, typeOid: c.oid, typeName: c.type, generated: false, hasEquality: true })),
     keyIndexes: [0],
-    statements: new Map(), paramColumns: new Map(), ordered: false, rowSecurity: false,
+    statements: new Map(),
+    paramColumns: new Map(),
+    ordered: false,
+    rowSecurity: false,
   };
 }
 
@@ -126,7 +129,9 @@ for (const major of MAJORS) {
     });
 
     test('binary and text COPY of every column type round-trip exactly, quoted and unicode names', async () => {
-      const binary = await sql<Record<string, string | null>>(`SELECT ${COLUMNS.map((c, i) => `encode(${c.send}(${c.name}), 'hex') AS c${i}`).join(', ')} FROM public.src ORDER BY id`);
+      const binary = await sql<Record<string, string | null>>(
+        `SELECT ${COLUMNS.map((c, i) => `encode(${c.send}(${c.name}), 'hex') AS c${i}`).join(', ')} FROM public.src ORDER BY id`,
+      );
       const text = await sql<Record<string, string | null>>(`SELECT ${COLUMNS.map((c, i) => `${c.name}::text AS c${i}`).join(', ')} FROM public.src ORDER BY id`);
       const tuples = (rows: Record<string, string | null>[], value: (s: string) => TupleValue): Tuple[] =>
         rows.map((r) => COLUMNS.map((_, i) => (r[`c${i}`] === null ? { kind: 'null' } : value(r[`c${i}`]!))));
@@ -155,7 +160,10 @@ for (const major of MAJORS) {
       assert.deepEqual(await rowsOf('"a""b"."ünï"'), want);
       assert.deepEqual(await rowsOf('"a""b"."ünï_text"'), want);
       // The same prepared COPY statements serve the next batch.
-      const again = copyInsertStatement(mapped('a"b', 'ünï', COLUMNS), binTuples.map((t, k) => [{ kind: 'binary', value: int8(100n + BigInt(k)) }, ...t.slice(1)]))!;
+      const again = copyInsertStatement(
+        mapped('a"b', 'ünï', COLUMNS),
+        binTuples.map((t, k) => [{ kind: 'binary', value: int8(100n + BigInt(k)) }, ...t.slice(1)]),
+      )!;
       assert.equal((await Promise.all([wire.copyIn(again.text, again.data), wire.sync()]))[0].rowCount, 4);
       const prepared = await wire.simpleQuery(`SELECT count(*) AS n FROM pg_prepared_statements WHERE statement LIKE 'COPY %'`);
       assert.equal(prepared.rows[0]?.n, '2');
@@ -167,7 +175,11 @@ for (const major of MAJORS) {
         { name: 'id', target: 'id', oid: 23, type: 'int4' },
         { name: 'v', target: 'v', oid: 25, type: 'text' },
       ]);
-      const rows = (ids: number[]): Tuple[] => ids.map((id) => [{ kind: 'text', value: String(id) }, { kind: 'text', value: `v${id}` }]);
+      const rows = (ids: number[]): Tuple[] =>
+        ids.map((id) => [
+          { kind: 'text', value: String(id) },
+          { kind: 'text', value: `v${id}` },
+        ]);
       const wire = await connect();
       const begin = wire.execute('BEGIN');
       const ins = wire.execute('INSERT INTO public.uq VALUES ($1, $2)', ['1', 'first']);
@@ -181,11 +193,21 @@ for (const major of MAJORS) {
       const commit = wire.execute('COMMIT');
       await begin;
       await ins;
-      const err = await dup.then(() => assert.fail('duplicate COPY succeeded'), (e: unknown) => e as { code?: string; constraint?: string });
+      const err = await dup.then(
+        () => assert.fail('duplicate COPY succeeded'),
+        (e: unknown) => e as { code?: string; constraint?: string },
+      );
       assert.equal(err.code, '23505');
       assert.equal(err.constraint, 'uq_pkey');
       for (const p of [after1, after2, commit]) {
-        const e = await withTimeout(p.then(() => assert.fail('skipped statement succeeded'), (x: unknown) => x), 5000, 'aborted statement');
+        const e = await withTimeout(
+          p.then(
+            () => assert.fail('skipped statement succeeded'),
+            (x: unknown) => x,
+          ),
+          5000,
+          'aborted statement',
+        );
         assert.ok(e instanceof PipelineAbortedError, String(e));
         assert.equal((e.cause as { code?: string }).code, '23505');
       }
@@ -220,8 +242,14 @@ for (const major of MAJORS) {
         { name: 'v', target: 'v', oid: 25, type: 'text' },
       ]);
       const copy = copyInsertStatement(rel, [
-        [{ kind: 'binary', value: int4(2) }, { kind: 'binary', value: Buffer.from('b') }],
-        [{ kind: 'binary', value: int4(3) }, { kind: 'binary', value: Buffer.from('b') }],
+        [
+          { kind: 'binary', value: int4(2) },
+          { kind: 'binary', value: Buffer.from('b') },
+        ],
+        [
+          { kind: 'binary', value: int4(3) },
+          { kind: 'binary', value: Buffer.from('b') },
+        ],
       ])!;
       const wire = await connect();
       const results = [
@@ -234,7 +262,10 @@ for (const major of MAJORS) {
       ];
       assert.equal(await wire.sync(), 'I');
       const done = await Promise.all(results);
-      assert.deepEqual(done.map((r) => `${r.command} ${r.rowCount}`), ['BEGIN 0', 'INSERT 1', 'COPY 2', 'UPDATE 2', 'SELECT 1', 'COMMIT 0']);
+      assert.deepEqual(
+        done.map((r) => `${r.command} ${r.rowCount}`),
+        ['BEGIN 0', 'INSERT 1', 'COPY 2', 'UPDATE 2', 'SELECT 1', 'COMMIT 0'],
+      );
       assert.deepEqual(done[4]!.rows, [['3']]);
       assert.deepEqual(await rowsOf('public.ord'), ['(1,a!)', '(2,b!)', '(3,b)']);
     });
@@ -256,8 +287,18 @@ for (const major of MAJORS) {
       for (let i = 1; i <= N; i++) {
         const ts = Buffer.alloc(8);
         ts.writeBigInt64BE(base + BigInt(i) * 1_000_000n);
-        bin.push([{ kind: 'binary', value: int8(BigInt(i)) }, { kind: 'binary', value: int4(i % 1000) }, { kind: 'binary', value: Buffer.from(payload(i)) }, { kind: 'binary', value: ts }]);
-        txt.push([{ kind: 'text', value: String(i) }, { kind: 'text', value: String(i % 1000) }, { kind: 'text', value: payload(i) }, { kind: 'text', value: new Date(Date.UTC(2025, 0, 1) + i * 1000).toISOString() }]);
+        bin.push([
+          { kind: 'binary', value: int8(BigInt(i)) },
+          { kind: 'binary', value: int4(i % 1000) },
+          { kind: 'binary', value: Buffer.from(payload(i)) },
+          { kind: 'binary', value: ts },
+        ]);
+        txt.push([
+          { kind: 'text', value: String(i) },
+          { kind: 'text', value: String(i % 1000) },
+          { kind: 'text', value: payload(i) },
+          { kind: 'text', value: new Date(Date.UTC(2025, 0, 1) + i * 1000).toISOString() },
+        ]);
       }
       const b = copyInsertStatement(mapped('public', 'w1', cols), bin)!;
       const t = copyInsertStatement(mapped('public', 'w1_text', cols), txt)!;
@@ -276,7 +317,11 @@ for (const major of MAJORS) {
                   min(ts) = '2025-01-01 00:00:01+00' AS lo, max(ts) = timestamptz '2025-01-01 00:00:00+00' + ${N} * interval '1 second' AS hi
              FROM ${table}`,
         );
-        assert.deepEqual(s, { n: String(N), sn: String(Array.from({ length: N }, (_, k) => (k + 1) % 1000).reduce((x, y) => x + y, 0)), md5: digest.copy().digest('hex'), lo: true, hi: true }, table);
+        assert.deepEqual(
+          s,
+          { n: String(N), sn: String(Array.from({ length: N }, (_, k) => (k + 1) % 1000).reduce((x, y) => x + y, 0)), md5: digest.copy().digest('hex'), lo: true, hi: true },
+          table,
+        );
       }
     });
   });

@@ -14,14 +14,32 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { checkLedger, currentWalLsn, LEDGER_SCHEMA, lsnToBigint, prng, runLedgerWorkload, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, type Cluster, type PgsubProcess } from '../harness/index.js';
+import {
+  checkLedger,
+  currentWalLsn,
+  LEDGER_SCHEMA,
+  lsnToBigint,
+  prng,
+  runLedgerWorkload,
+  slotConfirmedLsn,
+  spawnPgsub,
+  startCluster,
+  waitFor,
+  type Cluster,
+  type PgsubProcess,
+} from '../harness/index.js';
 
+// npm test runs two of the runs (the defaults, and the fastest configuration with target
+// commit failures) on half the work; npm run test:faults runs all five in full.
+const FULL = process.env.PGSUB_FAULTS === 'full';
 const SEED = Number(process.env.PGSUB_CRASH_SEED ?? Date.now() % 100_000);
 const CLIENTS = 4;
-const TRANSACTIONS_PER_CLIENT = 2600;
+const TRANSACTIONS_PER_CLIENT = FULL ? 2600 : 1300;
 const MIN_KILLS = 5;
 /** Transactions of the backlog applied while the target fails commits (fault runs). */
-const FAULT_BACKLOG = 4000;
+const FAULT_BACKLOG = FULL ? 4000 : 2000;
+/** Chance a ledger row fails its commit while faults are on: about six failures per backlog (a run with none: e^-6, 0.25%). */
+const FAULT_RATE = 6 / FAULT_BACKLOG;
 
 let publisher: Cluster;
 let target: Cluster;
@@ -30,32 +48,43 @@ const RUNS = [
   { name: 'defaults', sub: 'crash', db: 'crash', env: {} as Record<string, string> },
   { name: 'fastest configuration', sub: 'crashfast', db: 'crashfast', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off' } as Record<string, string> },
   // Lanes commit in source order from several connections; small groups keep them all busy after each restart.
-  { name: 'apply lanes', sub: 'crashlanes', db: 'crashlanes', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_APPLY_WORKERS: '3', PGSUB_GROUP_TRANSACTIONS: '32' } as Record<string, string> },
+  {
+    name: 'apply lanes',
+    sub: 'crashlanes',
+    db: 'crashlanes',
+    env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_APPLY_WORKERS: '3', PGSUB_GROUP_TRANSACTIONS: '32' } as Record<string, string>,
+  },
   // Commits pipelined on the apply connection, grouped, batched and COPY'd, asynchronous.
-  { name: 'target commits failing at random', sub: 'crashfault', db: 'crashfault', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_RETRY_MAX_DELAY: '0.5' } as Record<string, string>, faults: true },
+  {
+    name: 'target commits failing at random',
+    sub: 'crashfault',
+    db: 'crashfault',
+    env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_RETRY_MAX_DELAY: '0.5' } as Record<string, string>,
+    faults: true,
+  },
   {
     name: 'target commits failing at random, apply lanes',
     sub: 'crashfaultl',
     db: 'crashfaultl',
-    env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_APPLY_WORKERS: '3', PGSUB_GROUP_TRANSACTIONS: '32', PGSUB_RETRY_MAX_DELAY: '0.5' } as Record<string, string>,
+    env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_APPLY_WORKERS: '3', PGSUB_GROUP_TRANSACTIONS: '32', PGSUB_RETRY_MAX_DELAY: '0.5' } as Record<
+      string,
+      string
+    >,
     faults: true,
   },
 ];
 
-/** Fails a target commit for about one ledger row in 1,000 while public.fault says so. */
+/** Fails a target commit for about FAULT_RATE of ledger rows while public.fault says so. */
 const FAULTS = `
   CREATE TABLE public.fault (on_ boolean NOT NULL); INSERT INTO public.fault VALUES (false);
   CREATE FUNCTION app.flaky() RETURNS trigger LANGUAGE plpgsql AS $$
   BEGIN
-    IF (SELECT on_ FROM public.fault) AND pg_catalog.random() < 0.001 THEN RAISE EXCEPTION 'injected commit failure'; END IF;
+    IF (SELECT on_ FROM public.fault) AND pg_catalog.random() < ${FAULT_RATE} THEN RAISE EXCEPTION 'injected commit failure'; END IF;
     RETURN NULL;
   END $$;
   CREATE CONSTRAINT TRIGGER ledger_flaky AFTER INSERT ON app.ledger DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION app.flaky();
   ALTER TABLE app.ledger ENABLE ALWAYS TRIGGER ledger_flaky;`;
 
-// npm test runs two of them (the defaults, and the fastest configuration with target
-// commit failures); npm run test:faults runs all five.
-const FULL = process.env.PGSUB_FAULTS === 'full';
 const SELECTED = RUNS.filter((r) => FULL || r.sub === 'crash' || r.sub === 'crashfault');
 
 before(async () => {
@@ -81,115 +110,117 @@ async function originLsn(sub: string, db: string): Promise<bigint | null> {
 }
 
 for (const run of SELECTED) {
-test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} transactions, ${run.name}: nothing lost, nothing duplicated (seed ${SEED})`, { timeout: 600_000 }, async () => {
-  const rand = prng(SEED);
-  const env = {
-    PGSUB_SOURCE: publisher.url(run.db),
-    PGSUB_TARGET: target.url(run.db),
-    PGSUB_PUBLICATION: 'pub',
-    PGSUB_SUBSCRIPTION: run.sub,
-    PGSUB_COPY_DATA: 'false',
-    PGSUB_STATUS_INTERVAL: '1',
-    PGSUB_RETRY_MIN_DELAY: '0.2',
-    PGSUB_LOG_LEVEL: 'info',
-    ...run.env,
-  };
+  test(`SIGKILL at random moments during ${CLIENTS * TRANSACTIONS_PER_CLIENT} transactions, ${run.name}: nothing lost, nothing duplicated (seed ${SEED})`, {
+    timeout: 600_000,
+  }, async () => {
+    const rand = prng(SEED);
+    const env = {
+      PGSUB_SOURCE: publisher.url(run.db),
+      PGSUB_TARGET: target.url(run.db),
+      PGSUB_PUBLICATION: 'pub',
+      PGSUB_SUBSCRIPTION: run.sub,
+      PGSUB_COPY_DATA: 'false',
+      PGSUB_STATUS_INTERVAL: '1',
+      PGSUB_RETRY_MIN_DELAY: '0.2',
+      PGSUB_LOG_LEVEL: 'info',
+      ...run.env,
+    };
 
-  // Sample the invariant for the whole run: confirmed_flush (read first) <= origin (read after).
-  let samples = 0;
-  const violations: string[] = [];
-  let sampling = true;
-  const sampler = (async () => {
-    while (sampling) {
-      const confirmed = await slotConfirmedLsn(publisher, run.sub).catch(() => null);
-      const origin = await originLsn(run.sub, run.db);
-      if (confirmed !== null && origin !== null) {
-        samples++;
-        if (confirmed > origin) violations.push(`confirmed ${confirmed} > origin ${origin}`);
+    // Sample the invariant for the whole run: confirmed_flush (read first) <= origin (read after).
+    let samples = 0;
+    const violations: string[] = [];
+    let sampling = true;
+    const sampler = (async () => {
+      while (sampling) {
+        const confirmed = await slotConfirmedLsn(publisher, run.sub).catch(() => null);
+        const origin = await originLsn(run.sub, run.db);
+        if (confirmed !== null && origin !== null) {
+          samples++;
+          if (confirmed > origin) violations.push(`confirmed ${confirmed} > origin ${origin}`);
+        }
+        await new Promise((r) => setTimeout(r, 20));
       }
-      await new Promise((r) => setTimeout(r, 20));
+    })();
+
+    const first = spawnPgsub(env);
+    children.push(first);
+    await first.waitForLog('streaming started');
+    let workloadDone = false;
+    const workload = runLedgerWorkload(publisher, run.db, { clients: CLIENTS, transactionsPerClient: TRANSACTIONS_PER_CLIENT, seed: SEED }).then(() => {
+      workloadDone = true;
+    });
+
+    let kills = 0;
+    let current = first;
+    while (!workloadDone || kills < MIN_KILLS) {
+      // Let it apply for a random while (after its startup), then kill it mid-flight.
+      await current.waitForLog('streaming started');
+      await new Promise((r) => setTimeout(r, 200 + Math.floor(rand() * 1500)));
+      current.kill('SIGKILL');
+      assert.equal(await current.exited, 'SIGKILL');
+      kills++;
+      current = spawnPgsub(env);
+      children.push(current);
     }
-  })();
+    await workload;
+    let expected = CLIENTS * TRANSACTIONS_PER_CLIENT;
+    if (run.faults) {
+      // A backlog written while pgsub is down is applied the fast way — grouped, pipelined,
+      // batched — while the target fails commits at random (each failure retried), with one
+      // more SIGKILL in the middle; then the target takes everything.
+      current.kill('SIGKILL');
+      await current.exited;
+      // One-row transactions, as many as fit in flight: the pipelining at its deepest.
+      const backlog = Array.from({ length: FAULT_BACKLOG }, (_, seq) => `BEGIN; INSERT INTO app.ledger VALUES (${CLIENTS}, ${seq}, ${1 + (seq % 997)}, 'backlog ${seq}'); COMMIT;`);
+      await publisher.query(backlog.join('\n'), [], run.db);
+      expected += FAULT_BACKLOG;
+      await target.query(`UPDATE public.fault SET on_ = true`, [], run.db);
+      current = spawnPgsub(env);
+      children.push(current);
+      await current.waitForLog('streaming started');
+      await new Promise((r) => setTimeout(r, 500 + Math.floor(rand() * 1500)));
+      current.kill('SIGKILL');
+      await current.exited;
+      kills++;
+      current = spawnPgsub(env);
+      children.push(current);
+      const end = await currentWalLsn(publisher, run.db);
+      await waitFor(async () => ((await slotConfirmedLsn(publisher, run.sub)) ?? 0n) >= end, { timeoutMs: 300_000, intervalMs: 200, what: 'catch-up while commits fail' });
+      await target.query(`UPDATE public.fault SET on_ = false`, [], run.db);
+    }
 
-  const first = spawnPgsub(env);
-  children.push(first);
-  await first.waitForLog('streaming started');
-  let workloadDone = false;
-  const workload = runLedgerWorkload(publisher, run.db, { clients: CLIENTS, transactionsPerClient: TRANSACTIONS_PER_CLIENT, seed: SEED }).then(() => {
-    workloadDone = true;
-  });
-
-  let kills = 0;
-  let current = first;
-  while (!workloadDone || kills < MIN_KILLS) {
-    // Let it apply for a random while (after its startup), then kill it mid-flight.
+    // Last run: let it catch up, then stop it cleanly (once it runs: a process still loading
+    // has no signal handler yet, and the killed one may have confirmed everything already).
     await current.waitForLog('streaming started');
-    await new Promise((r) => setTimeout(r, 200 + Math.floor(rand() * 1500)));
-    current.kill('SIGKILL');
-    assert.equal(await current.exited, 'SIGKILL');
-    kills++;
-    current = spawnPgsub(env);
-    children.push(current);
-  }
-  await workload;
-  let expected = CLIENTS * TRANSACTIONS_PER_CLIENT;
-  if (run.faults) {
-    // A backlog written while pgsub is down is applied the fast way — grouped, pipelined,
-    // batched — while the target fails commits at random (each failure retried), with one
-    // more SIGKILL in the middle; then the target takes everything.
-    current.kill('SIGKILL');
-    await current.exited;
-    // One-row transactions, as many as fit in flight: the pipelining at its deepest.
-    const backlog = Array.from({ length: FAULT_BACKLOG }, (_, seq) => `BEGIN; INSERT INTO app.ledger VALUES (${CLIENTS}, ${seq}, ${1 + (seq % 997)}, 'backlog ${seq}'); COMMIT;`);
-    await publisher.query(backlog.join('\n'), [], run.db);
-    expected += FAULT_BACKLOG;
-    await target.query(`UPDATE public.fault SET on_ = true`, [], run.db);
-    current = spawnPgsub(env);
-    children.push(current);
-    await current.waitForLog('streaming started');
-    await new Promise((r) => setTimeout(r, 500 + Math.floor(rand() * 1500)));
-    current.kill('SIGKILL');
-    await current.exited;
-    kills++;
-    current = spawnPgsub(env);
-    children.push(current);
     const end = await currentWalLsn(publisher, run.db);
-    await waitFor(async () => ((await slotConfirmedLsn(publisher, run.sub)) ?? 0n) >= end, { timeoutMs: 300_000, intervalMs: 200, what: 'catch-up while commits fail' });
-    await target.query(`UPDATE public.fault SET on_ = false`, [], run.db);
-  }
+    await waitFor(async () => ((await slotConfirmedLsn(publisher, run.sub)) ?? 0n) >= end, { timeoutMs: 180_000, intervalMs: 200, what: 'catch-up after the last restart' });
+    current.kill('SIGTERM');
+    assert.equal(await current.exited, 0, current.output().slice(-3000));
+    sampling = false;
+    await sampler;
 
-  // Last run: let it catch up, then stop it cleanly (once it runs: a process still loading
-  // has no signal handler yet, and the killed one may have confirmed everything already).
-  await current.waitForLog('streaming started');
-  const end = await currentWalLsn(publisher, run.db);
-  await waitFor(async () => ((await slotConfirmedLsn(publisher, run.sub)) ?? 0n) >= end, { timeoutMs: 180_000, intervalMs: 200, what: 'catch-up after the last restart' });
-  current.kill('SIGTERM');
-  assert.equal(await current.exited, 0, current.output().slice(-3000));
-  sampling = false;
-  await sampler;
+    assert.ok(kills >= MIN_KILLS, `only ${kills} kills`);
+    const injected = children.reduce((n, c) => n + (c.output().match(/injected commit failure/g) ?? []).length, 0);
+    if (run.faults) {
+      assert.ok(injected > 0, 'no commit failed');
+      process.stdout.write(`# crash test (${run.name}): ${injected} log lines of injected commit failures\n`);
+    }
+    if (run.env.PGSUB_APPLY_WORKERS) {
+      // Lanes run while behind: after a restart there is always a backlog.
+      const withLanes = children.filter((c) => c.output().includes('apply lanes started')).length;
+      assert.ok(withLanes > 0, 'no process ever applied through lanes');
+      process.stdout.write(`# crash test (${run.name}): ${withLanes} processes applied through lanes\n`);
+    }
+    assert.deepEqual(violations, [], 'the slot confirmed a position the target had not committed');
+    assert.ok(samples > 50, `only ${samples} samples of the flush invariant`);
 
-  assert.ok(kills >= MIN_KILLS, `only ${kills} kills`);
-  const injected = children.reduce((n, c) => n + (c.output().match(/injected commit failure/g) ?? []).length, 0);
-  if (run.faults) {
-    assert.ok(injected > 0, 'no commit failed');
-    process.stdout.write(`# crash test (${run.name}): ${injected} log lines of injected commit failures\n`);
-  }
-  if (run.env.PGSUB_APPLY_WORKERS) {
-    // Lanes run while behind: after a restart there is always a backlog.
-    const withLanes = children.filter((c) => c.output().includes('apply lanes started')).length;
-    assert.ok(withLanes > 0, 'no process ever applied through lanes');
-    process.stdout.write(`# crash test (${run.name}): ${withLanes} processes applied through lanes\n`);
-  }
-  assert.deepEqual(violations, [], 'the slot confirmed a position the target had not committed');
-  assert.ok(samples > 50, `only ${samples} samples of the flush invariant`);
-
-  const ledger = await checkLedger(publisher, run.db, target, run.db);
-  assert.equal(ledger.sourceRows, expected);
-  assert.deepEqual(ledger.duplicates, [], 'duplicated transactions in the target');
-  assert.equal(ledger.targetRows, ledger.sourceRows, 'lost transactions in the target');
-  assert.ok(ledger.equal, 'target differs from source');
-  const [applied] = await target.query(`SELECT transactions_applied::int AS n FROM pgsub.origin WHERE subscription = $1`, [run.sub], run.db);
-  assert.equal(applied.n, expected, 'each source transaction counted exactly once in the origin row');
-  process.stdout.write(`# crash test (${run.name}): seed ${SEED}, ${kills} kills, ${samples} invariant samples, ${ledger.targetRows} ledger rows\n`);
-});
+    const ledger = await checkLedger(publisher, run.db, target, run.db);
+    assert.equal(ledger.sourceRows, expected);
+    assert.deepEqual(ledger.duplicates, [], 'duplicated transactions in the target');
+    assert.equal(ledger.targetRows, ledger.sourceRows, 'lost transactions in the target');
+    assert.ok(ledger.equal, 'target differs from source');
+    const [applied] = await target.query(`SELECT transactions_applied::int AS n FROM pgsub.origin WHERE subscription = $1`, [run.sub], run.db);
+    assert.equal(applied.n, expected, 'each source transaction counted exactly once in the origin row');
+    process.stdout.write(`# crash test (${run.name}): seed ${SEED}, ${kills} kills, ${samples} invariant samples, ${ledger.targetRows} ledger rows\n`);
+  });
 }

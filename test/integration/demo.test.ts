@@ -66,7 +66,7 @@ test('a demo that fails removes them too', async () => {
   assert.match(r.output, /PostgreSQL 99 binaries not found/);
   if (isRoot) {
     assert.ok(r.dir);
-    assert.ok(r.sawServerBinary, 'the publisher\'s binaries were copied before the failure');
+    assert.ok(r.sawServerBinary, "the publisher's binaries were copied before the failure");
     assert.equal(fs.existsSync(r.dir!), false, `${r.dir} removed after the failure`);
   }
   assert.deepEqual(leftovers(), before);

@@ -33,7 +33,16 @@ after(async () => {
 
 function run(args = ['run'], extra: Record<string, string> = {}): PgsubProcess {
   const child = spawnPgsub(
-    { PGSUB_SOURCE: publisher.url('src'), PGSUB_TARGET: target.url('dst'), PGSUB_PUBLICATION: 'pub', PGSUB_SUBSCRIPTION: SUB, PGSUB_RETRY_MIN_DELAY: '0.2', PGSUB_RETRY_MAX_DELAY: '0.5', PGSUB_STATUS_INTERVAL: '1', ...extra },
+    {
+      PGSUB_SOURCE: publisher.url('src'),
+      PGSUB_TARGET: target.url('dst'),
+      PGSUB_PUBLICATION: 'pub',
+      PGSUB_SUBSCRIPTION: SUB,
+      PGSUB_RETRY_MIN_DELAY: '0.2',
+      PGSUB_RETRY_MAX_DELAY: '0.5',
+      PGSUB_STATUS_INTERVAL: '1',
+      ...extra,
+    },
     args,
   );
   children.push(child);
@@ -59,7 +68,10 @@ test('a LATIN1 target: copied and streamed text converted; an unrepresentable va
   // The euro sign is not in LATIN1.
   await publisher.query(`INSERT INTO public.t VALUES (4, 'ok', 'price 5 €')`, [], 'src');
   await waitFor(async () => /apply failed; retrying/.test(p.output()), { timeoutMs: 30_000, what: 'the conversion error' });
-  const failure = p.output().split('\n').find((l) => l.includes('apply failed; retrying'))!;
+  const failure = p
+    .output()
+    .split('\n')
+    .find((l) => l.includes('apply failed; retrying'))!;
   process.stdout.write(`# ${failure}\n`);
   const rec = JSON.parse(failure) as { err: { message: string; context?: Record<string, unknown> }; finishLsn?: string };
   assert.match(rec.err.message, /has no equivalent in encoding "LATIN1"/);
@@ -71,7 +83,10 @@ test('a LATIN1 target: copied and streamed text converted; an unrepresentable va
   assert.equal(await withTimeout(skip.exited, 30_000, 'skip'), 0, skip.output());
   await publisher.query(`INSERT INTO public.t VALUES (5, 'après', 'fin')`, [], 'src');
   await waitForCatchUp(publisher, 'src', SUB);
-  assert.deepEqual(await rows(target, 'dst'), (await rows(publisher, 'src')).filter((r) => !r.startsWith('4|')));
+  assert.deepEqual(
+    await rows(target, 'dst'),
+    (await rows(publisher, 'src')).filter((r) => !r.startsWith('4|')),
+  );
   p.kill('SIGTERM');
   assert.equal(await p.exited, 0);
 });

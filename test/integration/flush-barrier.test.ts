@@ -37,7 +37,15 @@ after(async () => {
 test('idle after an asynchronous commit: pgsub flushes the target WAL itself, and only then confirms', async () => {
   const config = loadConfig({
     env: {},
-    overrides: { subscription: 'flushb', source: publisher.url('db'), target: target.url('db'), publication: 'pub', copy_data: false, synchronous_commit: 'off', status_interval: 1 },
+    overrides: {
+      subscription: 'flushb',
+      source: publisher.url('db'),
+      target: target.url('db'),
+      publication: 'pub',
+      copy_data: false,
+      synchronous_commit: 'off',
+      status_interval: 1,
+    },
   });
   runner = startRunner(config, createLogger('warn'));
   await waitFor(async () => (await slotConfirmedLsn(publisher, 'flushb')) !== null, { timeoutMs: 30_000, what: 'slot' });
@@ -45,7 +53,11 @@ test('idle after an asynchronous commit: pgsub flushes the target WAL itself, an
     await publisher.query(`INSERT INTO public.t VALUES (${round}, 'r${round}')`, [], 'db');
     const end = await currentWalLsn(publisher, 'db');
     const started = Date.now();
-    await waitFor(async () => ((await slotConfirmedLsn(publisher, 'flushb')) ?? 0n) >= end, { timeoutMs: 5_000, intervalMs: 20, what: `round ${round} confirmed (the walwriter alone would take 10 s)` });
+    await waitFor(async () => ((await slotConfirmedLsn(publisher, 'flushb')) ?? 0n) >= end, {
+      timeoutMs: 5_000,
+      intervalMs: 20,
+      what: `round ${round} confirmed (the walwriter alone would take 10 s)`,
+    });
     const [origin] = await target.query<{ lsn: string }>(`SELECT remote_lsn::text AS lsn FROM pgsub.origin WHERE subscription = 'flushb'`, [], 'db');
     assert.ok(lsnToBigint(origin!.lsn) >= ((await slotConfirmedLsn(publisher, 'flushb')) ?? 0n), 'confirmed never beyond the origin row');
     const [row] = await target.query<{ v: string }>(`SELECT v FROM public.t WHERE id = ${round}`, [], 'db');

@@ -69,7 +69,8 @@ async function backlog(firstId: number, n: number): Promise<void> {
  * statement, e.g. the flush tracker's reads every 50 ms, so it grows with the time a slow
  * machine takes to catch up.) A backend's counts reach the statistics when it exits.
  */
-const targetCommits = async () => Number((await target.query(`SELECT n_tup_upd FROM pg_stat_user_tables WHERE schemaname = 'pgsub' AND relname = 'origin'`, [], 'dst'))[0].n_tup_upd);
+const targetCommits = async () =>
+  Number((await target.query(`SELECT n_tup_upd FROM pg_stat_user_tables WHERE schemaname = 'pgsub' AND relname = 'origin'`, [], 'dst'))[0].n_tup_upd);
 const applied = async (sub: string) => Number((await target.query(`SELECT transactions_applied FROM pgsub.origin WHERE subscription = $1`, [sub], 'dst'))[0].transactions_applied);
 
 async function equal(): Promise<void> {

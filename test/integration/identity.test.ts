@@ -64,10 +64,7 @@ for (const publisherMajor of [18, 14] as const) {
     let runner: Runner;
 
     before(async () => {
-      [publisher, target] = await Promise.all([
-        startCluster({ major: publisherMajor, name: `ident-pub${publisherMajor}` }),
-        startCluster({ major: 18, name: 'ident-tgt18' }),
-      ]);
+      [publisher, target] = await Promise.all([startCluster({ major: publisherMajor, name: `ident-pub${publisherMajor}` }), startCluster({ major: 18, name: 'ident-tgt18' })]);
       await Promise.all([publisher.createDatabase('src'), target.createDatabase('dst')]);
       await publisher.query(SCHEMA + PUBLISHER_ONLY, [], 'src');
       // The target has the same tables, indexes and identities (native requires the target's
@@ -203,7 +200,11 @@ for (const publisherMajor of [18, 14] as const) {
       // Allowed on the publisher because this publication does not publish updates/deletes.
       await publisher.query(`UPDATE idt.nothing_t SET at = -at WHERE at <= 10; DELETE FROM idt.nothing_t WHERE at > 40; INSERT INTO idt.nothing_t VALUES ('after', 0);`, [], 'src');
       await caughtUp();
-      const [t] = await target.query(`SELECT count(*)::int AS n, count(*) FILTER (WHERE at < 0)::int AS neg, count(*) FILTER (WHERE line = 'after')::int AS after FROM idt.nothing_t`, [], 'dst');
+      const [t] = await target.query(
+        `SELECT count(*)::int AS n, count(*) FILTER (WHERE at < 0)::int AS neg, count(*) FILTER (WHERE line = 'after')::int AS after FROM idt.nothing_t`,
+        [],
+        'dst',
+      );
       assert.deepEqual(t, { n: 51, neg: 0, after: 1 });
     });
 
@@ -234,9 +235,22 @@ for (const publisherMajor of [18, 14] as const) {
       await assertSame('idt.toast_def');
       await assertSame('idt.toast_full');
       const after = await target.query(`SELECT id, md5(big) AS h, n, length(big) AS len FROM idt.toast_def ORDER BY id`, [], 'dst');
-      assert.deepEqual(after.slice(0, 4).map((r) => r.h), before.slice(0, 4).map((r) => r.h), 'untouched values kept');
+      assert.deepEqual(
+        after.slice(0, 4).map((r) => r.h),
+        before.slice(0, 4).map((r) => r.h),
+        'untouched values kept',
+      );
       assert.notEqual(after[4].h, before[4].h, 'a changed toasted value replicates');
-      assert.deepEqual(after.map((r) => [r.n, r.len]), [[101, 8192], [102, 8192], [103, 8192], [104, 8192], [105, 8192]]);
+      assert.deepEqual(
+        after.map((r) => [r.n, r.len]),
+        [
+          [101, 8192],
+          [102, 8192],
+          [103, 8192],
+          [104, 8192],
+          [105, 8192],
+        ],
+      );
       const [full] = await target.query(`SELECT length(big) AS len, n FROM idt.toast_full WHERE id = 4`, [], 'dst');
       assert.deepEqual(full, { len: 8196, n: -1 });
     });
@@ -247,13 +261,24 @@ for (const publisherMajor of [18, 14] as const) {
       await target.query(`DELETE FROM idt.missing WHERE id IN (2, 3)`, [], 'dst');
       const updateMissing = runner.counters.updateMissing;
       const deleteMissing = runner.counters.deleteMissing;
-      await publisher.query(`BEGIN; UPDATE idt.missing SET v = 'b2' WHERE id = 2; DELETE FROM idt.missing WHERE id = 3; UPDATE idt.missing SET v = 'a2' WHERE id = 1; INSERT INTO idt.missing VALUES (4, 'd'); COMMIT;`, [], 'src');
+      await publisher.query(
+        `BEGIN; UPDATE idt.missing SET v = 'b2' WHERE id = 2; DELETE FROM idt.missing WHERE id = 3; UPDATE idt.missing SET v = 'a2' WHERE id = 1; INSERT INTO idt.missing VALUES (4, 'd'); COMMIT;`,
+        [],
+        'src',
+      );
       await publisher.query(`INSERT INTO idt.missing VALUES (5, 'e');`, [], 'src');
       await caughtUp();
       assert.equal(runner.counters.updateMissing - updateMissing, 1);
       assert.equal(runner.counters.deleteMissing - deleteMissing, 1);
       const rows = await target.query(`SELECT id, v FROM idt.missing ORDER BY id`, [], 'dst');
-      assert.deepEqual(rows.map((r) => [r.id, r.v]), [[1, 'a2'], [4, 'd'], [5, 'e']]);
+      assert.deepEqual(
+        rows.map((r) => [r.id, r.v]),
+        [
+          [1, 'a2'],
+          [4, 'd'],
+          [5, 'e'],
+        ],
+      );
     });
   });
 }

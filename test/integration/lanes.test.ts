@@ -131,7 +131,9 @@ test('a backlog of 3,000 mixed transactions is applied by four lanes; the target
   assert.ok(counters.dependencyWaits > 0, `dependency waits: ${counters.dependencyWaits}`);
   // Hot rows took every update, in order.
   const [hot] = await target.query(`SELECT sum(n)::bigint AS n FROM public.hot`, [], 'dst');
-  const expected = Array.from({ length: 3000 }, (_, k) => k + 1).filter((i) => i % 40 === 0).reduce((a, b) => a + b, 1);
+  const expected = Array.from({ length: 3000 }, (_, k) => k + 1)
+    .filter((i) => i % 40 === 0)
+    .reduce((a, b) => a + b, 1);
   assert.equal(Number(hot.n), expected);
 });
 
@@ -205,11 +207,15 @@ test('the oldest group waits on a lock a later lane holds (a unique index only t
     // One transaction per group: T1 and T2 go to different lanes.
     start('lanes', { PGSUB_GROUP_TRANSACTIONS: '1', PGSUB_SYNCHRONOUS_COMMIT: 'on' });
     // T2's lane has inserted code 7 while T1's lane waits on this test's lock.
-    await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE 'pgsub_lanes_lane%' AND wait_event_type = 'Lock'`, [], 'dst'))[0].n > 0, {
-      timeoutMs: 30_000,
-      intervalMs: 50,
-      what: 'a lane waiting on the test lock',
-    }).catch((err) => {
+    await waitFor(
+      async () =>
+        (await target.query(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE 'pgsub_lanes_lane%' AND wait_event_type = 'Lock'`, [], 'dst'))[0].n > 0,
+      {
+        timeoutMs: 30_000,
+        intervalMs: 50,
+        what: 'a lane waiting on the test lock',
+      },
+    ).catch((err) => {
       throw new Error(`${err}\n${child!.output().slice(0, 6000)}`);
     });
     // The three other lanes (T2 and two fillers) have written (an xid) and wait for their turn to commit.

@@ -10,18 +10,38 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { compareTables, connect, lsnToBigint, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, waitForCatchUp, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
+import {
+  compareTables,
+  connect,
+  lsnToBigint,
+  pickPort,
+  slotConfirmedLsn,
+  spawnPgsub,
+  startCluster,
+  waitFor,
+  waitForCatchUp,
+  withTimeout,
+  type Cluster,
+  type PgsubProcess,
+} from '../harness/index.js';
 
 let publisher: Cluster;
 let target: Cluster;
 const children: PgsubProcess[] = [];
 
 before(async () => {
-  [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'met-pub', settings: { max_slot_wal_keep_size: '64MB' } }), startCluster({ major: 18, name: 'met-tgt' })]);
+  [publisher, target] = await Promise.all([
+    startCluster({ major: 18, name: 'met-pub', settings: { max_slot_wal_keep_size: '64MB' } }),
+    startCluster({ major: 18, name: 'met-tgt' }),
+  ]);
   await publisher.createDatabase('src');
   await target.createDatabase('dst');
   const schema = `CREATE TABLE public.a (id int PRIMARY KEY, v text); CREATE TABLE public.b (id int PRIMARY KEY, v text);`;
-  await publisher.query(`${schema} CREATE TABLE public.noise (x text); INSERT INTO public.a SELECT g, 'a' FROM generate_series(1, 1000) g; CREATE PUBLICATION pub FOR TABLE public.a, public.b;`, [], 'src');
+  await publisher.query(
+    `${schema} CREATE TABLE public.noise (x text); INSERT INTO public.a SELECT g, 'a' FROM generate_series(1, 1000) g; CREATE PUBLICATION pub FOR TABLE public.a, public.b;`,
+    [],
+    'src',
+  );
   await target.query(schema, [], 'dst');
 });
 
@@ -65,9 +85,10 @@ function parse(body: string): Map<string, number> {
 const originLsn = async (sub: string) => lsnToBigint((await target.query(`SELECT remote_lsn::text AS l FROM pgsub.origin WHERE subscription = $1`, [sub], 'dst'))[0].l);
 
 test('metrics scraped during replication match the databases; healthz and readyz', { timeout: 300_000 }, async () => {
-  const p = start('met', { PGSUB_METRICS_LISTEN: '127.0.0.1:0' });
+  const port = await pickPort();
+  const p = start('met', { PGSUB_METRICS_LISTEN: `127.0.0.1:${port}` });
   const listening = await p.waitForLog('metrics endpoint listening');
-  const port = Number(String(listening.listen).split(':').pop());
+  assert.equal(String(listening.listen), `127.0.0.1:${port}`);
   await p.waitForLog('streaming started', 120_000);
   for (let i = 0; i < 200; i++) await publisher.query(`INSERT INTO public.b VALUES (${i}, 'b')`, [], 'src');
   await waitForCatchUp(publisher, 'src', 'met');
@@ -92,7 +113,10 @@ test('metrics scraped during replication match the databases; healthz and readyz
   assert.equal(m.get('pgsub_confl_insert_exists'), 0);
   assert.equal(m.get('pgsub_slot_wal_status{wal_status="reserved"}'), 1);
   assert.ok((m.get('pgsub_slot_retained_wal_bytes') ?? -1) >= 0);
-  assert.ok([...m.keys()].some((k) => /^pgsub_info\{version="[^"]+",subscription="met",slot="met"\}$/.test(k)), [...m.keys()].join('\n'));
+  assert.ok(
+    [...m.keys()].some((k) => /^pgsub_info\{version="[^"]+",subscription="met",slot="met"\}$/.test(k)),
+    [...m.keys()].join('\n'),
+  );
   const now = Date.now() / 1000;
   assert.ok(Math.abs(now - m.get('pgsub_last_msg_receipt_time')!) < 60);
   assert.equal((await scrape(port, '/healthz')).status, 200);

@@ -98,7 +98,10 @@ function startWorkload(): Workload {
   if (pgbench) {
     const script = path.join(tmp, 'bank.sql');
     fs.writeFileSync(script, SCRIPT);
-    const child: ChildProcess = spawn(pgbench, ['-n', '-C', '-c', '2', '-j', '2', '-T', '300', '-f', script, '-h', source.host, '-p', String(source.port), '-U', 'postgres', DB], { stdio: ['ignore', 'pipe', 'pipe'], env: { PATH: process.env.PATH ?? '' } });
+    const child: ChildProcess = spawn(pgbench, ['-n', '-C', '-c', '2', '-j', '2', '-T', '300', '-f', script, '-h', source.host, '-p', String(source.port), '-U', 'postgres', DB], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { PATH: process.env.PATH ?? '' },
+    });
     let output = '';
     child.stdout!.on('data', (c: Buffer) => (output += c.toString()));
     child.stderr!.on('data', (c: Buffer) => (output += c.toString()));
@@ -157,7 +160,10 @@ const log = createLogger('warn', process.stderr as never);
 const cutoverOptions = { fence: 'read-only' as const, maxLagBytes: 16 * 1024 * 1024, lagTimeoutMs: 60_000, applyTimeoutMs: 30_000, reverse: false, reverseConfigFile: null };
 
 before(async () => {
-  [source, target] = await Promise.all([startCluster({ major: 14, name: 'mig-src14', settings: { max_slot_wal_keep_size: '1GB' } }), startCluster({ major: 18, name: 'mig-tgt18' })]);
+  [source, target] = await Promise.all([
+    startCluster({ major: 14, name: 'mig-src14', settings: { max_slot_wal_keep_size: '1GB' } }),
+    startCluster({ major: 18, name: 'mig-tgt18' }),
+  ]);
   await Promise.all([source.createDatabase(DB), target.createDatabase(DB)]);
   await source.query(SCHEMA, [], DB);
 });
@@ -183,7 +189,11 @@ describe('a migration from PostgreSQL 14 to 18', () => {
     service = spawnPgsub(env());
     children.push(service);
     await service.waitForLog('streaming started', 60_000);
-    await waitFor(async () => (await target.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'mig'`, [], DB))[0]!.ok, { timeoutMs: 60_000, intervalMs: 200, what: 'every table ready' }).catch((err: Error) => {
+    await waitFor(
+      async () =>
+        (await target.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'mig'`, [], DB))[0]!.ok,
+      { timeoutMs: 60_000, intervalMs: 200, what: 'every table ready' },
+    ).catch((err: Error) => {
       throw new Error(`${err.message}; pgsub run:\n${service.output().slice(-3000)}`);
     });
     const post = await cli(['schema', 'copy', '--step', 'post-data']);
@@ -208,7 +218,9 @@ describe('a migration from PostgreSQL 14 to 18', () => {
       runCutover([config()], { ...cutoverOptions, hooks: { beforeWait: () => target.stopServer('fast') } }, () => {}, log),
       (err: unknown) => err instanceof CutoverError && err.code === 'PGSUB_CUTOVER_FAILED' && /fence lifted on database bank/.test(err.message) && err.exitCode === 1,
     );
-    const [setting] = await source.query<{ n: string }>(`SELECT count(*)::text AS n FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = $1`, [DB]);
+    const [setting] = await source.query<{ n: string }>(`SELECT count(*)::text AS n FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase WHERE d.datname = $1`, [
+      DB,
+    ]);
     assert.equal(setting!.n, '0', 'the database setting is as it was');
     await source.query(`INSERT INTO bank.history (account_id, branch_id, delta) VALUES (1, 1, 1)`, [], DB);
     await target.startServer();
@@ -246,7 +258,9 @@ describe('a migration from PostgreSQL 14 to 18', () => {
       (line) => console.log(line),
       log,
     );
-    console.log(`write downtime of the cutover under ${workload.kind}: ${report.write_downtime_ms} ms (fence LSN ${report.fence_lsn}; steps ${report.steps.map((s) => `${s.step} ${s.ms} ms`).join(', ')})`);
+    console.log(
+      `write downtime of the cutover under ${workload.kind}: ${report.write_downtime_ms} ms (fence LSN ${report.fence_lsn}; steps ${report.steps.map((s) => `${s.step} ${s.ms} ms`).join(', ')})`,
+    );
     const seen = await workload.stop();
     // The workload's writes after the fence are rejected; so is any new session's.
     assert.match(seen.output, /read-only transaction|terminating connection due to administrator command/, seen.output.slice(-2000));
@@ -258,9 +272,16 @@ describe('a migration from PostgreSQL 14 to 18', () => {
     assert.ok(cmp.equal, JSON.stringify(cmp));
     assert.ok(report.tables.every((t) => t.equal) && report.tables.length === 3);
     // Every sequence ahead of its last used value, the one moved during the fence too.
-    for (const [seq, column, table] of [['bank.history_id_seq', 'id', 'bank.history'], ['bank.accounts_id_seq', 'id', 'bank.accounts']] as const) {
+    for (const [seq, column, table] of [
+      ['bank.history_id_seq', 'id', 'bank.history'],
+      ['bank.accounts_id_seq', 'id', 'bank.accounts'],
+    ] as const) {
       const [s] = await source.query<{ last: string }>(`SELECT last_value::text AS last FROM ${seq}`, [], DB);
-      const [t] = await target.query<{ next: string; max: string }>(`SELECT (SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM ${seq})::text AS next, (SELECT max(${column}) FROM ${table})::text AS max`, [], DB);
+      const [t] = await target.query<{ next: string; max: string }>(
+        `SELECT (SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM ${seq})::text AS next, (SELECT max(${column}) FROM ${table})::text AS max`,
+        [],
+        DB,
+      );
       assert.ok(BigInt(t!.next) > BigInt(s!.last) && BigInt(t!.next) > BigInt(t!.max), `${seq}: target next ${t!.next}, source last ${s!.last}`);
     }
     assert.ok(movedTo > 0n);
@@ -275,7 +296,11 @@ describe('a migration from PostgreSQL 14 to 18', () => {
     await reverse.waitForLog('streaming started', 60_000);
     const [row] = await target.query<{ id: string }>(`INSERT INTO bank.history (account_id, branch_id, delta) VALUES (7, 2, 42) RETURNING id::text`, [], DB);
     await target.query(`UPDATE bank.accounts SET balance = balance + 42 WHERE id = 7`, [], DB);
-    await waitFor(async () => (await source.query(`SELECT 1 FROM bank.history WHERE id = $1 AND delta = 42`, [row!.id], DB)).length === 1, { timeoutMs: 30_000, intervalMs: 100, what: 'the write on the new primary on the old one' });
+    await waitFor(async () => (await source.query(`SELECT 1 FROM bank.history WHERE id = $1 AND delta = 42`, [row!.id], DB)).length === 1, {
+      timeoutMs: 30_000,
+      intervalMs: 100,
+      what: 'the write on the new primary on the old one',
+    });
     assert.ok(BigInt(row!.id) > movedTo, 'the new primary hands out ids the old one never used');
     await waitFor(async () => (await compareTables(source, DB, target, DB, TABLES)).equal, { timeoutMs: 30_000, intervalMs: 200, what: 'the old primary equal to the new one' });
     reverse.kill('SIGTERM');

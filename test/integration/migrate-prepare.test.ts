@@ -45,10 +45,16 @@ async function cli(env: Record<string, string>, args: string[]): Promise<Result>
 
 /** The same commands in-process (the CLI adds only printing and exit codes, checked above on a few). */
 const configOf = (env: Record<string, string>) => loadConfig({ env: { PGSUB_SUBSCRIPTION: 'mig', ...env } });
-const copy = (env: Record<string, string>, step: 'tables' | 'post-data' = 'tables', pgDump: string | null = null) => copySchema(configOf(env), { step, force: false, print: false, pgDump });
+const copy = (env: Record<string, string>, step: 'tables' | 'post-data' = 'tables', pgDump: string | null = null) =>
+  copySchema(configOf(env), { step, force: false, print: false, pgDump });
 const diff = (env: Record<string, string>) => diffSchema(configOf(env));
 
-const pair = (source: string, target: string, publication = 'pub', extra: Record<string, string> = {}) => ({ PGSUB_SOURCE: source, PGSUB_TARGET: target, PGSUB_PUBLICATION: publication, ...extra });
+const pair = (source: string, target: string, publication = 'pub', extra: Record<string, string> = {}) => ({
+  PGSUB_SOURCE: source,
+  PGSUB_TARGET: target,
+  PGSUB_PUBLICATION: publication,
+  ...extra,
+});
 
 const SHOP = `
   CREATE SCHEMA shop;
@@ -73,7 +79,14 @@ before(async () => {
     startCluster({ major: 14, name: 'mig-broken', settings: { wal_level: 'replica', max_replication_slots: 1, max_wal_senders: 1, wal_sender_timeout: 0 } }),
     startCluster({ major: 18, name: 'mig-pg18', settings: { max_prepared_transactions: 0 } }),
   ]);
-  await Promise.all([pg14.createDatabase('shop'), pg12.createDatabase('inv'), broken.createDatabase('broken'), pg18.createDatabase('shop'), pg18.createDatabase('inv'), pg18.createDatabase('pub18')]);
+  await Promise.all([
+    pg14.createDatabase('shop'),
+    pg12.createDatabase('inv'),
+    broken.createDatabase('broken'),
+    pg18.createDatabase('shop'),
+    pg18.createDatabase('inv'),
+    pg18.createDatabase('pub18'),
+  ]);
   await pg14.query(SHOP, [], 'shop');
   await pg12.query(
     `CREATE SCHEMA inv;
@@ -95,16 +108,30 @@ describe('pgsub schema copy and diff', () => {
     const copied = await cli(env, ['schema', 'copy']);
     assert.equal(copied.code, 0, copied.stderr + copied.stdout);
     assert.match(copied.stdout, /pg_dump 1\d\.\d+ \(\S+\) for a PostgreSQL 14\.\d+ source/);
-    const tables = await pg18.query<{ t: string }>(`SELECT c.relname::text AS t FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'shop' AND c.relkind IN ('r', 'p') ORDER BY 1`, [], 'shop');
-    assert.deepEqual(tables.map((r) => r.t), ['customers', 'events', 'events_2024', 'orders'], 'the partition comes with its parent');
+    const tables = await pg18.query<{ t: string }>(
+      `SELECT c.relname::text AS t FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'shop' AND c.relkind IN ('r', 'p') ORDER BY 1`,
+      [],
+      'shop',
+    );
+    assert.deepEqual(
+      tables.map((r) => r.t),
+      ['customers', 'events', 'events_2024', 'orders'],
+      'the partition comes with its parent',
+    );
     const [comment] = await pg18.query<{ c: string }>(`SELECT obj_description('shop.customers'::regclass) AS c`, [], 'shop');
     assert.equal(comment!.c, 'people who buy');
     // Indexes and keys are there (defer_indexes drops and rebuilds them around the copy); the foreign key waits.
     const d = await diff(env);
-    assert.deepEqual(d.items.filter((i) => i.status !== 'same').map((i) => `${i.name} ${i.status}`), ['orders_customer_id_fkey source_only']);
+    assert.deepEqual(
+      d.items.filter((i) => i.status !== 'same').map((i) => `${i.name} ${i.status}`),
+      ['orders_customer_id_fkey source_only'],
+    );
     assert.ok(d.items.some((i) => i.name === 'orders_customer' && i.status === 'same'));
     const post = await copy(env, 'post-data');
-    assert.deepEqual(post.applied.map((e) => e.name), ['orders orders_customer_id_fkey']);
+    assert.deepEqual(
+      post.applied.map((e) => e.name),
+      ['orders orders_customer_id_fkey'],
+    );
     const afterDiff = await cli(env, ['schema', 'diff']);
     assert.equal(afterDiff.code, 0, afterDiff.stdout);
     assert.match(afterDiff.stdout, /no differences/);
@@ -127,7 +154,10 @@ describe('pgsub schema copy and diff', () => {
     const r = await cli(pair(pg18.url('pub18'), pg18.url('inv')), ['schema', 'copy']);
     assert.equal(r.code, 2);
     assert.match(r.stderr, /PGSUB_PG_DUMP: pg_dump 1[0-7]\.\d+ \(\S+\) is older than the source server, PostgreSQL 18\.\d+: .*Use the pg_dump of PostgreSQL 18 or later/);
-    await assert.rejects(copy(pair(pg14.url('shop'), pg18.url('inv')), 'tables', '/nonexistent/pg_dump'), (err: unknown) => err instanceof PgDumpError && err.exitCode === 2 && /cannot be run \(ENOENT\)/.test(err.message));
+    await assert.rejects(
+      copy(pair(pg14.url('shop'), pg18.url('inv')), 'tables', '/nonexistent/pg_dump'),
+      (err: unknown) => err instanceof PgDumpError && err.exitCode === 2 && /cannot be run \(ENOENT\)/.test(err.message),
+    );
   });
 });
 
@@ -137,8 +167,14 @@ describe('pgsub preflight', () => {
     assert.equal(r.code, 0, r.stdout + r.stderr);
     const report = JSON.parse(r.stdout) as PreflightReport;
     assert.equal(report.ready, true);
-    assert.deepEqual(report.findings.filter((f) => f.severity !== 'info').map((f) => `${f.code}: ${f.message}`), []);
-    assert.ok(report.findings.some((f) => f.code === 'SOURCE_SEQUENCES'), 'the sequences it will sync are named');
+    assert.deepEqual(
+      report.findings.filter((f) => f.severity !== 'info').map((f) => `${f.code}: ${f.message}`),
+      [],
+    );
+    assert.ok(
+      report.findings.some((f) => f.code === 'SOURCE_SEQUENCES'),
+      'the sequences it will sync are named',
+    );
     assert.equal(report.estimate!.tables, 3);
     assert.equal(report.estimate!.rows, 50);
     const text = renderPreflight(report);

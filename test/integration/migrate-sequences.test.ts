@@ -33,7 +33,18 @@ const SCHEMA = `
 `;
 
 function configFor(source: Cluster, target: Cluster, db: string, extra: Record<string, unknown> = {}): Config {
-  return loadConfig({ env: {}, overrides: { subscription: `seq_${db}`, source: source.url(db), target: target.url(`${db}_t`), publication: 'pub', sequence_margin: 100, sequence_names: ['app.free_standing'], ...extra } });
+  return loadConfig({
+    env: {},
+    overrides: {
+      subscription: `seq_${db}`,
+      source: source.url(db),
+      target: target.url(`${db}_t`),
+      publication: 'pub',
+      sequence_margin: 100,
+      sequence_names: ['app.free_standing'],
+      ...extra,
+    },
+  });
 }
 
 async function setUp(source: Cluster, db: string): Promise<void> {
@@ -77,7 +88,11 @@ async function sync(config: Config) {
 }
 
 before(async () => {
-  [pg10, pg14, pg18] = await Promise.all([startCluster({ major: 10, name: 'seq-pg10' }), startCluster({ major: 14, name: 'seq-pg14' }), startCluster({ major: 18, name: 'seq-pg18' })]);
+  [pg10, pg14, pg18] = await Promise.all([
+    startCluster({ major: 10, name: 'seq-pg10' }),
+    startCluster({ major: 14, name: 'seq-pg14' }),
+    startCluster({ major: 18, name: 'seq-pg18' }),
+  ]);
 });
 
 after(async () => {
@@ -116,7 +131,10 @@ describe('sequence sync', () => {
       await source.query(`INSERT INTO app.users (name) SELECT 'v' FROM generate_series(1, 20) g; INSERT INTO app.orders DEFAULT VALUES;`, [], db);
       await pg18.query(`SELECT setval('app.notes_id_seq', 100000)`, [], `${db}_t`);
       const second = await sync(config);
-      const moved = second.filter((s) => s.moved).map((s) => s.sequence).sort();
+      const moved = second
+        .filter((s) => s.moved)
+        .map((s) => s.sequence)
+        .sort();
       assert.deepEqual(moved, ['app.countdown', 'app.orders_id_seq', 'app.ticket_no', 'app.users_id_seq']);
       const now = await targetNext(config);
       assert.equal(now['app.users_id_seq'], String(51 + 100));
@@ -142,14 +160,25 @@ describe('sequence sync', () => {
     await p.waitForLog('streaming started', 60_000);
     await pg10.query(`INSERT INTO app.users (name) SELECT 'w' FROM generate_series(1, 5000) g`, [], db);
     const statusOf = async () => {
-      const s = spawnPgsub({ PGSUB_SOURCE: pg10.url(db), PGSUB_TARGET: pg18.url(`${db}_t`), PGSUB_PUBLICATION: 'pub', PGSUB_SUBSCRIPTION: 'seq_run', PGSUB_SEQUENCE_NAMES: 'app.free_standing' }, ['status', '--json']);
+      const s = spawnPgsub(
+        { PGSUB_SOURCE: pg10.url(db), PGSUB_TARGET: pg18.url(`${db}_t`), PGSUB_PUBLICATION: 'pub', PGSUB_SUBSCRIPTION: 'seq_run', PGSUB_SEQUENCE_NAMES: 'app.free_standing' },
+        ['status', '--json'],
+      );
       await withTimeout(s.exited, 30_000, 'pgsub status');
       return JSON.parse(s.output()) as { sequences: { sequence: string; source_last_value: string; target_next_value: string; synced: boolean; ahead_by: number }[] };
     };
-    await waitFor(async () => (await statusOf()).sequences.find((q) => q.sequence === 'app.users_id_seq')?.source_last_value === '5050' && (await targetNext(configFor(pg10, pg18, db)))['app.users_id_seq'] === '5056', { timeoutMs: 30_000, intervalMs: 500, what: 'the periodic sync to follow 5000 inserts' });
+    await waitFor(
+      async () =>
+        (await statusOf()).sequences.find((q) => q.sequence === 'app.users_id_seq')?.source_last_value === '5050' &&
+        (await targetNext(configFor(pg10, pg18, db)))['app.users_id_seq'] === '5056',
+      { timeoutMs: 30_000, intervalMs: 500, what: 'the periodic sync to follow 5000 inserts' },
+    );
     const status = await statusOf();
     assert.equal(status.sequences.length, 6);
-    assert.ok(status.sequences.every((q) => q.synced), JSON.stringify(status.sequences));
+    assert.ok(
+      status.sequences.every((q) => q.synced),
+      JSON.stringify(status.sequences),
+    );
     assert.equal(status.sequences.find((q) => q.sequence === 'app.users_id_seq')!.ahead_by, 5);
     p.kill('SIGTERM');
     assert.equal(await withTimeout(p.exited, 30_000, 'pgsub to stop'), 0);

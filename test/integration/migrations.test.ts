@@ -28,7 +28,9 @@ after(async () => {
 const info = () => parseConninfo(target.url('dst'), 'target');
 const applied = async () => (await target.query<{ n: string }>('SELECT count(*)::text AS n FROM pgsub.schema_migrations', [], 'dst'))[0]!.n;
 /** How many migrations there are, and the table the newest one creates. */
-const MIGRATIONS = String((JSON.parse(fs.readFileSync(path.join(import.meta.dirname, '..', '..', 'migrations', 'meta', '_journal.json'), 'utf8')) as { entries: unknown[] }).entries.length);
+const MIGRATIONS = String(
+  (JSON.parse(fs.readFileSync(path.join(import.meta.dirname, '..', '..', 'migrations', 'meta', '_journal.json'), 'utf8')) as { entries: unknown[] }).entries.length,
+);
 const BEHIND = String(Number(MIGRATIONS) - 1);
 const hasNewestTable = async () => (await target.query<{ t: string | null }>(`SELECT to_regclass('pgsub.runner')::text AS t`, [], 'dst'))[0]!.t !== null;
 

@@ -23,7 +23,17 @@ const runners: Runner[] = [];
 function subscribe(name: string, from: Cluster, to: Cluster, publication: string, extra: Record<string, unknown> = {}): Runner {
   const config = loadConfig({
     env: {},
-    overrides: { subscription: name, source: from.url('db'), target: to.url('db'), publication, copy_data: false, status_interval: 1, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
+    overrides: {
+      subscription: name,
+      source: from.url('db'),
+      target: to.url('db'),
+      publication,
+      copy_data: false,
+      status_interval: 1,
+      retry_min_delay: 0.2,
+      retry_max_delay: 1,
+      ...extra,
+    },
   });
   const runner = startRunner(config, createLogger('warn'));
   runners.push(runner);
@@ -73,12 +83,16 @@ test('bidirectional A ⇄ B with origin none: each row once on both sides, no lo
   assert.equal(ab.counters.transactionsApplied, 2);
   assert.equal(ba.counters.transactionsApplied, 1);
   // The target's own origin bookkeeping shows the remote commit LSN, as for a native subscription.
-  const [status] = await b.query(`SELECT remote_lsn::text AS lsn FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'pgsub_a_to_b'`, [], 'db');
+  const [status] = await b.query(
+    `SELECT remote_lsn::text AS lsn FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = 'pgsub_a_to_b'`,
+    [],
+    'db',
+  );
   const [own] = await b.query(`SELECT last_commit_end_lsn::text AS lsn FROM pgsub.origin WHERE subscription = 'a_to_b'`, [], 'db');
   assert.equal(status.lsn, own.lsn);
 });
 
-test('cascade B → C: origin any forwards rows B received from A, origin none only B\'s own', async () => {
+test("cascade B → C: origin any forwards rows B received from A, origin none only B's own", async () => {
   subscribe('b_to_c_any', b, c, 'pub', { origin: 'any' });
   await waitFor(async () => (await slotConfirmedLsn(b, 'b_to_c_any')) !== null, { timeoutMs: 30_000, what: 'slot b_to_c_any' });
   await a.query(`INSERT INTO public.notes VALUES (3, 'from a, cascaded', 'a')`, [], 'db');

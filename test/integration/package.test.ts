@@ -61,7 +61,14 @@ test('npm pack, npm install -g into an empty prefix: the installed pgsub runs fr
   assert.equal(version.stdout.trim(), JSON.parse(fs.readFileSync(path.join(REPO, 'package.json'), 'utf8')).version);
 
   const child = spawn(bin, ['run'], {
-    env: { ...env, PGSUB_SOURCE: publisher.url('src'), PGSUB_TARGET: target.url('dst'), PGSUB_PUBLICATION: 'pub', PGSUB_SUBSCRIPTION: 'packed', PGSUB_STATE_DIR: path.join(work, 'state') },
+    env: {
+      ...env,
+      PGSUB_SOURCE: publisher.url('src'),
+      PGSUB_TARGET: target.url('dst'),
+      PGSUB_PUBLICATION: 'pub',
+      PGSUB_SUBSCRIPTION: 'packed',
+      PGSUB_STATE_DIR: path.join(work, 'state'),
+    },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let output = '';
@@ -69,7 +76,9 @@ test('npm pack, npm install -g into an empty prefix: the installed pgsub runs fr
   child.stderr.on('data', (b: Buffer) => (output += b));
   const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
   try {
-    await waitFor(async () => output.includes('"msg":"streaming started"'), { timeoutMs: 120_000, what: 'the installed pgsub streaming' }).catch((err) => assert.fail(`${err}\n${output.slice(-3000)}`));
+    await waitFor(async () => output.includes('"msg":"streaming started"'), { timeoutMs: 120_000, what: 'the installed pgsub streaming' }).catch((err) =>
+      assert.fail(`${err}\n${output.slice(-3000)}`),
+    );
     await publisher.query(`INSERT INTO public.items VALUES (1001, 'streamed')`, [], 'src');
     await waitForCatchUp(publisher, 'src', 'packed', 120_000).catch((err) => assert.fail(`${err}\n${output.slice(-3000)}`));
     const cmp = await compareTables(publisher, 'src', target, 'dst', ['public.items']);

@@ -86,7 +86,10 @@ async function parallelHoldsItems(): Promise<boolean> {
 }
 
 function logCount(msg: string): number {
-  return child!.output().split('\n').filter((l) => l.includes(`"msg":"${msg}"`)).length;
+  return child!
+    .output()
+    .split('\n')
+    .filter((l) => l.includes(`"msg":"${msg}"`)).length;
 }
 
 async function withSource<T>(fn: (c: pg.Client) => Promise<T>): Promise<T> {
@@ -130,7 +133,11 @@ test('applied while the source transaction is open; savepoints, rollback to save
   assert.equal(logCount('parallel apply fell back to the spool'), 0, child!.output().slice(-3000));
   assert.ok(logCount('parallel transaction finished') >= 1);
   // The commit was stamped with the replication origin, as the leader's commits are.
-  const [origin] = await target.query(`SELECT remote_lsn::text AS lsn FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = $1`, [`pgsub_${SUB}`], 'dst');
+  const [origin] = await target.query(
+    `SELECT remote_lsn::text AS lsn FROM pg_replication_origin_status s JOIN pg_replication_origin o ON o.roident = s.local_id WHERE o.roname = $1`,
+    [`pgsub_${SUB}`],
+    'dst',
+  );
   // (remote_lsn of pgsub.origin may be a later idle position; the last commit is what the origin stamps.)
   const [recorded] = await target.query(`SELECT last_commit_end_lsn::text AS lsn FROM pgsub.origin WHERE subscription = $1`, [SUB], 'dst');
   assert.ok(origin?.lsn, 'replication origin has progress');
@@ -272,7 +279,11 @@ test('a batch of updates missing a row in the parallel transaction: it falls bac
   // The eager transaction saw the batch's affected-row count fall short (no check inside
   // the statement there). The careful replay's session streams the transaction again and
   // applies it eagerly again, so it falls back once more before the spool resolves it.
-  const fellBack = child!.output().split('\n').filter((l) => l.includes('"msg":"parallel apply fell back to the spool"')).slice(fallbacks);
+  const fellBack = child!
+    .output()
+    .split('\n')
+    .filter((l) => l.includes('"msg":"parallel apply fell back to the spool"'))
+    .slice(fallbacks);
   assert.ok(fellBack.length >= 1);
   for (const l of fellBack) assert.match(l, /update_missing: 1 of \d+ rows to update in \\"app\.items\\" not found/);
   const [n] = await target.query(`SELECT count(*)::int AS n FROM app.items WHERE v = 'prepared' AND n = 4`, [], 'dst');

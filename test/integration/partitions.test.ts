@@ -125,7 +125,15 @@ test('inserts, updates, moves between partitions, deletes; FULL identity with du
   await caughtUp();
   await assertTargetsEqualSource();
   const parts = await target.query(`SELECT k, tableoid::regclass::text AS part, ctid::text AS ctid FROM pt.f WHERE k IN (2, 3) ORDER BY k, ctid`, [], 'dst_a');
-  assert.deepEqual(parts.map((r) => [r.k, r.part, r.ctid]), [[2, 'pt.f_h0', '(0,1)'], [2, 'pt.f_h0', '(0,2)'], [3, 'pt.f_h1', '(0,1)']], 'same ctid in two partitions');
+  assert.deepEqual(
+    parts.map((r) => [r.k, r.part, r.ctid]),
+    [
+      [2, 'pt.f_h0', '(0,1)'],
+      [2, 'pt.f_h0', '(0,2)'],
+      [3, 'pt.f_h1', '(0,1)'],
+    ],
+    'same ctid in two partitions',
+  );
   // A ctid names a row only within one partition: `ctid = (SELECT ctid …)` on a partitioned
   // table would hit a row in every partition, so one of the two identical rows is (tableoid, ctid).
   await publisher.query(
@@ -147,7 +155,15 @@ test('inserts, updates, moves between partitions, deletes; FULL identity with du
   // (a): (3, dup) and (2, dup) are the first rows of their hash partitions; deleting the one
   // must not delete the other through an equal ctid.
   const a = await target.query(`SELECT k, note, tableoid::regclass::text AS part FROM pt.f ORDER BY k, note`, [], 'dst_a');
-  assert.deepEqual(a.map((r) => [r.k, r.note]), [[1, null], [2, 'dup'], [2, 'one of two'], [5, 'x']]);
+  assert.deepEqual(
+    a.map((r) => [r.k, r.note]),
+    [
+      [1, null],
+      [2, 'dup'],
+      [2, 'one of two'],
+      [5, 'x'],
+    ],
+  );
   // (b): the inheritance child is untouched.
   const [local] = await target.query(`SELECT count(*)::int AS m, (SELECT count(*)::int FROM pt.f_local) AS f FROM pt.m_local WHERE v = 'local'`, [], 'dst_b');
   assert.deepEqual(local, { m: 40, f: 2 });

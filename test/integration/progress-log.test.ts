@@ -86,7 +86,12 @@ test('progress lines while a workload streams; stopped counts the initial copy',
     assert.ok((l.tx_per_second as number) >= 0 && (l.tx_per_second as number) < 100_000, `rate ${l.tx_per_second}`);
     // Known while a session streams; unknown without one (between sessions, or while the
     // initial copy runs before the first), which the state then says.
-    const detail = `${JSON.stringify(l)}\n${p.output().split('\n').filter((x) => !x.includes('"progress"')).join('\n').slice(-3000)}`;
+    const detail = `${JSON.stringify(l)}\n${p
+      .output()
+      .split('\n')
+      .filter((x) => !x.includes('"progress"'))
+      .join('\n')
+      .slice(-3000)}`;
     if (l.lag_bytes === null) assert.ok(l.state === 'retrying' || l.state === 'copying', detail);
     else assert.equal(typeof l.lag_bytes, 'number', detail);
     if (l.lag_bytes !== null) assert.ok((l.lag_bytes as number) >= 0 && (l.lag_bytes as number) < 64 * 1024 * 1024, `lag_bytes ${l.lag_bytes}`);
@@ -99,7 +104,10 @@ test('progress lines while a workload streams; stopped counts the initial copy',
   // timer ticks, so allow their jitter).
   const rated = lines.reduce((sum, l) => sum + (l.tx_per_second as number) * (INTERVAL_MS / 1000), 0);
   assert.ok(Math.abs(rated - TRANSACTIONS) <= TRANSACTIONS * 0.25, `rates add up to ${rated.toFixed(0)}, applied ${TRANSACTIONS}`);
-  assert.ok(lines.some((l) => (l.tx_per_second as number) > 0), 'a line saw transactions applied');
+  assert.ok(
+    lines.some((l) => (l.tx_per_second as number) > 0),
+    'a line saw transactions applied',
+  );
   assert.equal(lines.at(-1)!.transactions_applied, TRANSACTIONS);
   const last = lines.at(-1)!;
   assert.equal(last.state, 'streaming');

@@ -87,7 +87,10 @@ describe('publisher shut down cleanly', () => {
       assert.ok(!seen.some((l) => l.err?.code === 'PGSUB_PROTOCOL_UNKNOWN_MESSAGE'), 'CommandComplete was taken for a protocol violation');
       assert.ok(!seen.some((l) => l.level >= 60), `a fatal log line: ${JSON.stringify(seen.filter((l) => l.level >= 60))}`);
       // The end of the stream is reported as what it is.
-      assert.ok(seen.some((l) => /walsender stopped/.test(l.err?.message ?? '')), JSON.stringify(seen.map((l) => l.err?.message ?? l.msg)));
+      assert.ok(
+        seen.some((l) => /walsender stopped/.test(l.err?.message ?? '')),
+        JSON.stringify(seen.map((l) => l.err?.message ?? l.msg)),
+      );
     });
   }
 });

@@ -25,7 +25,12 @@ let publisher: Cluster;
 let target: Cluster;
 const proxies: Proxy[] = [];
 let runner: Runner | null = null;
-interface LogLine { level: number; time: number; msg: string; err?: { code?: string; message?: string } }
+interface LogLine {
+  level: number;
+  time: number;
+  msg: string;
+  err?: { code?: string; message?: string };
+}
 let logs: LogLine[] = [];
 
 before(async () => {
@@ -118,7 +123,14 @@ describe('transient failures heal by themselves', () => {
     await target.query(SCHEMA, [], 'rec_sigterm');
     // The target is down from the start, and the wait between attempts long: the signal must not wait for it.
     await target.stopServer('fast');
-    const p = spawnPgsub({ PGSUB_SOURCE: publisher.url('src'), PGSUB_TARGET: target.url('rec_sigterm'), PGSUB_PUBLICATION: 'pub', PGSUB_SUBSCRIPTION: 'rec_sigterm', PGSUB_RETRY_MIN_DELAY: '30', PGSUB_RETRY_MAX_DELAY: '60' });
+    const p = spawnPgsub({
+      PGSUB_SOURCE: publisher.url('src'),
+      PGSUB_TARGET: target.url('rec_sigterm'),
+      PGSUB_PUBLICATION: 'pub',
+      PGSUB_SUBSCRIPTION: 'rec_sigterm',
+      PGSUB_RETRY_MIN_DELAY: '30',
+      PGSUB_RETRY_MAX_DELAY: '60',
+    });
     try {
       await p.waitForLog('apply failed; retrying', 30_000);
       await new Promise((r) => setTimeout(r, 500));
@@ -158,7 +170,13 @@ describe('transient failures heal by themselves', () => {
     proxy.blackhole();
     // A walsender other than the silenced one streams from the slot again.
     await waitFor(
-      async () => (await publisher.query(`SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = 'rec_pubhole' AND r.pid <> $1 AND r.state = 'streaming'`, [oldPid])).length === 1,
+      async () =>
+        (
+          await publisher.query(
+            `SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = 'rec_pubhole' AND r.pid <> $1 AND r.state = 'streaming'`,
+            [oldPid],
+          )
+        ).length === 1,
       { timeoutMs: 60_000, intervalMs: 100, what: 'a new walsender streaming from the slot' },
     );
     const reconnectMs = Date.now() - silencedAt;
@@ -174,13 +192,22 @@ describe('transient failures heal by themselves', () => {
     const proxy = await startProxy(target.port);
     proxies.push(proxy);
     const timeoutS = 3;
-    await start('rec_tgthole', { target: `postgres://postgres@127.0.0.1:${proxy.port}/rec_tgthole?connect_timeout=2`, target_timeout: timeoutS, retry_min_delay: 0.5, retry_max_delay: 2 });
+    await start('rec_tgthole', {
+      target: `postgres://postgres@127.0.0.1:${proxy.port}/rec_tgthole?connect_timeout=2`,
+      target_timeout: timeoutS,
+      retry_min_delay: 0.5,
+      retry_max_delay: 2,
+    });
     await roundTrip('rec_tgthole');
     const w = writer();
     await new Promise((r) => setTimeout(r, 300));
     const silencedAt = Date.now();
     proxy.blackhole({ newConnections: true });
-    await waitFor(() => logs.some((l) => l.time >= silencedAt && l.msg === 'apply failed; retrying'), { timeoutMs: 30_000, intervalMs: 50, what: 'pgsub to notice the silent target' });
+    await waitFor(() => logs.some((l) => l.time >= silencedAt && l.msg === 'apply failed; retrying'), {
+      timeoutMs: 30_000,
+      intervalMs: 50,
+      what: 'pgsub to notice the silent target',
+    });
     const noticed = logs.find((l) => l.time >= silencedAt && l.msg === 'apply failed; retrying')!;
     const noticedMs = noticed.time - silencedAt;
     console.log(`silent target noticed after ${noticedMs} ms: ${noticed.err?.message}`);

@@ -103,7 +103,10 @@ for (const [publisherMajor, targetMajor] of [
       const [note] = await target.query(`SELECT count(*)::int AS n FROM app.items WHERE note = 'from default'`, [], 'dst');
       assert.equal(note.n, s.rows, 'the extra target column takes its default');
       const moved = await target.query(`SELECT id FROM app.items WHERE id > 10000 AND id < 10011 ORDER BY id`, [], 'dst');
-      assert.deepEqual(moved.map((r) => Number(r.id)), [10001, 10002, 10003, 10004, 10005, 10006, 10007, 10008, 10009]);
+      assert.deepEqual(
+        moved.map((r) => Number(r.id)),
+        [10001, 10002, 10003, 10004, 10005, 10006, 10007, 10008, 10009],
+      );
     });
 
     test('replica session: ordinary triggers and FKs do not fire, ENABLE ALWAYS triggers do', async () => {
@@ -117,11 +120,23 @@ for (const [publisherMajor, targetMajor] of [
       await caughtUp();
       // app.parent is not published: the target's FK would reject these rows outside replica mode.
       const children = await target.query(`SELECT id, parent_id FROM app.child ORDER BY id`, [], 'dst');
-      assert.deepEqual(children.map((r) => [r.id, r.parent_id]), [[10, 1], [20, 2]]);
+      assert.deepEqual(
+        children.map((r) => [r.id, r.parent_id]),
+        [
+          [10, 1],
+          [20, 2],
+        ],
+      );
       const [audit] = await target.query(`SELECT count(*)::int AS n FROM app.audit`, [], 'dst');
       assert.equal(audit.n, 0, 'ordinary trigger must not fire on applied rows');
       const events = await target.query(`SELECT kind, stamped FROM app.events ORDER BY id`, [], 'dst');
-      assert.deepEqual(events.map((r) => [r.kind, r.stamped]), [['signup', 'stamped by trigger'], ['login', 'stamped by trigger']]);
+      assert.deepEqual(
+        events.map((r) => [r.kind, r.stamped]),
+        [
+          ['signup', 'stamped by trigger'],
+          ['login', 'stamped by trigger'],
+        ],
+      );
     });
 
     test('quoted, dotted and unicode identifiers', async () => {
@@ -133,7 +148,13 @@ for (const [publisherMajor, targetMajor] of [
       );
       await caughtUp();
       const rows = await target.query(`SELECT "Key", "ñame ü", "select" FROM "Odd ""Schema"""."tbl.with dots" ORDER BY 1`, [], 'dst');
-      assert.deepEqual(rows.map((r) => [r.Key, r['ñame ü'], r.select]), [[1, 'ü', "x'); DROP TABLE app.items; --"], [2, 'ñ', '"quoted"']]);
+      assert.deepEqual(
+        rows.map((r) => [r.Key, r['ñame ü'], r.select]),
+        [
+          [1, 'ü', "x'); DROP TABLE app.items; --"],
+          [2, 'ñ', '"quoted"'],
+        ],
+      );
     });
 
     test('truncate of several tables in one statement, then more changes; target equals source', async () => {
@@ -159,13 +180,21 @@ for (const [publisherMajor, targetMajor] of [
         CREATE TABLE app.t_serial (id bigserial PRIMARY KEY, v text);`;
       await target.query(`${ddl} SELECT nextval('app.t_serial_id_seq') FROM generate_series(1, 5);`, [], 'dst');
       await publisher.query(`${ddl} ALTER PUBLICATION pub ADD TABLE app.t_parent, app.t_child, app.t_serial;`, [], 'src');
-      await publisher.query(`INSERT INTO app.t_parent VALUES (1), (2); INSERT INTO app.t_child VALUES (1, 1), (2, 2); INSERT INTO app.t_serial (v) VALUES ('a'), ('b');`, [], 'src');
+      await publisher.query(
+        `INSERT INTO app.t_parent VALUES (1), (2); INSERT INTO app.t_child VALUES (1, 1), (2, 2); INSERT INTO app.t_serial (v) VALUES ('a'), ('b');`,
+        [],
+        'src',
+      );
       await caughtUp();
       const [beforeCount] = await target.query(`SELECT (SELECT count(*) FROM app.t_child)::int AS n`, [], 'dst');
       assert.equal(beforeCount.n, 2);
       await publisher.query(`TRUNCATE app.t_parent CASCADE; TRUNCATE app.t_serial RESTART IDENTITY;`, [], 'src');
       await caughtUp();
-      const [counts] = await target.query(`SELECT (SELECT count(*) FROM app.t_parent)::int AS p, (SELECT count(*) FROM app.t_child)::int AS c, (SELECT count(*) FROM app.t_serial)::int AS s`, [], 'dst');
+      const [counts] = await target.query(
+        `SELECT (SELECT count(*) FROM app.t_parent)::int AS p, (SELECT count(*) FROM app.t_child)::int AS c, (SELECT count(*) FROM app.t_serial)::int AS s`,
+        [],
+        'dst',
+      );
       assert.deepEqual(counts, { p: 0, c: 0, s: 0 });
       const [seq] = await target.query(`SELECT last_value::int AS v, is_called FROM app.t_serial_id_seq`, [], 'dst');
       assert.deepEqual(seq, { v: 1, is_called: false }, 'RESTART IDENTITY reset the target sequence');
@@ -176,19 +205,19 @@ for (const [publisherMajor, targetMajor] of [
       assert.equal(Buffer.byteLength(longName), 63);
       const evil = `"; DROP TABLE app.items; --`;
       const q = (name: string) => `"${name.replace(/"/g, '""')}"`;
-      const ddl = `CREATE TABLE app.${q(longName)} (${q(evil)} int PRIMARY KEY, ${q("a'b\"c")} text, ${q(longName)} text);`;
+      const ddl = `CREATE TABLE app.${q(longName)} (${q(evil)} int PRIMARY KEY, ${q('a\'b"c')} text, ${q(longName)} text);`;
       await target.query(ddl, [], 'dst');
       await publisher.query(`${ddl} ALTER PUBLICATION pub ADD TABLE app.${q(longName)};`, [], 'src');
       await publisher.query(
         `INSERT INTO app.${q(longName)} VALUES (1, $$'); DELETE FROM app.items; --$$, 'v'), (2, NULL, 'w');
-         UPDATE app.${q(longName)} SET ${q("a'b\"c")} = 'updated' WHERE ${q(evil)} = 2;
+         UPDATE app.${q(longName)} SET ${q('a\'b"c')} = 'updated' WHERE ${q(evil)} = 2;
          DELETE FROM app.${q(longName)} WHERE ${q(evil)} = 1;
          INSERT INTO app.${q(longName)} VALUES (3, 'three', 'x');`,
         [],
         'src',
       );
       await caughtUp();
-      const rows = await target.query(`SELECT ${q(evil)} AS k, ${q("a'b\"c")} AS a, ${q(longName)} AS l FROM app.${q(longName)} ORDER BY 1`, [], 'dst');
+      const rows = await target.query(`SELECT ${q(evil)} AS k, ${q('a\'b"c')} AS a, ${q(longName)} AS l FROM app.${q(longName)} ORDER BY 1`, [], 'dst');
       assert.deepEqual(rows, [
         { k: 2, a: 'updated', l: 'w' },
         { k: 3, a: 'three', l: 'x' },
@@ -197,7 +226,7 @@ for (const [publisherMajor, targetMajor] of [
       assert.ok(items.n > 0, 'app.items untouched');
     });
 
-    test('idle: the slot confirms the publisher\'s WAL position, never beyond the origin recorded in the target', async () => {
+    test("idle: the slot confirms the publisher's WAL position, never beyond the origin recorded in the target", async () => {
       // Unpublished activity moves the WAL without sending any change.
       await publisher.query(`CREATE TABLE app.unpublished (x int); INSERT INTO app.unpublished SELECT generate_series(1, 1000);`, [], 'src');
       const end = await caughtUp();

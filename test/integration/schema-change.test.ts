@@ -99,7 +99,11 @@ test('ADD, DROP, RENAME COLUMN and int → bigint on both sides replicate, witho
   // ADD COLUMN: target first (until the publisher has it too, it takes its default).
   await target.query(`ALTER TABLE sc.t ADD COLUMN b int`, [], 'dst');
   await publisher.query(`INSERT INTO sc.t VALUES (21, 'before b');`, [], 'src');
-  await publisher.query(`ALTER TABLE sc.t ADD COLUMN b int; INSERT INTO sc.t SELECT g, 'with b', g * 10 FROM generate_series(22, 40) g; UPDATE sc.t SET b = -id WHERE id <= 5;`, [], 'src');
+  await publisher.query(
+    `ALTER TABLE sc.t ADD COLUMN b int; INSERT INTO sc.t SELECT g, 'with b', g * 10 FROM generate_series(22, 40) g; UPDATE sc.t SET b = -id WHERE id <= 5;`,
+    [],
+    'src',
+  );
   await caughtUp();
   await assertSame('sc.t', 'id, a, b');
 
@@ -165,7 +169,10 @@ test('a column only the publisher has: apply stops before the transaction, commi
   const other = await target.query(`SELECT id FROM sc.other ORDER BY id`, [], 'dst');
   assert.deepEqual(other, []);
   const t = await target.query(`SELECT id, c::text AS c FROM sc.t WHERE id IN (2, 100, 101) ORDER BY id`, [], 'dst');
-  assert.deepEqual(t.map((r) => [r.id, r.c]), [[2, '5000000002']]);
+  assert.deepEqual(
+    t.map((r) => [r.id, r.c]),
+    [[2, '5000000002']],
+  );
   const origin = await originLsn();
   const confirmed = (await slotConfirmedLsn(publisher, 'sc'))!;
   assert.ok(origin >= before && origin < commitEnd, `origin ${origin} must stay below the commit end ${commitEnd}`);

@@ -58,7 +58,8 @@ async function cli(args: string[]): Promise<{ code: number | string; output: str
   return { code, output: p.output() };
 }
 
-const control = async () => (await target.query(`SELECT error_lsn::text AS error_lsn, skip_lsn::text AS skip_lsn FROM pgsub.subscription WHERE subscription = $1`, [SUB], 'dst'))[0];
+const control = async () =>
+  (await target.query(`SELECT error_lsn::text AS error_lsn, skip_lsn::text AS skip_lsn FROM pgsub.subscription WHERE subscription = $1`, [SUB], 'dst'))[0];
 const ids = async () => (await target.query<{ id: number }>(`SELECT id FROM public.t ORDER BY id`, [], 'dst')).map((r) => r.id);
 
 /**

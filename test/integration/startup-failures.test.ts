@@ -110,7 +110,11 @@ async function expectExit2(e: Record<string, string>, code: string, message: Reg
     p.kill('SIGKILL');
     throw err;
   });
-  const line = p.stderr().split('\n').find((l) => l.startsWith('pgsub: ')) ?? '';
+  const line =
+    p
+      .stderr()
+      .split('\n')
+      .find((l) => l.startsWith('pgsub: ')) ?? '';
   assert.equal(exit, 2, p.output().slice(-3000));
   assert.ok(line.startsWith(`pgsub: ${code}: `), `stderr line: ${line}\n${p.output().slice(-2000)}`);
   assert.match(line, message);
@@ -126,15 +130,27 @@ const superTarget = () => target.url('app');
 
 describe('refused at startup: exit 2 naming the side and the fix', () => {
   test('source: wrong password (28P01)', async () => {
-    await expectExit2(env('r_src_pw', url(publisher, 'pw_src', 'app', 'wrong'), superTarget()), 'PGSUB_AUTH_FAILED', /^pgsub: \S+: source: password authentication failed .*fix the password of user "pw_src" in the source conninfo/);
+    await expectExit2(
+      env('r_src_pw', url(publisher, 'pw_src', 'app', 'wrong'), superTarget()),
+      'PGSUB_AUTH_FAILED',
+      /^pgsub: \S+: source: password authentication failed .*fix the password of user "pw_src" in the source conninfo/,
+    );
   });
 
   test('source: refused by pg_hba.conf (28000)', async () => {
-    await expectExit2(env('r_src_hba', url(publisher, 'hba_src', 'app'), superTarget()), 'PGSUB_AUTH_FAILED', /source: the publisher refused the connection .*pg_hba\.conf.*add a line to the publisher's pg_hba\.conf that lets user "hba_src" connect to database "app"/);
+    await expectExit2(
+      env('r_src_hba', url(publisher, 'hba_src', 'app'), superTarget()),
+      'PGSUB_AUTH_FAILED',
+      /source: the publisher refused the connection .*pg_hba\.conf.*add a line to the publisher's pg_hba\.conf that lets user "hba_src" connect to database "app"/,
+    );
   });
 
   test('target: wrong password (28P01)', async () => {
-    await expectExit2(env('r_tgt_pw', superSource(), url(target, 'pw_tgt', 'app', 'wrong')), 'PGSUB_AUTH_FAILED', /target: password authentication failed .*user "pw_tgt" in the target conninfo/);
+    await expectExit2(
+      env('r_tgt_pw', superSource(), url(target, 'pw_tgt', 'app', 'wrong')),
+      'PGSUB_AUTH_FAILED',
+      /target: password authentication failed .*user "pw_tgt" in the target conninfo/,
+    );
   });
 
   test('target: refused by pg_hba.conf (28000)', async () => {
@@ -142,27 +158,46 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
   });
 
   test('source: a role without REPLICATION', async () => {
-    await expectExit2(env('r_norepl', url(publisher, 'norepl', 'app'), superTarget()), 'PGSUB_PRIVILEGE_MISSING', /source: role "norepl" may not open a replication connection .*ALTER ROLE norepl REPLICATION/);
+    await expectExit2(
+      env('r_norepl', url(publisher, 'norepl', 'app'), superTarget()),
+      'PGSUB_PRIVILEGE_MISSING',
+      /source: role "norepl" may not open a replication connection .*ALTER ROLE norepl REPLICATION/,
+    );
   });
 
   test('target: a role without CREATE on the database', async () => {
-    await expectExit2(env('r_nocreate', superSource(), url(target, 'nocreate', 'd_nocreate')), 'PGSUB_PRIVILEGE_MISSING', /target: role "nocreate" cannot create or use pgsub's schema .*GRANT CREATE ON DATABASE d_nocreate TO nocreate/);
+    await expectExit2(
+      env('r_nocreate', superSource(), url(target, 'nocreate', 'd_nocreate')),
+      'PGSUB_PRIVILEGE_MISSING',
+      /target: role "nocreate" cannot create or use pgsub's schema .*GRANT CREATE ON DATABASE d_nocreate TO nocreate/,
+    );
   });
 
   test('target: a role that may not set session_replication_role', async () => {
-    await expectExit2(env('r_noset', superSource(), url(target, 'noset', 'd_noset')), 'PGSUB_PRIVILEGE_MISSING', /target: role "noset" may not set session_replication_role.*GRANT SET ON PARAMETER session_replication_role TO noset/);
+    await expectExit2(
+      env('r_noset', superSource(), url(target, 'noset', 'd_noset')),
+      'PGSUB_PRIVILEGE_MISSING',
+      /target: role "noset" may not set session_replication_role.*GRANT SET ON PARAMETER session_replication_role TO noset/,
+    );
   });
 
   test('target: a role without privileges on the replicated tables; the GRANTs it prints make it run', async () => {
     const e = env('r_notable', superSource(), url(target, 'notable', 'd_notable'));
-    const line = await expectExit2(e, 'PGSUB_PRIVILEGE_MISSING', /target: role "notable" lacks privileges .*app\.items \(USAGE on its schema, SELECT, INSERT, UPDATE, DELETE, TRUNCATE\)/);
+    const line = await expectExit2(
+      e,
+      'PGSUB_PRIVILEGE_MISSING',
+      /target: role "notable" lacks privileges .*app\.items \(USAGE on its schema, SELECT, INSERT, UPDATE, DELETE, TRUNCATE\)/,
+    );
     const grants = line.slice(line.indexOf('Run on the target: ') + 'Run on the target: '.length);
     assert.match(grants, /^GRANT USAGE ON SCHEMA "app" TO "notable"; GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON "app"\."items" TO "notable";$/);
     await target.query(grants, [], 'd_notable');
     const p = spawn(e);
     await p.waitForLog('streaming started', 30_000);
     await publisher.query(`INSERT INTO app.items VALUES (1, 'granted')`, [], 'app');
-    await waitFor(async () => (await target.query(`SELECT 1 FROM app.items WHERE id = 1`, [], 'd_notable')).length === 1, { timeoutMs: 30_000, what: 'the row applied by notable' });
+    await waitFor(async () => (await target.query(`SELECT 1 FROM app.items WHERE id = 1`, [], 'd_notable')).length === 1, {
+      timeoutMs: 30_000,
+      what: 'the row applied by notable',
+    });
     await publisher.query(`UPDATE app.items SET v = 'updated' WHERE id = 1`, [], 'app');
     const end = await currentWalLsn(publisher, 'app');
     await waitFor(async () => ((await slotConfirmedLsn(publisher, 'r_notable')) ?? 0n) >= end, { timeoutMs: 30_000, what: 'catch-up' });
@@ -180,7 +215,13 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
     const e = env('r_twice', superSource(), superTarget());
     const first = spawn(e);
     await first.waitForLog('streaming started', 30_000);
-    await expectExit2(e, 'PGSUB_ALREADY_RUNNING', new RegExp(`subscription r_twice is already run by pgsub pid ${first.child.pid} on host ${os.hostname().replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} \\(target backend pid \\d+\\)`));
+    await expectExit2(
+      e,
+      'PGSUB_ALREADY_RUNNING',
+      new RegExp(
+        `subscription r_twice is already run by pgsub pid ${first.child.pid} on host ${os.hostname().replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} \\(target backend pid \\d+\\)`,
+      ),
+    );
     // The first one did not notice.
     assert.equal(first.child.exitCode, null);
     first.kill('SIGTERM');
@@ -194,8 +235,14 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
     const [hi, lo] = slot!.lsn.split('/');
     const stream = intruder.startReplication({ slotName: 'r_taken', startLsn: (BigInt(`0x${hi}`) << 32n) | BigInt(`0x${lo}`), protoVersion: 4, publications: ['pub'] } as never);
     try {
-      await waitFor(async () => (await publisher.query(`SELECT 1 FROM pg_replication_slots WHERE slot_name = 'r_taken' AND active`)).length === 1, { what: 'the intruder to hold the slot' });
-      await expectExit2(env('r_taken', superSource(), superTarget()), 'PGSUB_SLOT_IN_USE', /source: replication slot "r_taken" is in use by another client \(walsender pid \d+, application_name "intruder"/);
+      await waitFor(async () => (await publisher.query(`SELECT 1 FROM pg_replication_slots WHERE slot_name = 'r_taken' AND active`)).length === 1, {
+        what: 'the intruder to hold the slot',
+      });
+      await expectExit2(
+        env('r_taken', superSource(), superTarget()),
+        'PGSUB_SLOT_IN_USE',
+        /source: replication slot "r_taken" is in use by another client \(walsender pid \d+, application_name "intruder"/,
+      );
     } finally {
       stream.destroy();
       await intruder.close();
@@ -214,14 +261,29 @@ describe('the same refusals during a run: retried, logged, counted, then resumed
     const logs: { level: number; msg: string; err?: { code?: string; message?: string } }[] = [];
     // copy_data is off: the target starts with what the source has now (rows of the tests above).
     const rows = await publisher.query<{ id: number; v: string }>('SELECT id, v FROM app.items', [], 'app');
-    await target.query(`TRUNCATE app.items; INSERT INTO app.items SELECT * FROM json_populate_recordset(NULL::app.items, '${JSON.stringify(rows).replace(/'/g, "''")}')`, [], 'app');
+    await target.query(
+      `TRUNCATE app.items; INSERT INTO app.items SELECT * FROM json_populate_recordset(NULL::app.items, '${JSON.stringify(rows).replace(/'/g, "''")}')`,
+      [],
+      'app',
+    );
     const config = loadConfig({
       env: {},
-      overrides: { subscription: 'r_run', source: url(publisher, 'pw_src', 'app', PW), target: url(target, 'rot_tgt', 'app'), publication: 'pub', copy_data: false, retry_min_delay: 0.2, retry_max_delay: 0.5 },
+      overrides: {
+        subscription: 'r_run',
+        source: url(publisher, 'pw_src', 'app', PW),
+        target: url(target, 'rot_tgt', 'app'),
+        publication: 'pub',
+        copy_data: false,
+        retry_min_delay: 0.2,
+        retry_max_delay: 0.5,
+      },
     });
     runner = startRunner(config, createLogger('info', { write: (line: string) => void logs.push(JSON.parse(line) as (typeof logs)[number]) }));
     let settled = false;
-    void runner.done.then(() => (settled = true), () => (settled = true));
+    void runner.done.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
     await waitFor(() => logs.some((l) => l.msg === 'streaming started'), { timeoutMs: 30_000, what: 'streaming' });
     const authErrors = () => logs.filter((l) => l.level === 50 && l.err?.code === 'PGSUB_AUTH_FAILED');
     let id = 100;

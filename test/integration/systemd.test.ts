@@ -39,7 +39,7 @@ let publisher: Cluster;
 let target: Cluster;
 let work: string;
 let receiver: ChildProcess;
-let received: { at: number; data: string }[] = [];
+const received: { at: number; data: string }[] = [];
 const children: PgsubProcess[] = [];
 
 before(async () => {
@@ -57,7 +57,7 @@ before(async () => {
   const listening = new Promise<void>((resolve) => {
     receiver.stdout!.on('data', (chunk: Buffer) => {
       buffer += chunk.toString();
-      let nl;
+      let nl: number;
       while ((nl = buffer.indexOf('\n')) >= 0) {
         const line = JSON.parse(buffer.slice(0, nl)) as { listening?: string; at?: number; data?: string };
         buffer = buffer.slice(nl + 1);
@@ -80,7 +80,9 @@ after(async () => {
 const keys = (d: string) => d.split('\n').map((l) => l.split('=')[0]);
 const has = (key: string) => received.some((r) => keys(r.data).includes(key));
 
-test('notify: STATUS and EXTEND_TIMEOUT_USEC during the copy, READY once streaming, watchdog pings only while the apply moves, STOPPING at SIGTERM', { timeout: 300_000 }, async () => {
+test('notify: STATUS and EXTEND_TIMEOUT_USEC during the copy, READY once streaming, watchdog pings only while the apply moves, STOPPING at SIGTERM', {
+  timeout: 300_000,
+}, async () => {
   const p = spawnPgsub({
     PGSUB_SOURCE: publisher.url('src'),
     PGSUB_TARGET: target.url('dst'),
@@ -99,8 +101,14 @@ test('notify: STATUS and EXTEND_TIMEOUT_USEC during the copy, READY once streami
   await waitFor(() => has('READY'), { timeoutMs: 10_000, what: 'READY=1' });
   const readyAt = received.findIndex((r) => keys(r.data).includes('READY'));
   const beforeReady = received.slice(0, readyAt);
-  assert.ok(beforeReady.some((r) => /^STATUS=initial copy: copying 1 table/m.test(r.data)), JSON.stringify(beforeReady.slice(0, 5)));
-  assert.ok(beforeReady.some((r) => keys(r.data).includes('EXTEND_TIMEOUT_USEC')), 'no EXTEND_TIMEOUT_USEC during the copy');
+  assert.ok(
+    beforeReady.some((r) => /^STATUS=initial copy: copying 1 table/m.test(r.data)),
+    JSON.stringify(beforeReady.slice(0, 5)),
+  );
+  assert.ok(
+    beforeReady.some((r) => keys(r.data).includes('EXTEND_TIMEOUT_USEC')),
+    'no EXTEND_TIMEOUT_USEC during the copy',
+  );
   assert.match(received[readyAt]!.data, /STATUS=streaming from [0-9A-F]+\/[0-9A-F]+/);
   await waitFor(() => received.some((r) => /^STATUS=streaming; applied [0-9A-F]+\/[0-9A-F]+; lag \d+ bytes/.test(r.data)), { timeoutMs: 10_000, what: 'STATUS while streaming' });
   // Pings at about every second (half of WATCHDOG_USEC) while it moves or idles.
@@ -116,7 +124,11 @@ test('notify: STATUS and EXTEND_TIMEOUT_USEC during the copy, READY once streami
     await waitFor(() => /watchdog keep-alive withheld/.test(p.output()), { timeoutMs: 15_000, what: 'the pings withheld' });
     const stuckFrom = Date.now();
     await new Promise((r) => setTimeout(r, 3000));
-    assert.deepEqual(received.filter((r) => r.data === 'WATCHDOG=1' && r.at > stuckFrom), [], 'pinged while the apply was stuck');
+    assert.deepEqual(
+      received.filter((r) => r.data === 'WATCHDOG=1' && r.at > stuckFrom),
+      [],
+      'pinged while the apply was stuck',
+    );
   } finally {
     await holder.query('ROLLBACK');
     await holder.end();
@@ -129,7 +141,10 @@ test('notify: STATUS and EXTEND_TIMEOUT_USEC during the copy, READY once streami
 
   p.kill('SIGTERM');
   assert.equal(await p.exited, 0, p.output().slice(-2000));
-  assert.ok(received.some((r) => keys(r.data).includes('STOPPING')), 'no STOPPING=1');
+  assert.ok(
+    received.some((r) => keys(r.data).includes('STOPPING')),
+    'no STOPPING=1',
+  );
   const order = received.map((r) => keys(r.data)[0]);
   assert.ok(order.lastIndexOf('EXTEND_TIMEOUT_USEC') < order.indexOf('READY') && order.indexOf('READY') < order.lastIndexOf('STOPPING'), order.join(' '));
 });

@@ -65,14 +65,22 @@ for (const [name, extra] of [
   test(`a table with no columns: copied, inserted, deleted (REPLICA IDENTITY FULL), truncated (${name})`, async () => {
     const db = `empty${Object.keys(extra).length}`;
     const schema = `CREATE TABLE public.nothing (); ALTER TABLE public.nothing REPLICA IDENTITY FULL; CREATE TABLE public.other (id int PRIMARY KEY);`;
-    await database(db, `${schema} INSERT INTO public.nothing DEFAULT VALUES; INSERT INTO public.nothing DEFAULT VALUES; CREATE PUBLICATION pub FOR TABLE public.nothing, public.other;`, schema);
+    await database(
+      db,
+      `${schema} INSERT INTO public.nothing DEFAULT VALUES; INSERT INTO public.nothing DEFAULT VALUES; CREATE PUBLICATION pub FOR TABLE public.nothing, public.other;`,
+      schema,
+    );
     const p = start(db, db, extra);
     await p.waitForLog('streaming started');
     await waitForCatchUp(publisher, db, db);
     assert.equal(await count(db, 'public.nothing'), 2, p.output().slice(-3000));
     // One at a time, a run of them in one transaction (a batch), beside another table.
     await publisher.query(`INSERT INTO public.nothing DEFAULT VALUES`, [], db);
-    await publisher.query(`BEGIN; INSERT INTO public.nothing SELECT FROM generate_series(1, 20); INSERT INTO public.other VALUES (1); INSERT INTO public.nothing DEFAULT VALUES; COMMIT;`, [], db);
+    await publisher.query(
+      `BEGIN; INSERT INTO public.nothing SELECT FROM generate_series(1, 20); INSERT INTO public.other VALUES (1); INSERT INTO public.nothing DEFAULT VALUES; COMMIT;`,
+      [],
+      db,
+    );
     await waitForCatchUp(publisher, db, db);
     assert.equal(await count(db, 'public.nothing'), 24, p.output().slice(-3000));
     // (No UPDATE can name a column of it.) A DELETE removes one target row per source row.
@@ -139,10 +147,17 @@ test('a partition published on its own and through its root (publish_via_partiti
 
 test('a target table missing a column at the initial copy: the error names it (no FREEZE preface), and the copy succeeds once the column is added', async () => {
   const db = 'missing';
-  await database(db, `CREATE TABLE public.w (id int PRIMARY KEY, extra text); INSERT INTO public.w SELECT g, 'x' FROM generate_series(1, 10) g; CREATE PUBLICATION pub FOR TABLE public.w;`, `CREATE TABLE public.w (id int PRIMARY KEY);`);
+  await database(
+    db,
+    `CREATE TABLE public.w (id int PRIMARY KEY, extra text); INSERT INTO public.w SELECT g, 'x' FROM generate_series(1, 10) g; CREATE PUBLICATION pub FOR TABLE public.w;`,
+    `CREATE TABLE public.w (id int PRIMARY KEY);`,
+  );
   const p = start(db, db);
   await waitFor(async () => /table copy failed; will retry/.test(p.output()), { timeoutMs: 60_000, what: 'the copy failure' });
-  const failure = p.output().split('\n').find((l) => l.includes('table copy failed; will retry'))!;
+  const failure = p
+    .output()
+    .split('\n')
+    .find((l) => l.includes('table copy failed; will retry'))!;
   assert.match(failure, /column \\"extra\\" of relation \\"w\\" does not exist/);
   assert.doesNotMatch(p.output(), /COPY FREEZE refused/);
   await target.query(`ALTER TABLE public.w ADD COLUMN extra text`, [], db);
@@ -158,11 +173,22 @@ test('an apply error names the relation, the column at fault, the change kind an
   await database(db, `CREATE TABLE public.v (id int PRIMARY KEY, n text); CREATE PUBLICATION pub FOR TABLE public.v;`, `CREATE TABLE public.v (id int PRIMARY KEY, n int);`);
   const p = start(db, db, { PGSUB_COPY_DATA: 'false' });
   await p.waitForLog('streaming started');
-  const failures = () => p.output().split('\n').filter((l) => l.includes('"msg":"apply failed; retrying"')).map((l) => JSON.parse(l) as { err: { message: string; context?: Record<string, string> }; xid?: number; finishLsn?: string });
+  const failures = () =>
+    p
+      .output()
+      .split('\n')
+      .filter((l) => l.includes('"msg":"apply failed; retrying"'))
+      .map((l) => JSON.parse(l) as { err: { message: string; context?: Record<string, string> }; xid?: number; finishLsn?: string });
   const expectFailure = async (what: string, command: string, message: RegExp) => {
     await waitFor(async () => failures().some((f) => message.test(f.err.message)), { timeoutMs: 30_000, what });
-    const f = failures().reverse().find((x) => message.test(x.err.message))!;
-    assert.deepEqual({ relation: f.err.context?.relation, column: f.err.context?.column, command: f.err.context?.command }, { relation: 'public.v', column: 'n', command }, JSON.stringify(f));
+    const f = failures()
+      .reverse()
+      .find((x) => message.test(x.err.message))!;
+    assert.deepEqual(
+      { relation: f.err.context?.relation, column: f.err.context?.column, command: f.err.context?.command },
+      { relation: 'public.v', column: 'n', command },
+      JSON.stringify(f),
+    );
     assert.ok(f.xid && f.finishLsn, JSON.stringify(f));
     const skip = spawnPgsub({ PGSUB_SOURCE: publisher.url(db), PGSUB_TARGET: target.url(db), PGSUB_PUBLICATION: 'pub', PGSUB_SUBSCRIPTION: db }, ['skip', '--lsn', f.finishLsn!]);
     children.push(skip);
@@ -194,7 +220,11 @@ test('startup warnings: a published table without a replica identity, and one wi
   );
   const p = start(db, db, { PGSUB_PUBLICATION: 'pub,pub2' });
   await p.waitForLog('streaming started');
-  const warnings = p.output().split('\n').filter((l) => l.includes('"level":40')).map((l) => (JSON.parse(l) as { table?: string; msg: string }));
+  const warnings = p
+    .output()
+    .split('\n')
+    .filter((l) => l.includes('"level":40'))
+    .map((l) => JSON.parse(l) as { table?: string; msg: string });
   const about = (t: string) => warnings.filter((w) => w.table === t).map((w) => w.msg);
   assert.match(about('public.nokey').join(), /UPDATE and DELETE on public.nokey cannot be replicated: it has no replica identity/);
   assert.match(about('public.wide').join(), /REPLICA IDENTITY FULL and no index on the target/);

@@ -282,7 +282,11 @@ async function diffMid(writes: Map<number, MidWrite[]>): Promise<string> {
 
 async function caughtUp(): Promise<void> {
   const end = await currentWalLsn(publisher, 'src');
-  await waitFor(async () => ((await slotConfirmedLsn(publisher, SUB)) ?? 0n) >= end, { timeoutMs: 120_000, intervalMs: 100, what: 'the slot to confirm the publisher WAL position' });
+  await waitFor(async () => ((await slotConfirmedLsn(publisher, SUB)) ?? 0n) >= end, {
+    timeoutMs: 120_000,
+    intervalMs: 100,
+    what: 'the slot to confirm the publisher WAL position',
+  });
 }
 
 /**
@@ -334,7 +338,17 @@ function logRecords(proc: PgsubProcess, msg: string): Record<string, unknown>[] 
 }
 
 function logTail(): string {
-  const runs = children.map((c, i) => `--- run ${i + 1} ---\n${c.output().split('\n').filter((l) => !l.includes('table copy progress')).slice(-40).join('\n')}`).join('\n');
+  const runs = children
+    .map(
+      (c, i) =>
+        `--- run ${i + 1} ---\n${c
+          .output()
+          .split('\n')
+          .filter((l) => !l.includes('table copy progress'))
+          .slice(-40)
+          .join('\n')}`,
+    )
+    .join('\n');
   return `${runs}\n--- flush invariant: ${samples} samples, ${violations.length} violations${violations.length > 0 ? `, first: ${violations.slice(0, 5).join('; ')}` : ''}`;
 }
 
@@ -385,7 +399,9 @@ test('SIGKILL during the initial copy, twice: the copy restarts cleanly and ends
     assert.ok(![firstLsn, big2.syncLsn].includes(String(copies[0]!.lsn)), 'run 3 copied app.big from a snapshot of its own');
     await assertNoLeftovers();
     assert.deepEqual(violations, [], 'the slot confirmed a position the target had not committed');
-    process.stdout.write(`# tablesync crash: run 1 killed in d at ${firstLsn}, run 2 at ${big2.syncLsn} with ${big2.rows} rows committed; ${written} ledger transactions; ${samples} samples\n`);
+    process.stdout.write(
+      `# tablesync crash: run 1 killed in d at ${firstLsn}, run 2 at ${big2.syncLsn} with ${big2.rows} rows committed; ${written} ledger transactions; ${samples} samples\n`,
+    );
   } catch (err) {
     process.stdout.write(`${logTail()}\n`);
     throw err;
@@ -437,7 +453,11 @@ test('SIGKILL at the hand-off of a table added later: exact after restart', { ti
     const story = `killed in ${kills.map((k) => `${k.state} at ${k.syncLsn}`).join(', then ')}; states seen ${seen.join('→')}`;
     const cmpMid = await compareTables(publisher, 'src', target, 'dst', ['app.mid']);
     if (!cmpMid.equal) {
-      const relRows = await target.query(`SELECT table_name, state, sync_lsn::text, rows_copied, copy_started_at, copy_finished_at, ready_at FROM pgsub.subscription_rel WHERE subscription = $1`, [SUB], 'dst');
+      const relRows = await target.query(
+        `SELECT table_name, state, sync_lsn::text, rows_copied, copy_started_at, copy_finished_at, ready_at FROM pgsub.subscription_rel WHERE subscription = $1`,
+        [SUB],
+        'dst',
+      );
       assert.fail(`app.mid differs (${story}): ${await diffMid(mid.writes)}\n${JSON.stringify(relRows)}`);
     }
     await assertExact(['app.big', 'app.mid']);

@@ -99,7 +99,17 @@ for (const [publisherMajor, targetMajor] of [
     function start(extra: Record<string, unknown> = {}): Runner {
       const config = loadConfig({
         env: {},
-        overrides: { subscription: sub, source: publisher.url('src'), target: target.url('dst'), publication: 'pub', status_interval: 1, max_sync_workers: 2, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
+        overrides: {
+          subscription: sub,
+          source: publisher.url('src'),
+          target: target.url('dst'),
+          publication: 'pub',
+          status_interval: 1,
+          max_sync_workers: 2,
+          retry_min_delay: 0.2,
+          retry_max_delay: 1,
+          ...extra,
+        },
       });
       return startRunner(config, createLogger('warn'));
     }
@@ -116,7 +126,11 @@ for (const [publisherMajor, targetMajor] of [
     }
 
     async function allReady(): Promise<void> {
-      await waitFor(async () => Object.keys(await states()).length === TABLES.length && Object.values(await states()).every((s) => s === 'r'), { timeoutMs: 120_000, intervalMs: 100, what: 'all tables ready' });
+      await waitFor(async () => Object.keys(await states()).length === TABLES.length && Object.values(await states()).every((s) => s === 'r'), {
+        timeoutMs: 120_000,
+        intervalMs: 100,
+        what: 'all tables ready',
+      });
       const end = await currentWalLsn(publisher, 'src');
       await waitFor(async () => ((await slotConfirmedLsn(publisher, sub)) ?? 0n) >= end, { timeoutMs: 60_000, intervalMs: 100, what: 'catch-up' });
     }
@@ -145,13 +159,21 @@ for (const [publisherMajor, targetMajor] of [
       let written = 0;
       const writes = (async () => {
         for (let i = 0; writing; i++, written++) {
-          await publisher.query(`INSERT INTO app.busy VALUES (${1000 + i}, ${i}); UPDATE app.busy SET n = n + 1 WHERE id = ${1 + (i % 200)}; DELETE FROM app.busy WHERE id = ${1000 + i - 3};`, [], 'src');
+          await publisher.query(
+            `INSERT INTO app.busy VALUES (${1000 + i}, ${i}); UPDATE app.busy SET n = n + 1 WHERE id = ${1 + (i % 200)}; DELETE FROM app.busy WHERE id = ${1000 + i - 3};`,
+            [],
+            'src',
+          );
         }
       })();
       try {
         await holder.query(`BEGIN; SELECT count(*) FROM app.locked;`);
         runner = start();
-        await waitFor(async () => Object.keys(await states()).length === TABLES.length && Object.values(await states()).every((s) => s !== 'i' && s !== 'd'), { timeoutMs: 120_000, intervalMs: 50, what: 'copies finished' });
+        await waitFor(async () => Object.keys(await states()).length === TABLES.length && Object.values(await states()).every((s) => s !== 'i' && s !== 'd'), {
+          timeoutMs: 120_000,
+          intervalMs: 50,
+          what: 'copies finished',
+        });
         writing = false;
         await writes;
         await allReady();
@@ -177,7 +199,11 @@ for (const [publisherMajor, targetMajor] of [
       const [fired] = await target.query(`SELECT count(*)::int AS n FROM app.truncations`, [], 'dst');
       assert.equal(fired!.n, 0, 'no TRUNCATE fired the trigger of app.trig');
       // The primary keys came back after the copy and serve the stream.
-      await publisher.query(`UPDATE app.plain SET v = v || '!' WHERE id % 100 = 0; DELETE FROM app.child WHERE id % 7 = 0; INSERT INTO app.plain VALUES (30000, 'new');`, [], 'src');
+      await publisher.query(
+        `UPDATE app.plain SET v = v || '!' WHERE id % 100 = 0; DELETE FROM app.child WHERE id % 7 = 0; INSERT INTO app.plain VALUES (30000, 'new');`,
+        [],
+        'src',
+      );
       await allReady();
       const again = await compareTables(publisher, 'src', target, 'dst', TABLES);
       assert.ok(again.equal, JSON.stringify(again));

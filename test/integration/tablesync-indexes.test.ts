@@ -104,7 +104,18 @@ for (const targetMajor of [18, 16]) {
     const configFor = (extra: Record<string, unknown> = {}) =>
       loadConfig({
         env: {},
-        overrides: { subscription: sub, source: publisher.url('src'), target: target.url('dst'), publication: 'pub', status_interval: 1, max_sync_workers: 4, sync_range_min_mb: 0, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
+        overrides: {
+          subscription: sub,
+          source: publisher.url('src'),
+          target: target.url('dst'),
+          publication: 'pub',
+          status_interval: 1,
+          max_sync_workers: 4,
+          sync_range_min_mb: 0,
+          retry_min_delay: 0.2,
+          retry_max_delay: 1,
+          ...extra,
+        },
       });
 
     async function stopRunner(): Promise<void> {
@@ -127,7 +138,9 @@ for (const targetMajor of [18, 16]) {
     async function allReady(): Promise<void> {
       await waitFor(
         async () => {
-          const rows = await target.query(`SELECT count(*) FILTER (WHERE state <> 'r')::int AS waiting, count(*)::int AS total FROM pgsub.subscription_rel WHERE subscription = $1`, [sub], 'dst').catch(() => [{ waiting: 1, total: 0 }]);
+          const rows = await target
+            .query(`SELECT count(*) FILTER (WHERE state <> 'r')::int AS waiting, count(*)::int AS total FROM pgsub.subscription_rel WHERE subscription = $1`, [sub], 'dst')
+            .catch(() => [{ waiting: 1, total: 0 }]);
           return rows[0].total === TABLES.length && rows[0].waiting === 0;
         },
         { timeoutMs: 120_000, intervalMs: 100, what: 'all tables ready' },
@@ -163,38 +176,44 @@ for (const targetMajor of [18, 16]) {
     test('initial copy under concurrent writes: indexes dropped, rebuilt equal, rows exact', async () => {
       const before = await indexOids(target, 'dst');
       await withRunner({}, async () => {
-      // Keys, unique values and the exclusion constraint all in play while the copy runs.
-      let writing = true;
-      const writes = (async () => {
-        for (let i = 0; writing && i < 2000; i++) {
-          await publisher.query(
-            `INSERT INTO app.t1 VALUES (${100000 + i}, 'new${i}', 'n${i}@x', ${i % 97});
+        // Keys, unique values and the exclusion constraint all in play while the copy runs.
+        let writing = true;
+        const writes = (async () => {
+          for (let i = 0; writing && i < 2000; i++) {
+            await publisher.query(
+              `INSERT INTO app.t1 VALUES (${100000 + i}, 'new${i}', 'n${i}@x', ${i % 97});
              UPDATE app.t1 SET n = n + 1, email = email || '.' WHERE id = ${1 + ((i * 37) % 50000)};
              DELETE FROM app.t1 WHERE id = ${1 + ((i * 101) % 50000)};
              INSERT INTO app.child VALUES (${100000 + i}, ${1 + (i % 2000)}, 'w');
              UPDATE app.parent SET name = name || '+' WHERE id = ${1 + (i % 2000)};
              DELETE FROM app.rooms WHERE id = ${1 + (i % 5000)};`,
-            [],
-            'src',
-          );
-        }
-      })();
-      await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM pgsub.subscription_rel WHERE subscription = $1 AND state IN ('f', 's', 'r')`, [sub], 'dst').catch(() => [{ n: 0 }]))[0].n === TABLES.length, {
-        timeoutMs: 120_000,
-        intervalMs: 50,
-        what: 'copies finished',
-      });
-      writing = false;
-      await writes;
-      await allReady();
-      await assertExact();
-      const now = await indexOids(target, 'dst');
-      for (const name of KEPT) assert.equal(now[name], before[name], `${name} must not have been dropped`);
-      for (const name of DEFERRED) assert.notEqual(now[name], before[name], `${name} should have been built after the copy`);
-      // The rebuilt key serves the stream.
-      await publisher.query(`UPDATE app.t1 SET code = code || '!' WHERE id % 1000 = 0; DELETE FROM app.child WHERE id % 3 = 0;`, [], 'src');
-      await allReady();
-      await assertExact();
+              [],
+              'src',
+            );
+          }
+        })();
+        await waitFor(
+          async () =>
+            (
+              await target.query(`SELECT count(*)::int AS n FROM pgsub.subscription_rel WHERE subscription = $1 AND state IN ('f', 's', 'r')`, [sub], 'dst').catch(() => [{ n: 0 }])
+            )[0].n === TABLES.length,
+          {
+            timeoutMs: 120_000,
+            intervalMs: 50,
+            what: 'copies finished',
+          },
+        );
+        writing = false;
+        await writes;
+        await allReady();
+        await assertExact();
+        const now = await indexOids(target, 'dst');
+        for (const name of KEPT) assert.equal(now[name], before[name], `${name} must not have been dropped`);
+        for (const name of DEFERRED) assert.notEqual(now[name], before[name], `${name} should have been built after the copy`);
+        // The rebuilt key serves the stream.
+        await publisher.query(`UPDATE app.t1 SET code = code || '!' WHERE id % 1000 = 0; DELETE FROM app.child WHERE id % 3 = 0;`, [], 'src');
+        await allReady();
+        await assertExact();
       });
     });
 

@@ -59,7 +59,18 @@ for (const [publisherMajor, targetMajor] of [
     function start(extra: Record<string, unknown> = {}): Runner {
       const config = loadConfig({
         env: {},
-        overrides: { subscription: sub, source: publisher.url('src'), target: target.url('dst'), publication: 'pub', status_interval: 1, max_sync_workers: 4, sync_range_min_mb: 0, retry_min_delay: 0.2, retry_max_delay: 1, ...extra },
+        overrides: {
+          subscription: sub,
+          source: publisher.url('src'),
+          target: target.url('dst'),
+          publication: 'pub',
+          status_interval: 1,
+          max_sync_workers: 4,
+          sync_range_min_mb: 0,
+          retry_min_delay: 0.2,
+          retry_max_delay: 1,
+          ...extra,
+        },
       });
       return startRunner(config, createLogger('warn'));
     }
@@ -99,7 +110,11 @@ for (const [publisherMajor, targetMajor] of [
       assert.ok(ledger.equal);
       const big = await compareTables(publisher, 'src', target, 'dst', ['app.big']);
       assert.ok(big.equal, JSON.stringify(big));
-      const [copied] = await target.query(`SELECT rows_copied::int AS rows, bytes_copied::bigint AS bytes FROM pgsub.subscription_rel WHERE subscription = $1 AND table_name = 'big'`, [sub], 'dst');
+      const [copied] = await target.query(
+        `SELECT rows_copied::int AS rows, bytes_copied::bigint AS bytes FROM pgsub.subscription_rel WHERE subscription = $1 AND table_name = 'big'`,
+        [sub],
+        'dst',
+      );
       assert.equal(copied.rows, BIG_ROWS);
     });
 

@@ -113,11 +113,21 @@ test('with two_phase enabled a table added later is not copied (a transaction pr
   const p = start('tps', 'dst1');
   await p.waitForLog('streaming started');
   await target.query(`CREATE TABLE public.c (id int PRIMARY KEY, v text)`, [], 'dst1');
-  await publisher.query(`CREATE TABLE public.c (id int PRIMARY KEY, v text); INSERT INTO public.c SELECT g, 'c' || g FROM generate_series(1, 300000) g; ALTER PUBLICATION pub ADD TABLE public.c;`, [], 'src');
-  const refusal = "not copied: two_phase is enabled on the slot, and a transaction prepared during the copy would lack this table's changes. Mark the table copied by hand with pgsub refresh --no-copy (as ALTER SUBSCRIPTION ... REFRESH PUBLICATION WITH (copy_data = false)), or re-create the subscription";
-  const cState = async () => (await target.query(`SELECT state, sync_lsn::text AS lsn, last_error, error_count FROM pgsub.subscription_rel WHERE subscription = 'tps' AND table_name = 'c'`, [], 'dst1'))[0];
+  await publisher.query(
+    `CREATE TABLE public.c (id int PRIMARY KEY, v text); INSERT INTO public.c SELECT g, 'c' || g FROM generate_series(1, 300000) g; ALTER PUBLICATION pub ADD TABLE public.c;`,
+    [],
+    'src',
+  );
+  const refusal =
+    "not copied: two_phase is enabled on the slot, and a transaction prepared during the copy would lack this table's changes. Mark the table copied by hand with pgsub refresh --no-copy (as ALTER SUBSCRIPTION ... REFRESH PUBLICATION WITH (copy_data = false)), or re-create the subscription";
+  const cState = async () =>
+    (await target.query(`SELECT state, sync_lsn::text AS lsn, last_error, error_count FROM pgsub.subscription_rel WHERE subscription = 'tps' AND table_name = 'c'`, [], 'dst1'))[0];
   // Refused, or (the hole this closes) copying: a transaction prepared now, after the copy's snapshot.
-  await waitFor(async () => logged(p, refusal) || ((await cState())?.state === 'd' && (await cState())?.lsn !== null), { timeoutMs: 60_000, intervalMs: 20, what: 'public.c refused or copying' });
+  await waitFor(async () => logged(p, refusal) || ((await cState())?.state === 'd' && (await cState())?.lsn !== null), {
+    timeoutMs: 60_000,
+    intervalMs: 20,
+    what: 'public.c refused or copying',
+  });
   await publisher.query(`BEGIN; INSERT INTO public.c VALUES (300001, 'prepared'); INSERT INTO public.a VALUES (7001, 'prepared'); PREPARE TRANSACTION 'pc';`, [], 'src');
   await waitFor(async () => logged(p, refusal) || (await cState())?.state === 'r', { timeoutMs: 120_000, intervalMs: 100, what: 'public.c refused or ready' });
   await publisher.query(`COMMIT PREPARED 'pc'`, [], 'src');

@@ -182,7 +182,10 @@ test('a target with max_prepared_transactions = 0: a warning at startup, ordinar
     assert.match(recorded.error_message, /prepared transactions are disabled/);
     await plain.query(`ALTER SYSTEM SET max_prepared_transactions = 10`);
     await plain.restart('fast');
-    await waitFor(async () => (await plain.query(`SELECT count(*)::int AS n FROM pg_prepared_xacts`, [], 'dst'))[0].n === 1, { timeoutMs: 60_000, what: 'prepared once the target allows it' });
+    await waitFor(async () => (await plain.query(`SELECT count(*)::int AS n FROM pg_prepared_xacts`, [], 'dst'))[0].n === 1, {
+      timeoutMs: 60_000,
+      what: 'prepared once the target allows it',
+    });
     await publisher.query(`COMMIT PREPARED 'noprep gid'`, [], 'src');
     await waitForCatchUp(publisher, 'src', 'noprep');
     const cmp = await compareTables(publisher, 'src', plain, 'dst', ['public.t']);

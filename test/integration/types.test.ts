@@ -117,14 +117,23 @@ const COLUMNS: Column[] = [
   // UTF-8 (see the report on text-mode decoding), and a 14- target would read "\" of \ooo.
   { name: 'qc_hi', type: '"char"', values: ['CAST(-56 AS "char")', 'CAST(-1 AS "char")', 'CAST(-128 AS "char")'], since: 15 },
   // 1-, 2-, 3- and 4-byte UTF-8; planes 1, 2, 3, 14, 15, 16; U+FFFD, BOM, U+10FFFF; escapes.
-  { name: 'tx', type: 'text', values: [`E'a\\u00e9\\u20ac\\U0001F600'`, `E'\\U00010000\\U00020000\\U00030000\\U000E0001\\U000F0000\\U0010FFFF\\uFFFD\\uFEFF'`, `E'tab\\there\\nnewline \\\\ ''quote'' "dq"'`] },
+  {
+    name: 'tx',
+    type: 'text',
+    values: [`E'a\\u00e9\\u20ac\\U0001F600'`, `E'\\U00010000\\U00020000\\U00030000\\U000E0001\\U000F0000\\U0010FFFF\\uFFFD\\uFEFF'`, `E'tab\\there\\nnewline \\\\ ''quote'' "dq"'`],
+  },
   { name: 'by', type: 'bytea', values: [BYTES_0_255, `'\\x'::bytea`, `'\\x00'::bytea`] },
   { name: 'js', type: 'json', values: [q('{"a":"\\u00e9\\ud83d\\ude00","b":[1,2.50,{"c":null}],  "d" : "x"}'), q('[]'), q('"\\u0000 nul escape"')] },
   { name: 'jb', type: 'jsonb', values: [q('{"b":[1,2.50,1e400],"a":"é😀 \\u00e9","n":null}'), q('[]'), q('{"deep":{"deeper":[[[]]]}}')] },
   { name: 'jp', type: 'jsonpath', values: [q('$.a[*] ? (@ > 1)'), q('strict $.b'), q('$')], since: 12 },
   // xml::text is the stored text; xml_out (which pgoutput and xml_send use) drops a bare
   // <?xml version="1.0"?> declaration, so compare the output function's text.
-  { name: 'x', type: 'xml', compareAs: `CASE WHEN x IS NULL THEN NULL ELSE format('%s', x) END`, values: [q('<a b="1">ü &amp; <![CDATA[x<y]]><!-- c --></a>'), q('plain text fragment <b/>'), q('<?xml version="1.0"?><r/>')] },
+  {
+    name: 'x',
+    type: 'xml',
+    compareAs: `CASE WHEN x IS NULL THEN NULL ELSE format('%s', x) END`,
+    values: [q('<a b="1">ü &amp; <![CDATA[x<y]]><!-- c --></a>'), q('plain text fragment <b/>'), q('<?xml version="1.0"?><r/>')],
+  },
   { name: 'u', type: 'uuid', values: [q('00000000-0000-0000-0000-000000000000'), q('ffffffff-ffff-ffff-ffff-ffffffffffff'), q('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11')] },
   { name: 'd', type: 'date', values: [q('infinity'), q('-infinity'), q('4714-11-24 BC')] },
   { name: 'd2', type: 'date', values: [q('5874897-12-31'), q('2000-02-29'), q('0001-01-01')] },
@@ -193,9 +202,17 @@ const COLUMNS: Column[] = [
   {
     name: 'ne',
     type: 'ty.nest',
-    values: [`ROW(ROW('y', 2, 'ok')::ty.comp, '{sad,NULL}'::ty.mood[], ARRAY[ROW('z', 3, 'happy')::ty.comp])`, 'ROW(NULL, NULL, NULL)', `ROW(NULL, '{}'::ty.mood[], '{}'::ty.comp[])`],
+    values: [
+      `ROW(ROW('y', 2, 'ok')::ty.comp, '{sad,NULL}'::ty.mood[], ARRAY[ROW('z', 3, 'happy')::ty.comp])`,
+      'ROW(NULL, NULL, NULL)',
+      `ROW(NULL, '{}'::ty.mood[], '{}'::ty.comp[])`,
+    ],
   },
-  { name: 'nea', type: 'ty.nest[]', values: [`ARRAY[ROW(NULL, '{ok}'::ty.mood[], '{}'::ty.comp[])::ty.nest, NULL]`, q('{}'), `ARRAY[ROW(ROW('a', 1, 'sad')::ty.comp, NULL, NULL)::ty.nest]`] },
+  {
+    name: 'nea',
+    type: 'ty.nest[]',
+    values: [`ARRAY[ROW(NULL, '{ok}'::ty.mood[], '{}'::ty.comp[])::ty.nest, NULL]`, q('{}'), `ARRAY[ROW(ROW('a', 1, 'sad')::ty.comp, NULL, NULL)::ty.nest]`],
+  },
   // Types that differ on the target: text mode reads the text with the target type's input
   // function; binary mode reads the publisher's type and casts.
   { name: 'w_i8', type: 'int4', targetType: 'int8', values: ['2147483647', '-1', '0'] },
@@ -350,7 +367,10 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
     const diffs: string[] = [];
     for (const table of TABLES) {
       const sql = `${SESSION} SELECT id, ${exprs.map((e, i) => `${e} AS c${i}`).join(', ')} FROM ${table} ORDER BY id`;
-      const [src, dst] = await Promise.all([s.publisher.query<Record<string, string | null>>(sql, [], s.sourceDb), s.target.query<Record<string, string | null>>(sql, [], s.targetDb)]);
+      const [src, dst] = await Promise.all([
+        s.publisher.query<Record<string, string | null>>(sql, [], s.sourceDb),
+        s.target.query<Record<string, string | null>>(sql, [], s.targetDb),
+      ]);
       assert.deepEqual(
         dst.map((r) => r.id),
         src.map((r) => r.id),
@@ -372,7 +392,9 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
       let query = '';
       await waitFor(
         async () => {
-          const rows = await s.publisher.query<{ query: string }>(`SELECT query FROM pg_stat_activity WHERE backend_type = 'walsender' AND query LIKE $1`, [`%START_REPLICATION SLOT "${s.name}"%`]);
+          const rows = await s.publisher.query<{ query: string }>(`SELECT query FROM pg_stat_activity WHERE backend_type = 'walsender' AND query LIKE $1`, [
+            `%START_REPLICATION SLOT "${s.name}"%`,
+          ]);
           query = rows[0]?.query ?? '';
           return rows.length === 1;
         },
@@ -383,9 +405,7 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
   });
 
   test('INSERT: three rows of edge values and an all-NULL row', async (t) => {
-    await onPublishers((columns) =>
-      TABLES.map((table) => [0, 1, 2].map((k) => insertRow(table, columns, k + 1, k)).join(' ') + insertRow(table, columns, 4, null)).join(' '),
-    );
+    await onPublishers((columns) => TABLES.map((table) => [0, 1, 2].map((k) => insertRow(table, columns, k + 1, k)).join(' ') + insertRow(table, columns, 4, null)).join(' '));
     for (const s of subs) await t.test(label(s.route), () => compare(s));
   });
 
@@ -448,7 +468,11 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
     for (const s of subs) {
       await t.test(label(s.route), async () => {
         await compare(s);
-        const [row] = await s.target.query<{ n: number }>(`SELECT count(*)::int AS n FROM ty.keyed WHERE id BETWEEN 1000 AND 1023 AND length(big) = 128000 AND i4 = id AND m = 'happy'`, [], s.targetDb);
+        const [row] = await s.target.query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM ty.keyed WHERE id BETWEEN 1000 AND 1023 AND length(big) = 128000 AND i4 = id AND m = 'happy'`,
+          [],
+          s.targetDb,
+        );
         assert.equal(row!.n, 24);
       });
     }
@@ -456,7 +480,11 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
 
   test("publisher databases with DateStyle 'SQL, DMY' and IntervalStyle sql_standard: dates and intervals arrive unchanged", async () => {
     for (const { cluster, db } of sources.values()) {
-      const [style] = await cluster.query<{ datestyle: string; intervalstyle: string }>(`SELECT current_setting('datestyle') AS datestyle, current_setting('intervalstyle') AS intervalstyle`, [], db);
+      const [style] = await cluster.query<{ datestyle: string; intervalstyle: string }>(
+        `SELECT current_setting('datestyle') AS datestyle, current_setting('intervalstyle') AS intervalstyle`,
+        [],
+        db,
+      );
       assert.deepEqual(style, { datestyle: 'SQL, DMY', intervalstyle: 'sql_standard' }, `${db} on PG${cluster.major}`);
     }
     for (const s of subs) {
@@ -492,7 +520,11 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
     }
     const rows: Tuple[] = [];
     for (let k = 0; k < 3; k++) {
-      const [sent] = await publisher.query<Record<string, Buffer>>(`SELECT ${columns.map((c, i) => `${sends[i]}(CAST(${c.values[k]} AS ${c.type})) AS c${i}`).join(', ')}`, [], sourceDb);
+      const [sent] = await publisher.query<Record<string, Buffer>>(
+        `SELECT ${columns.map((c, i) => `${sends[i]}(CAST(${c.values[k]} AS ${c.type})) AS c${i}`).join(', ')}`,
+        [],
+        sourceDb,
+      );
       rows.push([{ kind: 'text', value: String(k + 1) }, ...columns.map((_, i) => ({ kind: 'binary', value: sent![`c${i}`]! }) as const)]);
     }
 
@@ -519,7 +551,11 @@ describe(`types round-trip: ${ROUTES.map(label).join(', ')}`, () => {
       [],
       sourceDb,
     );
-    const got = await target.query<Record<string, string>>(`${SESSION} SELECT ${columns.map((c, i) => `array_agg(${c.name}::text ORDER BY id) AS c${i}`).join(', ')} FROM ty.rw`, [], db);
-    columns.forEach((c, i) => assert.deepEqual(got[0]![`c${i}`], expected[0]![`c${i}`], c.name));
+    const got = await target.query<Record<string, string>>(
+      `${SESSION} SELECT ${columns.map((c, i) => `array_agg(${c.name}::text ORDER BY id) AS c${i}`).join(', ')} FROM ty.rw`,
+      [],
+      db,
+    );
+    for (const [i, c] of columns.entries()) assert.deepEqual(got[0]![`c${i}`], expected[0]![`c${i}`], c.name);
   });
 });

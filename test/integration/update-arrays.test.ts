@@ -147,11 +147,21 @@ for (const major of MAJORS) {
         CREATE SCHEMA pgsub;
         CREATE FUNCTION "pgsub"."conflict"(kind text) RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = ''
           AS $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'PSC01', MESSAGE = 'pgsub conflict: ' || kind; END $$;`);
-      oids = (await sql<{ oid: string }>(`SELECT atttypid::int::text AS oid FROM pg_attribute WHERE attrelid = '"ü s".src'::regclass AND attnum > 0 ORDER BY attnum`)).map((r) => Number(r.oid));
+      oids = (await sql<{ oid: string }>(`SELECT atttypid::int::text AS oid FROM pg_attribute WHERE attrelid = '"ü s".src'::regclass AND attnum > 0 ORDER BY attnum`)).map((r) =>
+        Number(r.oid),
+      );
       // Text as the apply connection's session writes it (ISO dates, full float precision).
       const session = `SET datestyle = ISO; SET intervalstyle = postgres; SET extra_float_digits = 3;`;
-      const binary = await cluster.query<Record<string, string | null>>(`SELECT ${COLUMNS.map((c, i) => `encode(${c.send}(${quote(c.name)}), 'hex') AS c${i}`).join(', ')} FROM "ü s".src ORDER BY id`, [], db);
-      const text = (await cluster.query<Record<string, string | null>>(`${session} SELECT ${COLUMNS.map((c, i) => `${quote(c.name)}::text AS c${i}`).join(', ')} FROM "ü s".src ORDER BY id`, [], db));
+      const binary = await cluster.query<Record<string, string | null>>(
+        `SELECT ${COLUMNS.map((c, i) => `encode(${c.send}(${quote(c.name)}), 'hex') AS c${i}`).join(', ')} FROM "ü s".src ORDER BY id`,
+        [],
+        db,
+      );
+      const text = await cluster.query<Record<string, string | null>>(
+        `${session} SELECT ${COLUMNS.map((c, i) => `${quote(c.name)}::text AS c${i}`).join(', ')} FROM "ü s".src ORDER BY id`,
+        [],
+        db,
+      );
       const tuples = (rows: Record<string, string | null>[], value: (s: string) => TupleValue): Tuple[] =>
         rows.map((r) => COLUMNS.map((_, i) => (r[`c${i}`] === null ? { kind: 'null' } : value(r[`c${i}`]!))));
       binaryTuples = tuples(binary, (hex) => ({ kind: 'binary', value: Buffer.from(hex, 'hex') }));
@@ -194,7 +204,11 @@ for (const major of MAJORS) {
         assert.deepEqual(got, await rowsOf(SAME));
         // And it is the source's new row (array columns too in text mode).
         const want = await sql<{ r: string }>(`SELECT (x.*)::text AS r FROM "ü s".src x ORDER BY id`);
-        if (mode === 'text') assert.deepEqual(got, want.map((r) => r.r));
+        if (mode === 'text')
+          assert.deepEqual(
+            got,
+            want.map((r) => r.r),
+          );
         // The text does not depend on the row count: a batch of another size reuses it.
         const again = updateArraysStatement(rel, tuples.slice(0, 9), set, null)!;
         assert.equal(again.text, statement.text);
@@ -210,20 +224,26 @@ for (const major of MAJORS) {
         const set = (mode === 'binary' ? scalar : ALL).filter((i) => i !== bigIndex);
         const tuples: Tuple[] = source.map((t) => t.map((v, i) => (i === bigIndex ? { kind: 'unchanged' } : v)));
         // Keys 1001 … 1005 are not in the table.
-        const missing: Tuple[] = source.slice(0, 5).map((t, k) => [mode === 'binary' ? { kind: 'binary', value: int8(1001n + BigInt(k)) } : { kind: 'text', value: String(1001 + k) }, ...t.slice(1)]);
+        const missing: Tuple[] = source
+          .slice(0, 5)
+          .map((t, k) => [mode === 'binary' ? { kind: 'binary', value: int8(1001n + BigInt(k)) } : { kind: 'text', value: String(1001 + k) }, ...t.slice(1)]);
         const statement = updateArraysStatement(rel, [...tuples.slice(0, 20), ...missing], set, null)!;
         assert.ok(statement);
         assert.equal(await run(statement), 20);
         const big = await sql<{ id: string; big: string }>(`SELECT id::text, left(big, 3) AS big FROM ${TABLE} WHERE id <= 20 ORDER BY id`);
         assert.deepEqual(new Set(big.map((r) => r.big)), new Set(['ooo']));
-        const [changed] = await sql<{ n: string }>(`SELECT count(*)::text AS n FROM ${TABLE} x JOIN "ü s".src s USING (id) WHERE x."ünï" IS NOT DISTINCT FROM s."ünï" AND x.id <= 20`);
+        const [changed] = await sql<{ n: string }>(
+          `SELECT count(*)::text AS n FROM ${TABLE} x JOIN "ü s".src s USING (id) WHERE x."ünï" IS NOT DISTINCT FROM s."ünï" AND x.id <= 20`,
+        );
         assert.equal(changed!.n, '20');
         const detect: Detect = { originId: null, returningOld: major >= 18 };
         const detecting = updateArraysStatement(rel, [...tuples.slice(20, 30), ...missing.slice(0, 1)], set, detect)!;
         await assert.rejects(run(detecting), (e: Error & { code?: string }) => e.code === 'PSC01' && /update_missing/.test(e.message));
         // All found: the detecting statement passes and updates them.
         assert.equal(await run(updateArraysStatement(rel, tuples.slice(20, 30), set, detect)!), 1);
-        const [after30] = await sql<{ n: string }>(`SELECT count(*)::text AS n FROM ${TABLE} x JOIN "ü s".src s USING (id) WHERE x."ünï" IS NOT DISTINCT FROM s."ünï" AND x.id <= 30`);
+        const [after30] = await sql<{ n: string }>(
+          `SELECT count(*)::text AS n FROM ${TABLE} x JOIN "ü s".src s USING (id) WHERE x."ünï" IS NOT DISTINCT FROM s."ünï" AND x.id <= 30`,
+        );
         assert.equal(after30!.n, '30');
       });
     }

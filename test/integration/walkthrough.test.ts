@@ -15,7 +15,7 @@ import { spawnPgsub, startCluster, stopAllClusters, waitFor, waitForCatchUp, wit
 
 const README = fs.readFileSync(path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', 'README.md'), 'utf8');
 const SECTION = README.slice(README.indexOf('## Replicate between your own two servers'), README.indexOf('## Exit codes'));
-const blocks = (lang: string) => [...SECTION.matchAll(new RegExp('```' + lang + '\\n([\\s\\S]*?)```', 'g'))].map((m) => m[1]!);
+const blocks = (lang: string) => [...SECTION.matchAll(new RegExp(`\`\`\`${lang}\\n([\\s\\S]*?)\`\`\``, 'g'))].map((m) => m[1]!);
 const sqlFor = (side: string) => {
   const block = blocks('sql').find((b) => b.startsWith(`-- on the ${side}\n`));
   assert.ok(block, `README's walkthrough has an SQL block for the ${side}`);
@@ -47,9 +47,13 @@ async function finish(p: PgsubProcess): Promise<{ code: number | string; output:
 before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 16, name: 'walk-pub' }), startCluster({ major: 18, name: 'walk-tgt' })]);
   await Promise.all([publisher.createDatabase('shop'), target.createDatabase('shop')]);
-  await publisher.query(`${SCHEMA}
+  await publisher.query(
+    `${SCHEMA}
     INSERT INTO shop.customers SELECT g, 'c' || g FROM generate_series(1, 200) g;
-    INSERT INTO shop.orders SELECT g, 1 + g % 200, g / 10.0 FROM generate_series(1, 1000) g;`, [], 'shop');
+    INSERT INTO shop.orders SELECT g, 1 + g % 200, g / 10.0 FROM generate_series(1, 1000) g;`,
+    [],
+    'shop',
+  );
   // Step 2's "load the schema first", as pg_dump --schema-only would.
   await target.query(SCHEMA, [], 'shop');
   dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-walk-'));
@@ -65,7 +69,10 @@ after(async () => {
 test('the README walkthrough: grants, first start, status, SIGTERM, drop', async () => {
   await publisher.query(sqlFor('publisher'), [], 'shop');
   await target.query(sqlFor('target'), [], 'shop');
-  for (const [cluster, role] of [[publisher, 'pgsub_repl'], [target, 'pgsub']] as const) {
+  for (const [cluster, role] of [
+    [publisher, 'pgsub_repl'],
+    [target, 'pgsub'],
+  ] as const) {
     const [r] = await cluster.query<{ rolsuper: boolean }>('SELECT rolsuper FROM pg_roles WHERE rolname = $1', [role]);
     assert.equal(r?.rolsuper, false, `${role} is not a superuser`);
   }
@@ -89,7 +96,11 @@ test('the README walkthrough: grants, first start, status, SIGTERM, drop', async
   assert.equal(starting.state_dir, path.join(process.env.HOME ?? '/tmp', '.local', 'state', 'pgsub', 'shop_sub'));
   await run.waitForLog('initial copy finished');
   await run.waitForLog('streaming started');
-  await publisher.query(`INSERT INTO shop.customers VALUES (201, 'new'); UPDATE shop.orders SET amount = amount + 1 WHERE id <= 10; DELETE FROM shop.orders WHERE id = 1000;`, [], 'shop');
+  await publisher.query(
+    `INSERT INTO shop.customers VALUES (201, 'new'); UPDATE shop.orders SET amount = amount + 1 WHERE id <= 10; DELETE FROM shop.orders WHERE id = 1000;`,
+    [],
+    'shop',
+  );
   await waitForCatchUp(publisher, 'shop', 'shop_sub');
   const [counts] = await target.query<{ c: number; o: number; a: string }>(
     'SELECT (SELECT count(*)::int FROM shop.customers) AS c, (SELECT count(*)::int FROM shop.orders) AS o, (SELECT sum(amount)::text FROM shop.orders) AS a',

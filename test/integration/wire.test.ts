@@ -68,7 +68,14 @@ test('10,000 pipelined INSERTs inside BEGIN/COMMIT, then sync → idle', async (
   const sel = await wire.execute('SELECT id, v FROM public.pipe WHERE id IN ($1, $2) ORDER BY id', ['7', '9'], { wantRows: true });
   assert.equal(await wire.sync(), 'I');
   assert.deepEqual(upd, { command: 'UPDATE', rowCount: 250, rows: [] });
-  assert.deepEqual(sel, { command: 'SELECT', rowCount: 2, rows: [['7', 'row 7'], ['9', 'row 9']] });
+  assert.deepEqual(sel, {
+    command: 'SELECT',
+    rowCount: 2,
+    rows: [
+      ['7', 'row 7'],
+      ['9', 'row 9'],
+    ],
+  });
 });
 
 test('binary parameters reach typed columns with inferred types; mixed text/binary/NULL', async () => {
@@ -116,14 +123,24 @@ test('an error mid-pipeline rejects that statement, aborts the rest until Sync, 
   await begin;
   await Promise.all(before);
 
-  const err = await dup.then(() => assert.fail('duplicate insert succeeded'), (e: unknown) => e as { code?: string; constraint?: string; table?: string; detail?: string });
+  const err = await dup.then(
+    () => assert.fail('duplicate insert succeeded'),
+    (e: unknown) => e as { code?: string; constraint?: string; table?: string; detail?: string },
+  );
   assert.equal(err.code, '23505');
   assert.equal(err.constraint, 'uniq_pkey');
   assert.equal(err.table, 'uniq');
   assert.match(err.detail ?? '', /\(id\)=\(3\)/);
   // Skipped statements settle without a Sync (awaiting one before sync() must not hang) …
   for (const p of [...later, fresh, commit]) {
-    const e = await withTimeout(p.then(() => assert.fail('skipped statement succeeded'), (x: unknown) => x), 5000, 'aborted statement');
+    const e = await withTimeout(
+      p.then(
+        () => assert.fail('skipped statement succeeded'),
+        (x: unknown) => x,
+      ),
+      5000,
+      'aborted statement',
+    );
     assert.ok(e instanceof PipelineAbortedError, String(e));
     assert.equal(e.code, 'PGSUB_PIPELINE_ABORTED');
     assert.equal((e.cause as { code?: string }).code, '23505');
@@ -146,7 +163,10 @@ test('an error mid-pipeline rejects that statement, aborts the rest until Sync, 
   assert.equal(ok.rowCount, 1);
   assert.equal(ok2.rowCount, 1);
   const rows = await cluster.query<{ id: number }>('SELECT id FROM public.uniq ORDER BY id', [], 'wire');
-  assert.deepEqual(rows.map((r) => r.id), [8, 9]);
+  assert.deepEqual(
+    rows.map((r) => r.id),
+    [8, 9],
+  );
 
   // A Parse error: that statement carries the server error; the same text fails the same way next time.
   const bad = 'SELEC 1';
@@ -180,7 +200,10 @@ test('a Parse whose outcome is unknown is not relied on by the next segment', as
   assert.deepEqual([(await a).rows, (await b).rows], [[['3']], [['6']]]);
   const names = await wire.simpleQuery('SELECT statement FROM pg_prepared_statements ORDER BY statement');
   // 'SELECT 1/0' parsed fine (it fails at execution), so it stays prepared; nothing else is left over.
-  assert.deepEqual(names.rows.map((r) => r.statement), [text, text2, 'SELECT 1/0']);
+  assert.deepEqual(
+    names.rows.map((r) => r.statement),
+    [text, text2, 'SELECT 1/0'],
+  );
 });
 
 test('a deferred constraint failing at an implicit commit rejects sync()', async () => {
@@ -212,7 +235,14 @@ test('startup parameters are in effect; simple query protocol', async () => {
   await assert.rejects(wire.simpleQuery('SELECT * FROM pipe'), (e: { code?: string }) => e.code === '42P01');
 
   const multi = await wire.simpleQuery("SELECT 1 AS a; SELECT 'x' AS b, NULL AS c UNION ALL SELECT 'y', 'z'");
-  assert.deepEqual(multi, { command: 'SELECT', rowCount: 2, rows: [{ b: 'x', c: null }, { b: 'y', c: 'z' }] });
+  assert.deepEqual(multi, {
+    command: 'SELECT',
+    rowCount: 2,
+    rows: [
+      { b: 'x', c: null },
+      { b: 'y', c: 'z' },
+    ],
+  });
   assert.deepEqual(await wire.simpleQuery(''), { command: '', rowCount: 0, rows: [] });
   await wire.simpleQuery("DO $$ BEGIN RAISE NOTICE 'hello %', 'notice'; END $$");
   assert.equal(notices[0]?.message, 'hello notice');
@@ -229,10 +259,19 @@ test('server-side termination rejects pending and later calls with ConnectionLos
   const queued = wire.execute('SELECT 1');
   const synced = wire.sync();
   // pg_stat_activity shows the sleeping statement once the server has started it
-  await waitFor(async () => (await cluster.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND query LIKE 'SELECT pg_sleep%'`, [wire.processId])).length === 1, { what: 'pg_sleep running' });
+  await waitFor(async () => (await cluster.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND query LIKE 'SELECT pg_sleep%'`, [wire.processId])).length === 1, {
+    what: 'pg_sleep running',
+  });
   await cluster.query('SELECT pg_terminate_backend($1)', [wire.processId]);
   for (const p of [sleeping, queued, synced]) {
-    const e = await withTimeout(p.then(() => assert.fail('succeeded after termination'), (x: unknown) => x), 10_000, 'termination');
+    const e = await withTimeout(
+      p.then(
+        () => assert.fail('succeeded after termination'),
+        (x: unknown) => x,
+      ),
+      10_000,
+      'termination',
+    );
     assert.ok(e instanceof ConnectionLostError, String(e));
     assert.equal(e.retryable, true);
     assert.match(e.message, /57P01|terminat/);
@@ -245,7 +284,14 @@ test('server-side termination rejects pending and later calls with ConnectionLos
   // Idle connection: the loss is noticed without a request in flight.
   const idle = await connect();
   await cluster.query('SELECT pg_terminate_backend($1)', [idle.processId]);
-  await waitFor(() => idle.execute('SELECT 1').then(() => false, (e: unknown) => e instanceof ConnectionLostError), { what: 'idle loss noticed' });
+  await waitFor(
+    () =>
+      idle.execute('SELECT 1').then(
+        () => false,
+        (e: unknown) => e instanceof ConnectionLostError,
+      ),
+    { what: 'idle loss noticed' },
+  );
   await idle.close();
 });
 
@@ -320,8 +366,11 @@ test('statement cache LRU eviction (size 3, 10 texts) keeps results correct and 
 test('TLS (sslmode=require): the pipelined protocol runs over the upgraded stream', async (t) => {
   const dir = cluster.dataDir;
   try {
-    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=127.0.0.1',
-      '-keyout', path.join(dir, 'wire.key'), '-out', path.join(dir, 'wire.crt')], { stdio: 'ignore' });
+    execFileSync(
+      'openssl',
+      ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=127.0.0.1', '-keyout', path.join(dir, 'wire.key'), '-out', path.join(dir, 'wire.crt')],
+      { stdio: 'ignore' },
+    );
     const owner = statSync(dir);
     for (const f of ['wire.key', 'wire.crt']) chownSync(path.join(dir, f), owner.uid, owner.gid);
     chmodSync(path.join(dir, 'wire.key'), 0o600);
@@ -342,7 +391,10 @@ test('TLS (sslmode=require): the pipelined protocol runs over the upgraded strea
   for (let i = 0; i < 2000; i++) all.push(wire.execute('SELECT $1::int8 + 1', [int8(BigInt(i))], { wantRows: true }));
   assert.equal(await wire.sync(), 'I');
   assert.deepEqual(ssl.rows, [['t']]);
-  assert.deepEqual((await Promise.all(all)).map((r) => r.rows[0]?.[0]), [...Array(2000).keys()].map((i) => String(i + 1)));
+  assert.deepEqual(
+    (await Promise.all(all)).map((r) => r.rows[0]?.[0]),
+    [...Array(2000).keys()].map((i) => String(i + 1)),
+  );
 });
 
 test('throughput: 50,000 single-row INSERTs pipelined vs awaited one by one (printed, not asserted)', async (t) => {

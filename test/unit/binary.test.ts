@@ -151,10 +151,8 @@ const SENT: Capture[] = [
     name: 'range over a composite',
     sql: `range_send(app.comprange(row('a',1,'sad')::app.comp, row('b',2,'ok')::app.comp))`,
     type: T.comprange,
-    publisher:
-      '0200000024000000030000001900000001610000001700000004000000010000406300000003736164000000230000000300000019000000016200000017000000040000000200004063000000026f6b',
-    target:
-      '0200000024000000030000001900000001610000001700000004000000010000404200000003736164000000230000000300000019000000016200000017000000040000000200004042000000026f6b',
+    publisher: '0200000024000000030000001900000001610000001700000004000000010000406300000003736164000000230000000300000019000000016200000017000000040000000200004063000000026f6b',
+    target: '0200000024000000030000001900000001610000001700000004000000010000404200000003736164000000230000000300000019000000016200000017000000040000000200004042000000026f6b',
   },
   {
     name: 'range over a composite, upper bound unbounded',
@@ -198,7 +196,7 @@ describe('oidPlan', () => {
 
   test('arrays of user-defined types, composites, ranges and multiranges over them, domains over those', () => {
     assert.deepEqual(oidPlan(T.moodArr, TYPES), { kind: 'array', elemOid: T.mood, elem: null });
-    assert.deepEqual(oidPlan(T.moods, TYPES), oidPlan(T.moodArr, TYPES), 'a domain has its base type\'s plan');
+    assert.deepEqual(oidPlan(T.moods, TYPES), oidPlan(T.moodArr, TYPES), "a domain has its base type's plan");
     assert.equal(oidPlan(T.comp, TYPES)?.kind, 'record');
     assert.equal(oidPlan(T.comprange, TYPES)?.kind, 'range');
     assert.equal(oidPlan(T.compmultirange, TYPES)?.kind, 'multirange');
@@ -253,13 +251,16 @@ describe('rewriteOids on bytes sent by PostgreSQL 18', () => {
   test('a composite with another field count is a schema mismatch naming the target type', () => {
     const twoFields = new Map(TYPES);
     twoFields.set(T.comp, { ...TYPES.get(T.comp)!, fields: [TEXT, INT4] });
-    assert.throws(() => rewriteOids(hex(SENT[4]!.publisher), oidPlan(T.comp, twoFields)!), (e: unknown) => {
-      assert.ok(e instanceof BinaryLayoutError);
-      assert.ok(e instanceof SchemaMismatchError);
-      assert.match(e.message, /composite value has 3 fields, target type "app"\."comp" has 2/);
-      assert.equal(e.typeName, '"app"."comp"');
-      return true;
-    });
+    assert.throws(
+      () => rewriteOids(hex(SENT[4]!.publisher), oidPlan(T.comp, twoFields)!),
+      (e: unknown) => {
+        assert.ok(e instanceof BinaryLayoutError);
+        assert.ok(e instanceof SchemaMismatchError);
+        assert.match(e.message, /composite value has 3 fields, target type "app"\."comp" has 2/);
+        assert.equal(e.typeName, '"app"."comp"');
+        return true;
+      },
+    );
   });
 
   test('nested composite field count mismatch inside an array is found too', () => {
@@ -298,7 +299,8 @@ describe('statements in binary mode', () => {
       relkind: 'r',
       targetColumns: names.map((name, i) => ({ name, typeOid: targetTypes[i]![0], typeName: targetTypes[i]![1], generated: false, hasEquality: true })),
       keyIndexes: [0],
-      statements: new Map(), paramColumns: new Map(),
+      statements: new Map(),
+      paramColumns: new Map(),
       ...(binary ? { binary } : {}),
     };
   }
@@ -315,12 +317,15 @@ describe('statements in binary mode', () => {
 
   test('a tuple mixing binary, text and NULL binds Buffers in binary and strings in text format', () => {
     const s = insertStatement(rel(), [int4(7), NULL, text('fat & rat'), bin('6869')]);
-    assert.equal(s.text, `INSERT INTO "app"."bin" ("id", "moods", "q", "note") VALUES ($1::"pg_catalog"."int8", $2::"app"."_mood", $3::"pg_catalog"."tsquery", $4::"pg_catalog"."text")`);
+    assert.equal(
+      s.text,
+      `INSERT INTO "app"."bin" ("id", "moods", "q", "note") VALUES ($1::"pg_catalog"."int8", $2::"app"."_mood", $3::"pg_catalog"."tsquery", $4::"pg_catalog"."text")`,
+    );
     assert.deepEqual(s.params, [hex('00000007'), null, 'fat & rat', hex('6869')]);
     assert.equal(s.paramTypes, undefined, 'no binary bookkeeping: every type from its cast');
   });
 
-  test('Parse types: the remote type for a binary value whose type differs from the column\'s, 0 for everything else', () => {
+  test("Parse types: the remote type for a binary value whose type differs from the column's, 0 for everything else", () => {
     const s = insertStatement(rel(BINARY), [int4(7), NULL, text('x'), text('y')]);
     assert.deepEqual(s.paramTypes, [INT4, 0, 0, 0]);
     // The same column in text (a type without binary send, or text mode): the cast's type reads it.
@@ -332,7 +337,7 @@ describe('statements in binary mode', () => {
     assert.deepEqual(deleteStatement(rel(BINARY), 'key', [int4(1), NULL, NULL, NULL]).paramTypes, [INT4]);
   });
 
-  test('embedded OIDs are rewritten to the target\'s before binding', () => {
+  test("embedded OIDs are rewritten to the target's before binding", () => {
     const s = insertStatement(rel(BINARY), [int4(1), bin(SENT[0]!.publisher), NULL, NULL]);
     assert.equal((s.params[1] as Buffer).toString('hex'), SENT[0]!.target);
   });

@@ -142,10 +142,19 @@ describe('config file', () => {
     assertConfigError(() => load({ file }), /unknown key Streaming \(from .*\.yaml\); did you mean streaming\?/);
     // Too far from every key for a guess: no suggestion.
     assertConfigError(() => load({ file }), /unknown key publicaton_names \(from/);
-    assert.throws(() => load({ file }), (err: unknown) => err instanceof ConfigError && err.context.key === 'copydata' && !/publicaton_names; did you mean/.test(err.message));
+    assert.throws(
+      () => load({ file }),
+      (err: unknown) => err instanceof ConfigError && err.context.key === 'copydata' && !/publicaton_names; did you mean/.test(err.message),
+    );
     // Nested mappings suggest their own keys.
-    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"defaults":{}}' } }), /unknown key defaults in conflicts \(from PGSUB_CONFLICTS\); did you mean default\?/);
-    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"insert_exist":"skip"}}' } }), /unknown key insert_exist in conflicts\.default \(from PGSUB_CONFLICTS\); did you mean insert_exists\?/);
+    assertConfigError(
+      () => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"defaults":{}}' } }),
+      /unknown key defaults in conflicts \(from PGSUB_CONFLICTS\); did you mean default\?/,
+    );
+    assertConfigError(
+      () => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"insert_exist":"skip"}}' } }),
+      /unknown key insert_exist in conflicts\.default \(from PGSUB_CONFLICTS\); did you mean insert_exists\?/,
+    );
   });
 
   test('an enum error lists the allowed values', () => {
@@ -153,7 +162,10 @@ describe('config file', () => {
     assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_ORIGIN: 'local' } }), 'origin: "local" is not one of any, none');
     assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_LOG_LEVEL: 'loud' } }), 'log_level: "loud" is not one of fatal, error, warn, info, debug, trace, silent');
     assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_COPY_DATA: 'maybe' } }), 'copy_data: "maybe" is not a boolean (true/false, on/off, yes/no, 1/0)');
-    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"insert_exists":"merge"}}' } }), 'conflicts.default.insert_exists: "merge" is not one of error, skip, apply_remote, keep_local (from PGSUB_CONFLICTS)');
+    assertConfigError(
+      () => load({ env: { ...MINIMAL_ENV, PGSUB_CONFLICTS: '{"default":{"insert_exists":"merge"}}' } }),
+      'conflicts.default.insert_exists: "merge" is not one of error, skip, apply_remote, keep_local (from PGSUB_CONFLICTS)',
+    );
     const file = writeFile('.yaml', 'source: host=a\ntarget: host=b\npublication: p\nstreaming: 3\n');
     assertConfigError(() => load({ file }), new RegExp(`streaming: 3 is not one of off, on, parallel \\(from ${file.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}\\)`));
   });
@@ -195,7 +207,10 @@ describe('config file', () => {
     assertConfigError(() => load({ env: noTarget }), /^invalid configuration: target is required \(in the config file, or as PGSUB_TARGET\)$/);
     const { PGSUB_SOURCE: _s, PGSUB_PUBLICATION: _p, ...neither } = MINIMAL_ENV;
     assertConfigError(() => load({ env: neither }), /source is required .*; publication is required/);
-    assert.throws(() => load({ env: neither }), (err: unknown) => err instanceof ConfigError && err.context.key === 'source');
+    assert.throws(
+      () => load({ env: neither }),
+      (err: unknown) => err instanceof ConfigError && err.context.key === 'source',
+    );
   });
 });
 
@@ -250,7 +265,10 @@ describe('environment', () => {
   test('an unknown PGSUB_ variable is a ConfigError naming it, with a suggestion when it is a near miss', () => {
     assert.throws(
       () => load({ env: { ...MINIMAL_ENV, PGSUB_PUBLICATON: 'typo' } }),
-      (err: unknown) => err instanceof ConfigError && err.context.key === 'PGSUB_PUBLICATON' && /^environment variable PGSUB_PUBLICATON is not a pgsub setting; did you mean PGSUB_PUBLICATION\?$/.test(err.message),
+      (err: unknown) =>
+        err instanceof ConfigError &&
+        err.context.key === 'PGSUB_PUBLICATON' &&
+        /^environment variable PGSUB_PUBLICATON is not a pgsub setting; did you mean PGSUB_PUBLICATION\?$/.test(err.message),
     );
     assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_COPYDATA: 'false' } }), /PGSUB_COPYDATA is not a pgsub setting; did you mean PGSUB_COPY_DATA\?/);
     assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_SLTO: 'x' } }), /did you mean PGSUB_SLOT\?/);
@@ -348,13 +366,30 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
     const d = load({ env: MINIMAL_ENV }).conflicts;
     assert.equal(d.detect, true);
     assert.deepEqual(d.defaults, {
-      insert_exists: 'error', update_origin_differs: 'apply_remote', update_exists: 'error', update_missing: 'skip',
-      delete_origin_differs: 'apply_remote', delete_missing: 'skip', multiple_unique_conflicts: 'error',
+      insert_exists: 'error',
+      update_origin_differs: 'apply_remote',
+      update_exists: 'error',
+      update_missing: 'skip',
+      delete_origin_differs: 'apply_remote',
+      delete_missing: 'skip',
+      multiple_unique_conflicts: 'error',
     });
-    const file = writeFile('.yaml', [
-      'source: host=a', 'target: host=b', 'publication: p',
-      'conflicts:', '  default:', '    insert_exists: apply_remote', '  tables:', `    'public.Odd "name"':`, '      update_missing: apply_remote', '      insert_exists: keep_local', '',
-    ].join('\n'));
+    const file = writeFile(
+      '.yaml',
+      [
+        'source: host=a',
+        'target: host=b',
+        'publication: p',
+        'conflicts:',
+        '  default:',
+        '    insert_exists: apply_remote',
+        '  tables:',
+        `    'public.Odd "name"':`,
+        '      update_missing: apply_remote',
+        '      insert_exists: keep_local',
+        '',
+      ].join('\n'),
+    );
     const c = load({ file }).conflicts;
     assert.equal(c.defaults.insert_exists, 'apply_remote');
     assert.equal(c.defaults.update_exists, 'error');

@@ -178,8 +178,12 @@ describe('parseConninfo: bad port, sslmode, connect_timeout', () => {
     assertConfigError(() => parseConninfo('host=h', 'target', { PGPORT: 'x' }), 'target', /port "x"/);
   });
 
-  test('sslmode not one of libpq\'s six', () => {
-    assertConfigError(() => parseConninfo('host=h sslmode=required', 'target', NO_ENV), 'target', /sslmode "required" is not one of disable, allow, prefer, require, verify-ca, verify-full/);
+  test("sslmode not one of libpq's six", () => {
+    assertConfigError(
+      () => parseConninfo('host=h sslmode=required', 'target', NO_ENV),
+      'target',
+      /sslmode "required" is not one of disable, allow, prefer, require, verify-ca, verify-full/,
+    );
     assertConfigError(() => parseConninfo('postgresql://h/db?sslmode=on', 'source', NO_ENV), 'source', /sslmode "on"/);
     assertConfigError(() => parseConninfo('host=h', 'source', { PGSSLMODE: 'REQUIRE' }), 'source', /sslmode "REQUIRE"/);
   });
@@ -192,7 +196,10 @@ describe('parseConninfo: bad port, sslmode, connect_timeout', () => {
 
   test('errors never echo the password', () => {
     for (const text of ['host=h password=hunter2 port=x', 'postgresql://u:hunter2@h/db?sslmode=bad', 'password=hunter2 oops']) {
-      assert.throws(() => parseConninfo(text, 'source', NO_ENV), (err: Error) => !err.message.includes('hunter2'));
+      assert.throws(
+        () => parseConninfo(text, 'source', NO_ENV),
+        (err: Error) => !err.message.includes('hunter2'),
+      );
     }
   });
 });

@@ -19,7 +19,7 @@ function message(code: string, body: Buffer): Buffer {
   return Buffer.concat([head, body]);
 }
 
-const rows = [Buffer.from('1\tone\n'), Buffer.from('2\t' + 'x'.repeat(300) + '\n'), Buffer.alloc(0), Buffer.from('3\tthree\n')];
+const rows = [Buffer.from('1\tone\n'), Buffer.from(`2\t${'x'.repeat(300)}\n`), Buffer.alloc(0), Buffer.from('3\tthree\n')];
 const data = rows.map((r) => message('d', r));
 const copyOut = message('H', Buffer.from([0, 0, 1, 0, 0]));
 const notice = message('N', Buffer.from('SNOTICE\0\0'));
@@ -70,7 +70,10 @@ async function relay(chunks: Buffer[]): Promise<{ out: Buffer[]; handedBack: Buf
 
 function splits(buf: Buffer, cuts: number[]): Buffer[] {
   const at = [0, ...cuts, buf.length];
-  return at.slice(1).map((end, i) => buf.subarray(at[i]!, end)).filter((b) => b.length > 0);
+  return at
+    .slice(1)
+    .map((end, i) => buf.subarray(at[i]!, end))
+    .filter((b) => b.length > 0);
 }
 
 /** Every output chunk is a run of whole CopyData messages. */

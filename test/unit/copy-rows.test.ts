@@ -27,7 +27,10 @@ function relation(columns: { name: string; typeOid?: number }[], binary?: Binary
     relkind: 'r',
     targetColumns: columns.map((c) => ({ name: c.name, typeOid: c.typeOid ?? 25, typeName: '"pg_catalog"."text"', generated: false, hasEquality: true })),
     keyIndexes: [0],
-    statements: new Map(), paramColumns: new Map(), ordered: false, rowSecurity: false,
+    statements: new Map(),
+    paramColumns: new Map(),
+    ordered: false,
+    rowSecurity: false,
   };
   if (binary) rel.binary = binary;
   return rel;
@@ -56,10 +59,7 @@ describe('copyInsertStatement', () => {
     const copy = copyInsertStatement(rel, tuples)!;
     assert.equal(copy.text, 'COPY "a""b"."ünï" ("id", "we""ird", "ünï") FROM STDIN');
     assert.equal(copy.data.length, 1);
-    assert.equal(
-      copy.data[0]!.toString('utf8'),
-      '1\ttab\\there\tnl\\nline cr\\r back\\\\slash\n' + '2\t\\N\tünïcödé "quoted" \'single\' 😀\n' + '3\t\\\\.\t\n',
-    );
+    assert.equal(copy.data[0]!.toString('utf8'), '1\ttab\\there\tnl\\nline cr\\r back\\\\slash\n' + '2\t\\N\tünïcödé "quoted" \'single\' 😀\n' + '3\t\\\\.\t\n');
   });
 
   test('rows of NULLs only go as text', () => {
@@ -68,7 +68,10 @@ describe('copyInsertStatement', () => {
   });
 
   test('binary rows: signature, flags, per-row field count, lengths, -1 for NULL, trailer', () => {
-    const brel = relation([{ name: 'id', typeOid: 23 }, { name: 'v', typeOid: 17 }]);
+    const brel = relation([
+      { name: 'id', typeOid: 23 },
+      { name: 'v', typeOid: 17 },
+    ]);
     const copy = copyInsertStatement(brel, [
       [b(int4(7)), b([0xde, 0xad])],
       [b(int4(-1)), NULL],
@@ -94,7 +97,14 @@ describe('copyInsertStatement', () => {
   test('null where only the INSERT path can apply the rows', () => {
     assert.equal(copyInsertStatement(rel, []), null, 'no rows');
     assert.equal(copyInsertStatement(rel, [[t('1'), b([1]), NULL]]), null, 'text and binary in one row');
-    assert.equal(copyInsertStatement(rel, [[t('1'), t('x'), NULL], [b([1]), b([2]), NULL]]), null, 'text and binary in different rows');
+    assert.equal(
+      copyInsertStatement(rel, [
+        [t('1'), t('x'), NULL],
+        [b([1]), b([2]), NULL],
+      ]),
+      null,
+      'text and binary in different rows',
+    );
     assert.equal(copyInsertStatement(rel, [[t('1'), UNCHANGED, NULL]]), null, 'unchanged TOAST value');
     assert.equal(copyInsertStatement(rel, [[t('1'), t('x')]]), null, 'narrower tuple');
     assert.equal(copyInsertStatement(rel, [[t('1'), t('x'), t('y'), t('z')]]), null, 'wider tuple');
@@ -102,7 +112,13 @@ describe('copyInsertStatement', () => {
 
   test('binary: null where the INSERT path reads a value as another type or sends it as text', () => {
     // Remote int4 into a target int8 column: the INSERT path's cast converts, COPY cannot.
-    const widened = relation([{ name: 'id', typeOid: 23 }, { name: 'n', typeOid: 23 }], { parseTypes: [0, 23], plans: null });
+    const widened = relation(
+      [
+        { name: 'id', typeOid: 23 },
+        { name: 'n', typeOid: 23 },
+      ],
+      { parseTypes: [0, 23], plans: null },
+    );
     assert.equal(copyInsertStatement(widened, [[b(int4(1)), b(int4(2))]]), null);
     // … but a column that only carries NULLs needs no conversion.
     assert.ok(copyInsertStatement(widened, [[b(int4(1)), NULL]]));
@@ -112,7 +128,7 @@ describe('copyInsertStatement', () => {
     assert.ok(copyInsertStatement(tsq, [[b([0, 0, 0, 1, 1, 1, 0, 0x61, 0])]]));
   });
 
-  test('binary: user-defined OIDs embedded in arrays are rewritten to the target\'s', () => {
+  test("binary: user-defined OIDs embedded in arrays are rewritten to the target's", () => {
     // int32 ndim 1, hasnull 0, elemtype 16483 (publisher's enum), dim 1, lbound 1, one element "ok"
     const sent = Buffer.from('00000001000000000000406300000001000000010000000' + '26f6b', 'hex');
     const rel2 = relation([{ name: 'moods', typeOid: 16482 }], { parseTypes: null, plans: [{ kind: 'array', elemOid: 16450, elem: null }] });
@@ -127,7 +143,7 @@ describe('copyInsertStatement', () => {
 
   test('sizes are exact for many rows of mixed widths', () => {
     const tuples: Tuple[] = [];
-    for (let i = 0; i < 2000; i++) tuples.push([t(String(i)), i % 7 === 0 ? NULL : t('x'.repeat(i % 50) + '\t\\é'), t('😀'.repeat(i % 3))]);
+    for (let i = 0; i < 2000; i++) tuples.push([t(String(i)), i % 7 === 0 ? NULL : t(`${'x'.repeat(i % 50)}\t\\é`), t('😀'.repeat(i % 3))]);
     const out = copyInsertStatement(rel, tuples)!.data[0]!.toString('utf8');
     const lines = out.split('\n');
     assert.equal(lines.length, 2001);

@@ -39,7 +39,7 @@ function keepalive(walEnd: bigint, reply: boolean): Buffer {
   return message('d', body);
 }
 
-const payloads = [Buffer.from('Bbegin'), Buffer.from('I' + 'x'.repeat(400)), Buffer.alloc(0), Buffer.from('Ccommit')];
+const payloads = [Buffer.from('Bbegin'), Buffer.from(`I${'x'.repeat(400)}`), Buffer.alloc(0), Buffer.from('Ccommit')];
 const frames = payloads.map((p, i) => xlogData(BigInt(0x1000 + i), p));
 const start = message('W', Buffer.from([0, 0, 0]));
 const notice = message('N', Buffer.from('SNOTICE\0\0'));
@@ -51,7 +51,10 @@ function fakeConnection(chunks: Buffer[]) {
   const handedBack: Buffer[] = [];
   const written: Buffer[] = [];
   const stream = new Readable({ read() {} }) as Readable & { write(b: Buffer): boolean; writableEnded: boolean };
-  stream.write = (b: Buffer) => (written.push(b), true);
+  stream.write = (b: Buffer) => {
+    written.push(b);
+    return true;
+  };
   stream.writableEnded = false;
   stream.on('data', (b: Buffer) => handedBack.push(b));
   const connection = {
@@ -79,7 +82,10 @@ async function readAll(reader: CopyBothReader): Promise<{ items: ReceivedBatch['
 
 function splits(buf: Buffer, cuts: number[]): Buffer[] {
   const at = [0, ...cuts, buf.length];
-  return at.slice(1).map((end, i) => buf.subarray(at[i]!, end)).filter((b) => b.length > 0);
+  return at
+    .slice(1)
+    .map((end, i) => buf.subarray(at[i]!, end))
+    .filter((b) => b.length > 0);
 }
 
 async function run(chunks: Buffer[]) {
@@ -167,7 +173,12 @@ test('an unknown frame tag is a ProtocolError naming it', async () => {
   const { connection } = fakeConnection([Buffer.concat([start, frames[0]!, bad])]);
   const reader = new CopyBothReader('START_REPLICATION …', 0);
   reader.submit(connection as never);
-  await assert.rejects(readAll(reader).then((r) => { if (r.error) throw r.error; }), (err: Error & { code?: string }) => err.code === 'PGSUB_PROTOCOL_UNKNOWN_MESSAGE' && /0x7a/.test(err.message));
+  await assert.rejects(
+    readAll(reader).then((r) => {
+      if (r.error) throw r.error;
+    }),
+    (err: Error & { code?: string }) => err.code === 'PGSUB_PROTOCOL_UNKNOWN_MESSAGE' && /0x7a/.test(err.message),
+  );
 });
 
 test('status updates go out as CopyData once CopyBoth has started, not before', async () => {

@@ -131,12 +131,7 @@ test(`decoder fuzz: ${ITERATIONS} mutated messages, seed ${SEED}`, () => {
   console.log(`# decoder fuzz seed=${SEED} iterations=${ITERATIONS} (set PGSUB_FUZZ_SEED / PGSUB_FUZZ_ITERATIONS to replay or extend)`);
   assert.ok(corpus.length > 0, 'no fixtures');
   const r = prng(SEED);
-  const contexts: DecodeContext[] = [
-    { inStream: false },
-    { inStream: true },
-    { inStream: false, streamAbortInfo: true },
-    { inStream: true, streamAbortInfo: true },
-  ];
+  const contexts: DecodeContext[] = [{ inStream: false }, { inStream: true }, { inStream: false, streamAbortInfo: true }, { inStream: true, streamAbortInfo: true }];
   const outcomes = new Map<string, number>();
   const t0 = performance.now();
   let slowest = 0;
@@ -163,7 +158,10 @@ test(`decoder fuzz: ${ITERATIONS} mutated messages, seed ${SEED}`, () => {
     outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
   }
   const elapsed = performance.now() - t0;
-  const summary = [...outcomes].sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k}=${v}`).join(' ');
+  const summary = [...outcomes]
+    .sort((a, b) => b[1] - a[1])
+    .map(([k, v]) => `${k}=${v}`)
+    .join(' ');
   console.log(`# ${ITERATIONS} calls in ${elapsed.toFixed(0)} ms (slowest ${slowest.toFixed(2)} ms): ${summary}`);
   // Every error class and plenty of successes must have been exercised.
   for (const code of ['PGSUB_PROTOCOL_TRUNCATED', 'PGSUB_PROTOCOL_TRAILING_BYTES', 'PGSUB_PROTOCOL_UNKNOWN_MESSAGE', 'PGSUB_PROTOCOL_BAD_FIELD'])

@@ -74,9 +74,25 @@ function throwsCode(fn: () => unknown, codes: ProtocolErrorCode | ProtocolErrorC
 }
 
 const ALL_TAGS: MessageTag[] = [
-  'begin', 'commit', 'origin', 'relation', 'type', 'insert', 'update', 'delete', 'truncate', 'message',
-  'streamStart', 'streamStop', 'streamCommit', 'streamAbort', 'beginPrepare', 'prepare', 'commitPrepared',
-  'rollbackPrepared', 'streamPrepare',
+  'begin',
+  'commit',
+  'origin',
+  'relation',
+  'type',
+  'insert',
+  'update',
+  'delete',
+  'truncate',
+  'message',
+  'streamStart',
+  'streamStop',
+  'streamCommit',
+  'streamAbort',
+  'beginPrepare',
+  'prepare',
+  'commitPrepared',
+  'rollbackPrepared',
+  'streamPrepare',
 ];
 const XID_PREFIXED = new Set<MessageTag>(['relation', 'type', 'insert', 'update', 'delete', 'truncate', 'message']);
 
@@ -110,8 +126,7 @@ describe('decode: captured messages', () => {
 describe('decode: binary values are views into the input; other output does not alias it', () => {
   // Binary tuple values are subarrays of the message (no copy per value; the apply path
   // never writes into them). Everything else — strings, MESSAGE content — is independent.
-  const binaryValues = (m: PgOutputMessage) =>
-    m.tag === 'insert' || m.tag === 'update' ? m.newTuple.flatMap((v) => (v.kind === 'binary' ? [v.value] : [])) : [];
+  const binaryValues = (m: PgOutputMessage) => (m.tag === 'insert' || m.tag === 'update' ? m.newTuple.flatMap((v) => (v.kind === 'binary' ? [v.value] : [])) : []);
   const withBinary = fixtures.filter((x) => binaryValues(x.expected).length > 0);
   const withContent = fixtures.filter((x) => x.expected.tag === 'message');
   test('there are fixtures with binary values and message contents', () => assert.ok(withBinary.length >= 3 && withContent.length >= 1));
@@ -258,7 +273,12 @@ describe('decode: field validation', () => {
     const buf = bytes(f);
     const at = identityOffset(buf, false);
     assert.ok([0x64, 0x6e, 0x66, 0x69].includes(buf[at]!));
-    for (const [b, want] of [[0x64, 'default'], [0x6e, 'nothing'], [0x66, 'full'], [0x69, 'index']] as const) {
+    for (const [b, want] of [
+      [0x64, 'default'],
+      [0x6e, 'nothing'],
+      [0x66, 'full'],
+      [0x69, 'index'],
+    ] as const) {
       buf[at] = b;
       assert.equal((decode(buf, f.ctx) as { replicaIdentity: string }).replicaIdentity, want);
     }
@@ -308,7 +328,7 @@ describe('decode: field validation', () => {
     }
   });
 
-  test("update: optional K/O, then required N", () => {
+  test('update: optional K/O, then required N', () => {
     const withOld = first('update', (x) => x.expected.tag === 'update' && x.expected.oldKind === 'key' && !x.ctx.inStream);
     const buf = bytes(withOld);
     assert.equal(buf[5], 0x4b);

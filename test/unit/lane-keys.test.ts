@@ -6,7 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { changeKeys as changeKeysInto, keyColumns } from '../../src/apply/run/lane-keys.js';
+import { changeKeys as changeKeysInto, keyColumns } from '../../src/protocol/peek.js';
 import type { RelationMessage } from '../../src/protocol/messages.js';
 
 type Column = string | null | 'unchanged';

@@ -8,11 +8,10 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import pino from 'pino';
 import { Writable } from 'node:stream';
-import { loadConfig } from '../../src/config/config.js';
 import { newCounters } from '../../src/apply/txn/apply-state.js';
-import { Progress } from '../../src/origin/progress.js';
+import { Progress } from '../../src/origin/positions.js';
 import type { Lsn } from '../../src/protocol/lsn.js';
-import { SyncStates } from '../../src/tablesync/state.js';
+import { SyncStates } from '../../src/tablesync/sync-state.js';
 import type { SessionHandle } from '../../src/service/session.js';
 import { CATCHING_UP_BYTES, DEFAULT_PROGRESS_INTERVAL_MS, ProgressLog, progressIntervalMs, runState } from '../../src/service/progress-log.js';
 
@@ -49,13 +48,12 @@ test('interval: 30 s unless PGSUB_PROGRESS_INTERVAL_MS says otherwise', () => {
 
 test('a line: rate since the previous line, lag from the session positions, counts of finished copies', async () => {
   // Nothing listens on port 1: the lag in seconds, read from the target, is then unknown.
-  const config = loadConfig({ env: {}, overrides: { source: 'host=127.0.0.1 port=1', target: 'host=127.0.0.1 port=1 connect_timeout=2', publication: 'p' } });
   const counters = newCounters();
   const sync = new SyncStates(false);
   const progress = new Progress(lsn(1000));
   let session: SessionHandle | null = null;
   const { log, lines } = capture();
-  const p = new ProgressLog(config, log, { counters, sync, session: () => session, copyRunning: () => false }, 60_000);
+  const p = new ProgressLog(log, { counters, sync, session: () => session, copyRunning: () => false }, 60_000);
 
   await p.tick(Date.now());
   assert.equal(lines.length, 1);

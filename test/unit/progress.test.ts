@@ -1,12 +1,12 @@
 /**
- * origin/progress.ts without a server: feedback reports only what the target has flushed.
+ * origin/positions.ts without a server: feedback reports only what the target has flushed.
  * An asynchronous commit (synchronous_commit = off) is durable for the apply decisions at
  * once but reported as flushed only when the target's WAL flush passes its local LSN; a
  * synchronous commit flushes every earlier one; a syncing table's hold caps the report.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { Progress } from '../../src/origin/progress.js';
+import { Progress } from '../../src/origin/positions.js';
 import { asLsn } from '../../src/protocol/lsn.js';
 
 const L = (n: number) => asLsn(BigInt(n));

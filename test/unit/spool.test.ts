@@ -26,10 +26,10 @@ test('records replay in order across segments and write-buffer flushes', async (
   spool.prepare();
   spool.start(7, true);
   const many = Array.from({ length: 5000 }, (_, i) => `record ${i} ${'x'.repeat(i % 300)}`);
-  many.slice(0, 2500).forEach((m) => spool.append(7, 7, Buffer.from(m)));
+  for (const m of many.slice(0, 2500)) spool.append(7, 7, Buffer.from(m));
   spool.stop(7);
   spool.start(7, false);
-  many.slice(2500).forEach((m) => spool.append(7, 7, Buffer.from(m)));
+  for (const m of many.slice(2500)) spool.append(7, 7, Buffer.from(m));
   spool.stop(7);
   assert.deepEqual(await replayed(spool, 7), many);
 });
@@ -55,7 +55,10 @@ test('records larger than the write buffer, between small ones; a reused source 
   }
   spool.stop(8);
   assert.deepEqual(await replayed(spool, 8), want);
-  assert.equal(spool.bytes, want.reduce((n, w) => n + 4 + Buffer.byteLength(w), 0));
+  assert.equal(
+    spool.bytes,
+    want.reduce((n, w) => n + 4 + Buffer.byteLength(w), 0),
+  );
 });
 
 test('records split between reads (1 MB each) at every kind of place: inside a header, inside a body, over three reads', async () => {
@@ -77,7 +80,10 @@ test('records split between reads (1 MB each) at every kind of place: inside a h
   for (const w of want) spool.append(9, 9, Buffer.from(w));
   spool.stop(9);
   const got = await replayed(spool, 9);
-  assert.deepEqual(got.map((g) => [g.length, g[0]]), want.map((w) => [w.length, w[0]]));
+  assert.deepEqual(
+    got.map((g) => [g.length, g[0]]),
+    want.map((w) => [w.length, w[0]]),
+  );
   assert.deepEqual(got, want);
 });
 
@@ -100,7 +106,7 @@ test('subtransaction abort truncates its records and later ones; later appends f
   assert.deepEqual(await replayed(spool, 1), ['top a', 'top c']);
 });
 
-test('whole-transaction abort and discard delete the file; prepare removes only this subscription\'s orphans', () => {
+test("whole-transaction abort and discard delete the file; prepare removes only this subscription's orphans", () => {
   const dir = tmp();
   fs.writeFileSync(path.join(dir, 'sub-42.changes'), 'orphan');
   fs.writeFileSync(path.join(dir, 'other-42.changes'), 'not ours');
@@ -121,5 +127,8 @@ test('whole-transaction abort and discard delete the file; prepare removes only 
 test('a later segment for a transaction with no file is a protocol error', () => {
   const spool = new StreamSpool(tmp(), 'sub');
   spool.prepare();
-  assert.throws(() => spool.start(9, false), (e: Error & { code?: string }) => e.code === 'PGSUB_PROTOCOL_OUT_OF_ORDER');
+  assert.throws(
+    () => spool.start(9, false),
+    (e: Error & { code?: string }) => e.code === 'PGSUB_PROTOCOL_OUT_OF_ORDER',
+  );
 });

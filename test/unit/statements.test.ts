@@ -41,13 +41,14 @@ function relation(spec: { schema?: string; name: string; identity: ReplicaIdenti
   return {
     remote,
     ordered: false,
-      rowSecurity: false,
+    rowSecurity: false,
     qualifiedName: `"${schema.replace(/"/g, '""')}"."${spec.name.replace(/"/g, '""')}"`,
     displayName: `${schema}.${spec.name}`,
     relkind: spec.relkind ?? 'r',
     targetColumns,
     keyIndexes: remote.columns.flatMap((c, i) => (c.isKey ? [i] : [])),
-    statements: new Map(), paramColumns: new Map(),
+    statements: new Map(),
+    paramColumns: new Map(),
   };
 }
 
@@ -78,13 +79,37 @@ describe('statements', () => {
   });
 
   test('GENERATED ALWAYS identity: INSERT overrides it with the sent value, UPDATE leaves it alone', () => {
-    const users = relation({ name: 'users', identity: 'default', columns: [{ name: 'id', type: INT8, key: true, always: true }, { name: 'name', type: TEXT }] });
+    const users = relation({
+      name: 'users',
+      identity: 'default',
+      columns: [
+        { name: 'id', type: INT8, key: true, always: true },
+        { name: 'name', type: TEXT },
+      ],
+    });
     assert.equal(insertStatement(users, [t('7'), t('a')]).text, `INSERT INTO "app"."users" ("id", "name") OVERRIDING SYSTEM VALUE VALUES ($1::${INT8}, $2::${TEXT})`);
-    assert.match(insertManyStatement(users, [[t('7'), t('a')], [t('8'), t('b')]]).text, /^INSERT INTO "app"."users" \("id", "name"\) OVERRIDING SYSTEM VALUE VALUES \(/);
+    assert.match(
+      insertManyStatement(users, [
+        [t('7'), t('a')],
+        [t('8'), t('b')],
+      ]).text,
+      /^INSERT INTO "app"."users" \("id", "name"\) OVERRIDING SYSTEM VALUE VALUES \(/,
+    );
     const u = updateStatement(users, undefined, undefined, [t('7'), t('b')]);
     assert.equal(u.text, `UPDATE ONLY "app"."users" SET "name" = $1::${TEXT} WHERE "id" = $2::${INT8}`);
     assert.deepEqual(u.params, ['b', '7']);
-    assert.doesNotMatch(updateManyStatement(users, [[t('7'), t('b')], [t('8'), t('c')]], [0, 1], null).text, /SET "id"/);
+    assert.doesNotMatch(
+      updateManyStatement(
+        users,
+        [
+          [t('7'), t('b')],
+          [t('8'), t('c')],
+        ],
+        [0, 1],
+        null,
+      ).text,
+      /SET "id"/,
+    );
   });
 
   test('multi-row INSERT: parameters numbered row by row, text cached per row count, capped by the protocol', () => {
@@ -94,7 +119,13 @@ describe('statements', () => {
     ]);
     assert.equal(s.text, `INSERT INTO "app"."orders" ("region", "id", "note") VALUES ($1::${INT4}, $2::${INT8}, $3::${TEXT}), ($4::${INT4}, $5::${INT8}, $6::${TEXT})`);
     assert.deepEqual(s.params, ['1', '2', 'a', '3', '4', null]);
-    assert.equal(insertManyStatement(orders, [[t('5'), t('6'), t('b')], [t('7'), t('8'), t('c')]]).text, s.text);
+    assert.equal(
+      insertManyStatement(orders, [
+        [t('5'), t('6'), t('b')],
+        [t('7'), t('8'), t('c')],
+      ]).text,
+      s.text,
+    );
     assert.equal(insertManyStatement(orders, [[t('5'), t('6'), t('b')]]).text, insertStatement(orders, [t('5'), t('6'), t('b')]).text);
     assert.equal(maxBatchRows(3, 128), 128);
     assert.equal(maxBatchRows(3, 100_000), 21845);
@@ -115,7 +146,10 @@ describe('statements', () => {
     );
     assert.deepEqual(s.params, ['1', '2', 'a', '1', '2', '1', '3', null, '1', '3']);
     const detected = updateManyStatement(orders, rows, [0, 1, 2], { originId: null, returningOld: true });
-    assert.match(detected.text, /^WITH pgsub_changed AS \(UPDATE .* RETURNING 1\) SELECT CASE WHEN \(SELECT pg_catalog\.count\(\*\) FROM pgsub_changed\) <> 2 THEN "pgsub"\."conflict"\('update_missing'\) END$/);
+    assert.match(
+      detected.text,
+      /^WITH pgsub_changed AS \(UPDATE .* RETURNING 1\) SELECT CASE WHEN \(SELECT pg_catalog\.count\(\*\) FROM pgsub_changed\) <> 2 THEN "pgsub"\."conflict"\('update_missing'\) END$/,
+    );
     // One row: the single-row statement.
     assert.equal(updateManyStatement(orders, [rows[0]!], [0, 1, 2], null).text, updateStatement(orders, undefined, undefined, rows[0]!).text);
   });
@@ -182,7 +216,15 @@ describe('statements', () => {
   });
 
   test('partitioned target: no ONLY, and a FULL match pins partition and ctid together', () => {
-    const parted = relation({ name: 'measure', identity: 'full', relkind: 'p', columns: [{ name: 'day', type: INT4 }, { name: 'v', type: TEXT }] });
+    const parted = relation({
+      name: 'measure',
+      identity: 'full',
+      relkind: 'p',
+      columns: [
+        { name: 'day', type: INT4 },
+        { name: 'v', type: TEXT },
+      ],
+    });
     const s = deleteStatement(parted, 'old', [t('3'), t('x')]);
     assert.equal(
       s.text,

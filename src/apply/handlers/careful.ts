@@ -49,7 +49,7 @@ const uniqueIndexCache = new WeakMap<MappedRelation, UniqueIndex[]>();
 /** Local-row columns: location, the row as JSON, its last writer. */
 function localColumns(state: ApplyState): string {
   const origin =
-    state.originId === null
+    state.session.originId === null
       ? 'NULL::pg_catalog.text, NULL::pg_catalog.text'
       : '(pg_catalog.pg_xact_commit_timestamp_origin(pgsub_local.xmin)).roident::pg_catalog.text, (pg_catalog.pg_xact_commit_timestamp_origin(pgsub_local.xmin)).timestamp::pg_catalog.text';
   return `pgsub_local.tableoid::pg_catalog.int8::pg_catalog.text, pgsub_local.ctid::pg_catalog.text, pg_catalog.to_jsonb(pgsub_local.*)::pg_catalog.text, ${origin}`;
@@ -137,9 +137,20 @@ async function uniqueHits(state: ApplyState, rel: MappedRelation, tuple: Tuple, 
 }
 
 /** The local row a change locates by its replica identity, locked; null when missing. */
-async function locate(state: ApplyState, rel: MappedRelation, what: 'UPDATE' | 'DELETE', oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple | undefined): Promise<LocalRow | null> {
+async function locate(
+  state: ApplyState,
+  rel: MappedRelation,
+  what: 'UPDATE' | 'DELETE',
+  oldKind: 'key' | 'old' | undefined,
+  oldTuple: Tuple | undefined,
+  newTuple: Tuple | undefined,
+): Promise<LocalRow | null> {
   const loc = locator(rel, what, oldKind, oldTuple, newTuple);
-  const text = cached(rel, `L|${loc.shape}|${state.originId ?? ''}`, () => `SELECT ${localColumns(state)} FROM ${target(rel)} AS pgsub_local WHERE ${whereClause(rel, loc, 1)} LIMIT 1 FOR UPDATE OF pgsub_local`);
+  const text = cached(
+    rel,
+    `L|${loc.shape}|${state.session.originId ?? ''}`,
+    () => `SELECT ${localColumns(state)} FROM ${target(rel)} AS pgsub_local WHERE ${whereClause(rel, loc, 1)} LIMIT 1 FOR UPDATE OF pgsub_local`,
+  );
   const params = new Params(rel);
   addLocatorParams(params, loc);
   const [row] = await run(state, params.statement(text));
@@ -173,7 +184,7 @@ interface Seen {
 
 /** The policy for this conflict; `error` throws, anything else is logged and counted in the transaction. */
 async function decide(state: ApplyState, xact: RemoteTransaction, rel: MappedRelation, seen: Seen, override?: Policy): Promise<Policy> {
-  const policy = policyFor(state.conflicts, rel.displayName, seen.type);
+  const policy = policyFor(state.session.conflicts, rel.displayName, seen.type);
   const record: ConflictRecord = {
     type: seen.type,
     relation: rel,
@@ -196,9 +207,9 @@ async function decide(state: ApplyState, xact: RemoteTransaction, rel: MappedRel
       finishLsn: formatLsn(xact.finalLsn),
     });
   }
-  state.log.warn(fields, 'conflict detected');
-  state.counters.conflicts[seen.type]++;
-  await run(state, conflictLogStatement(state.subscription, record));
+  state.session.log.warn(fields, 'conflict detected');
+  state.session.counters.conflicts[seen.type]++;
+  await run(state, conflictLogStatement(state.session.subscription, record));
   return record.policy;
 }
 
@@ -209,7 +220,7 @@ function keyOf(rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple
 }
 
 function originDiffers(state: ApplyState, row: LocalRow): boolean {
-  return state.originId !== null && row.origin !== null && Number(row.origin) !== state.originId;
+  return state.session.originId !== null && row.origin !== null && Number(row.origin) !== state.session.originId;
 }
 
 function collision(hits: Hits): string {
@@ -234,21 +245,40 @@ export async function carefulInsert(state: ApplyState, xact: RemoteTransaction, 
   await run(state, insertStatement(rel, tuple));
 }
 
-export async function carefulUpdate(state: ApplyState, xact: RemoteTransaction, rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple): Promise<void> {
+export async function carefulUpdate(
+  state: ApplyState,
+  xact: RemoteTransaction,
+  rel: MappedRelation,
+  oldKind: 'key' | 'old' | undefined,
+  oldTuple: Tuple | undefined,
+  newTuple: Tuple,
+): Promise<void> {
   await state.pipeline.drain();
   const key = keyOf(rel, oldKind, oldTuple, newTuple);
   const row = await locate(state, rel, 'UPDATE', oldKind, oldTuple, newTuple);
   if (!row) {
-    state.counters.updateMissing++;
+    state.session.counters.updateMissing++;
     const unchanged = unchangedColumns(rel, newTuple);
     // apply_remote inserts the new row, which needs every value: unchanged TOAST values were not sent.
     const impossible = unchanged.length > 0 ? `the new row cannot be inserted: values of ${unchanged.join(', ')} were not sent (unchanged TOAST)` : null;
-    const policy = await decide(state, xact, rel, { type: 'update_missing', key, remote: newTuple, local: [], detail: impossible }, impossible && policyFor(state.conflicts, rel.displayName, 'update_missing') === 'apply_remote' ? 'skip' : undefined);
+    const policy = await decide(
+      state,
+      xact,
+      rel,
+      { type: 'update_missing', key, remote: newTuple, local: [], detail: impossible },
+      impossible && policyFor(state.session.conflicts, rel.displayName, 'update_missing') === 'apply_remote' ? 'skip' : undefined,
+    );
     if (policy === 'apply_remote') await run(state, insertStatement(rel, newTuple));
     return;
   }
   if (originDiffers(state, row)) {
-    const policy = await decide(state, xact, rel, { type: 'update_origin_differs', key, remote: newTuple, local: [row], detail: `row last written by origin ${row.origin} at ${row.ts}` });
+    const policy = await decide(state, xact, rel, {
+      type: 'update_origin_differs',
+      key,
+      remote: newTuple,
+      local: [row],
+      detail: `row last written by origin ${row.origin} at ${row.ts}`,
+    });
     if (policy !== 'apply_remote') return;
   }
   const hits = await uniqueHits(state, rel, newTuple, row);
@@ -266,12 +296,18 @@ export async function carefulDelete(state: ApplyState, xact: RemoteTransaction, 
   const key = keyOf(rel, oldKind, oldTuple, undefined);
   const row = await locate(state, rel, 'DELETE', oldKind, oldTuple, undefined);
   if (!row) {
-    state.counters.deleteMissing++;
+    state.session.counters.deleteMissing++;
     await decide(state, xact, rel, { type: 'delete_missing', key, remote: oldTuple, local: [], detail: null });
     return;
   }
   if (originDiffers(state, row)) {
-    const policy = await decide(state, xact, rel, { type: 'delete_origin_differs', key, remote: oldTuple, local: [row], detail: `row last written by origin ${row.origin} at ${row.ts}` });
+    const policy = await decide(state, xact, rel, {
+      type: 'delete_origin_differs',
+      key,
+      remote: oldTuple,
+      local: [row],
+      detail: `row last written by origin ${row.origin} at ${row.ts}`,
+    });
     if (policy !== 'apply_remote') return;
   }
   await run(state, rowDelete(rel, row));

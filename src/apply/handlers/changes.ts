@@ -10,7 +10,8 @@ import { carefulDelete, carefulInsert, carefulUpdate } from './careful.js';
 import type { ApplyState } from '../txn/apply-state.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect } from '../sql/statements.js';
-import { INSERT_TUPLE_OFFSET, insertsCopyAsSent } from '../sql/copy-messages.js';
+import { insertsCopyAsSent } from '../sql/copy-messages.js';
+import { INSERT_TUPLE_OFFSET, peekRelationId } from '../../protocol/peek.js';
 import { batchInsert, batchInsertMessage, batchUpdate, flushForChange, noteRowWrite, rowKey } from '../txn/batch.js';
 import { applies, changeTarget, requireTransaction, sendStatement } from '../txn/transaction.js';
 
@@ -20,7 +21,7 @@ const DETECT = new WeakMap<ApplyState, Detect | null>();
 export function detect(state: ApplyState): Detect | null {
   // Constant for a session: one object, not one per change (this runs per row).
   let d = DETECT.get(state);
-  if (d === undefined) DETECT.set(state, (d = state.conflicts.detect ? { originId: state.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null));
+  if (d === undefined) DETECT.set(state, (d = state.session.conflicts.detect ? { originId: state.session.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null));
   return d;
 }
 
@@ -30,9 +31,9 @@ export function detect(state: ApplyState): Detect | null {
  * Runs once per row, so it allocates nothing.
  */
 export function fastTarget(state: ApplyState, relationId: number): MappedRelation | null {
-  const xact = state.xact;
+  const xact = state.tx.xact;
   // Not open: a new remote transaction inside a group joins the open target one, no BEGIN.
-  if (xact === null || (!xact.open && state.group === null) || xact.skip || xact.alreadyPrepared || state.careful || state.batchRows <= 1) return null;
+  if (xact === null || (!xact.open && state.tx.group === null) || xact.skip || xact.alreadyPrepared || state.mode.careful || state.session.batchRows <= 1) return null;
   const rel = state.relations.cached(relationId);
   if (rel === undefined || rel.ordered || !applies(state, xact, relationId)) return null;
   xact.open = true;
@@ -45,13 +46,13 @@ export function fastTarget(state: ApplyState, relationId: number): MappedRelatio
  * fast path. False: decode it and dispatch as usual.
  */
 export function insertAsSent(state: ApplyState, message: Buffer): Promise<void> | void | false {
-  if (!state.copyInserts || state.streamXid !== null || message.length < INSERT_TUPLE_OFFSET + 2) return false;
-  const relationId = message.readUInt32BE(1);
+  if (!state.session.copyInserts || state.mode.streamXid !== null || message.length < INSERT_TUPLE_OFFSET + 2) return false;
+  const relationId = peekRelationId(message);
   const known = state.relations.cached(relationId);
   if (known === undefined || known.rowSecurity || !insertsCopyAsSent(known)) return false;
   const rel = fastTarget(state, relationId);
   if (rel === null) return false;
-  const xact = state.xact!;
+  const xact = state.tx.xact!;
   xact.changes++;
   return batchInsertMessage(state, xact, relationId, rel, message);
 }
@@ -59,7 +60,7 @@ export function insertAsSent(state: ApplyState, message: Buffer): Promise<void> 
 export function onInsert(state: ApplyState, m: InsertMessage): Promise<void> | void {
   const rel = fastTarget(state, m.relationId);
   if (rel === null) return insertChange(state, m);
-  const xact = state.xact!;
+  const xact = state.tx.xact!;
   xact.changes++;
   return batchInsert(state, xact, m.relationId, rel, m.newTuple);
 }
@@ -68,9 +69,9 @@ export async function insertChange(state: ApplyState, m: InsertMessage): Promise
   const xact = await changeTarget(state, 'INSERT', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
-  if (state.careful) return carefulInsert(state, xact, rel, m.newTuple);
+  if (state.mode.careful) return carefulInsert(state, xact, rel, m.newTuple);
   // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
-  if (state.batchRows > 1 && !rel.ordered) return batchInsert(state, xact, m.relationId, rel, m.newTuple);
+  if (state.session.batchRows > 1 && !rel.ordered) return batchInsert(state, xact, m.relationId, rel, m.newTuple);
   await flushForChange(state, m.relationId, rel);
   await sendStatement(state, insertStatement(rel, m.newTuple));
 }
@@ -80,7 +81,7 @@ export function onUpdate(state: ApplyState, m: UpdateMessage): Promise<void> | v
   if (rel !== null && m.oldKind === undefined) {
     const key = rowKey(rel, m.newTuple);
     if (key !== null) {
-      const xact = state.xact!;
+      const xact = state.tx.xact!;
       const batched = batchUpdate(state, xact, m.relationId, rel, undefined, m.newTuple, detect(state), key);
       if (batched !== false) {
         xact.changes++;
@@ -95,22 +96,22 @@ export async function updateChange(state: ApplyState, m: UpdateMessage): Promise
   const xact = await changeTarget(state, 'UPDATE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
-  if (state.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
+  if (state.mode.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
   const key = m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null;
   const d = detect(state);
   // A batched update counts as a row write when its batch goes out (batch.ts).
-  if (state.batchRows > 1 && key !== null) {
+  if (state.session.batchRows > 1 && key !== null) {
     const batched = batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d, key);
     if (batched !== false) return batched;
   }
-  if (state.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
+  if (state.session.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
   await flushForChange(state, m.relationId, rel);
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
       // Detection off: native's update_missing default, skipped, logged and counted in memory.
-      state.counters.updateMissing++;
-      state.log.warn({ conflict: 'update_missing', table: rel.displayName, xid: xact.xid }, 'row to update not found; change skipped');
+      state.session.counters.updateMissing++;
+      state.session.log.warn({ conflict: 'update_missing', table: rel.displayName, xid: xact.xid }, 'row to update not found; change skipped');
     }
   });
 }
@@ -119,14 +120,14 @@ export async function onDelete(state: ApplyState, m: DeleteMessage): Promise<voi
   const xact = await changeTarget(state, 'DELETE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
-  if (state.careful) return carefulDelete(state, xact, rel, m.oldKind, m.oldTuple);
+  if (state.mode.careful) return carefulDelete(state, xact, rel, m.oldKind, m.oldTuple);
   await flushForChange(state, m.relationId, rel);
   const d = detect(state);
   if (d) return sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple, d));
   await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
     if (count === 0) {
-      state.counters.deleteMissing++;
-      state.log.warn({ conflict: 'delete_missing', table: rel.displayName, xid: xact.xid }, 'row to delete not found; change skipped');
+      state.session.counters.deleteMissing++;
+      state.session.log.warn({ conflict: 'delete_missing', table: rel.displayName, xid: xact.xid }, 'row to delete not found; change skipped');
     }
   });
 }

@@ -7,7 +7,7 @@
  * transaction unless its commit record starts before the confirmed position).
  * Conflicts: with detection on, UPDATE/DELETE statements abort the transaction when they
  * find no row or a foreign last writer, and INSERTs abort on an existing key; the loop
- * then replays the transaction with `state.careful`, where the change handlers hand each
+ * then replays the transaction with `state.mode.careful`, where the change handlers hand each
  * change to conflict/resolve.ts. The transaction `pgsub skip` names applies nothing and
  * only moves the origin (finishSkipped).
  */
@@ -16,7 +16,7 @@ import type { ApplyState, Dispatch } from '../txn/apply-state.js';
 import { onStreamAbort, onStreamCommit, onStreamPrepare, onStreamStart, onStreamStop, spoolMessage } from './stream.js';
 import { onBeginPrepare, onCommitPrepared, onPrepare, onRollbackPrepared } from './twophase.js';
 import { flushRowBatch } from '../txn/batch.js';
-import { onBegin, onCommit, onMessage, onOrigin, onRelation, onType } from './transaction.js';
+import { onBegin, onCommit, onMessage, onOrigin, onRelation, onType } from './begin-commit.js';
 import { onDelete, onInsert, onTruncate, onUpdate } from './changes.js';
 
 /** A handler; `dispatch` for the ones that replay messages (a streamed transaction's spool). */
@@ -55,11 +55,11 @@ export const SPOOLED: ReadonlySet<MessageTag> = new Set(['relation', 'type', 'or
 
 /** worker.c's apply_dispatch, with handle_streamed_transaction's diversion first. */
 export function dispatch(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> | void {
-  if (state.streamXid !== null && SPOOLED.has(message.tag)) return spoolMessage(state, message, raw);
+  if (state.mode.streamXid !== null && SPOOLED.has(message.tag)) return spoolMessage(state, message, raw);
   const handler = handlers[message.tag] as Handler<typeof message.tag>;
   // A batch lives across changes of its kind and across the source commits of a group
   // (commitTarget sends it before the target commit); anything else that writes goes after it.
-  if (state.rowBatches.size > 0 && !KEEPS_BATCH.has(message.tag)) return flushRowBatch(state).then(() => handler(state, message as never, dispatch));
+  if (state.tx.rowBatches.size > 0 && !KEEPS_BATCH.has(message.tag)) return flushRowBatch(state).then(() => handler(state, message as never, dispatch));
   // Most messages complete without waiting (a row joins a batch): no promise then.
   return handler(state, message as never, dispatch);
 }

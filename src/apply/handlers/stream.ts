@@ -9,27 +9,27 @@ import { ProtocolError } from '../../errors.js';
 import { decode } from '../../protocol/decoder.js';
 import { formatLsn, type Lsn } from '../../protocol/lsn.js';
 import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamPrepareMessage, StreamStartMessage, StreamStopMessage } from '../../protocol/messages.js';
-import { beginTransaction } from '../txn/transaction.js';
 import { finishTransaction, settleTarget } from '../txn/commit.js';
 import type { RemoteTransaction } from '../txn/apply-state.js';
 import { advanceOrigin, isPrepared, prepareOnTarget, targetGid } from './twophase.js';
 import type { ApplyState, Dispatch } from '../txn/apply-state.js';
+import { startRemote } from '../txn/transaction.js';
 
 export async function onStreamStart(state: ApplyState, m: StreamStartMessage): Promise<void> {
-  if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM START of xid ${m.xid} inside transaction ${state.xact.xid}`);
-  if (state.streamXid !== null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM START of xid ${m.xid} inside the stream of xid ${state.streamXid}`);
+  if (state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM START of xid ${m.xid} inside transaction ${state.tx.xact.xid}`);
+  if (state.mode.streamXid !== null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM START of xid ${m.xid} inside the stream of xid ${state.mode.streamXid}`);
   // The leader holds no locks while a streamed block is applied in parallel, nor while a
   // streamed transaction's end waits (below).
   await settleTarget(state);
-  state.spool.start(m.xid, m.firstSegment);
-  state.streamXid = m.xid;
+  state.session.spool.start(m.xid, m.firstSegment);
+  state.mode.streamXid = m.xid;
   await state.parallel?.onStreamStart(m.xid, m.firstSegment);
 }
 
 export function onStreamStop(state: ApplyState, _m: StreamStopMessage): void {
-  if (state.streamXid === null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', 'STREAM STOP without STREAM START');
-  state.spool.stop(state.streamXid);
-  state.streamXid = null;
+  if (state.mode.streamXid === null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', 'STREAM STOP without STREAM START');
+  state.session.spool.stop(state.mode.streamXid);
+  state.mode.streamXid = null;
 }
 
 /**
@@ -37,29 +37,27 @@ export function onStreamStop(state: ApplyState, _m: StreamStopMessage): void {
  * the eager one. Runs once per row: no promise unless the eager apply has to wait.
  */
 export function spoolMessage(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> | void {
-  const xid = state.streamXid!;
+  const xid = state.mode.streamXid!;
   const subXid = 'xid' in message && message.xid !== undefined ? message.xid : xid;
-  state.spool.append(xid, subXid, raw);
+  state.session.spool.append(xid, subXid, raw);
   if (state.parallel?.isEager(xid)) return state.parallel.onChange(xid, subXid, message, raw);
 }
 
 export async function onStreamAbort(state: ApplyState, m: StreamAbortMessage): Promise<void> {
-  if (state.streamXid !== null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM ABORT of xid ${m.xid} inside a stream block`);
-  state.spool.abort(m.xid, m.subXid);
+  if (state.mode.streamXid !== null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM ABORT of xid ${m.xid} inside a stream block`);
+  state.session.spool.abort(m.xid, m.subXid);
   await state.parallel?.onStreamAbort(m.xid, m.subXid);
-  state.log.debug({ xid: m.xid, subXid: m.subXid }, m.xid === m.subXid ? 'streamed transaction aborted' : 'streamed subtransaction aborted');
+  state.session.log.debug({ xid: m.xid, subXid: m.subXid }, m.xid === m.subXid ? 'streamed transaction aborted' : 'streamed subtransaction aborted');
 }
 
-/** Replay a spooled transaction's changes into state.xact (opened on first change). */
+/** Replay a spooled transaction's changes into state.tx.xact (opened on first change). */
 async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: bigint, dispatch: Dispatch): Promise<RemoteTransaction> {
-  if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `end of streamed xid ${xid} inside another transaction`);
-  const behind = finalLsn < state.progress.durable;
-  const xact: RemoteTransaction = { xid, finalLsn, commitTime: time, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
-  state.xact = xact;
-  beginTransaction(state, xact);
+  if (state.mode.streamXid !== null || state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `end of streamed xid ${xid} inside another transaction`);
+  const behind = finalLsn < state.session.progress.durable;
+  const xact = startRemote(state, { xid, finalLsn, commitTime: time, behind });
   // Skipped (`pgsub skip`): its changes are not even read back.
   if (xact.skip) return xact;
-  for await (const records of state.spool.replay(xid)) {
+  for await (const records of state.session.spool.replay(xid)) {
     for (const record of records) {
       // Most records join a batch without waiting: no await (a microtask) per record.
       const applied = dispatch(state, decode(record, { inStream: true }), record);
@@ -70,36 +68,36 @@ async function replaySpool(state: ApplyState, xid: number, finalLsn: Lsn, time: 
 }
 
 export async function onStreamCommit(state: ApplyState, m: StreamCommitMessage, dispatch: Dispatch): Promise<void> {
-  if (state.streamXid !== null || state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM COMMIT of xid ${m.xid} inside another transaction`);
+  if (state.mode.streamXid !== null || state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM COMMIT of xid ${m.xid} inside another transaction`);
   await settleTarget(state);
   // The transaction `pgsub skip` names is never committed eagerly: the spool path skips it.
-  if (state.skipLsn === m.commitLsn) await state.parallel?.abandon(m.xid);
+  if (state.mode.skipLsn === m.commitLsn) await state.parallel?.abandon(m.xid);
   if (state.parallel?.isEager(m.xid) && (await state.parallel.commit(m))) {
-    state.spool.discard(m.xid);
+    state.session.spool.discard(m.xid);
     return;
   }
   const xact = await replaySpool(state, m.xid, m.commitLsn, m.commitTime, dispatch);
   await finishTransaction(state, xact, m.endLsn, m.commitTime);
-  state.spool.discard(m.xid);
-  state.log.debug({ xid: m.xid, lsn: formatLsn(m.commitLsn), changes: xact.changes }, 'streamed transaction applied');
+  state.session.spool.discard(m.xid);
+  state.session.log.debug({ xid: m.xid, lsn: formatLsn(m.commitLsn), changes: xact.changes }, 'streamed transaction applied');
 }
 
 /** STREAM PREPARE (streaming with two_phase): the spooled transaction becomes a prepared one. */
 export async function onStreamPrepare(state: ApplyState, m: StreamPrepareMessage, dispatch: Dispatch): Promise<void> {
   await settleTarget(state);
-  if (await isPrepared(state, targetGid(state.subscription, m.xid))) {
+  if (await isPrepared(state, targetGid(state.session.subscription, m.xid))) {
     // Resent after a restart: prepared already.
     await state.parallel?.abandon(m.xid);
-    state.spool.discard(m.xid);
+    state.session.spool.discard(m.xid);
     await advanceOrigin(state, m.endLsn, []);
     return;
   }
-  if (state.skipLsn === m.prepareLsn) await state.parallel?.abandon(m.xid);
+  if (state.mode.skipLsn === m.prepareLsn) await state.parallel?.abandon(m.xid);
   if (state.parallel?.isEager(m.xid) && (await state.parallel.prepare(m))) {
-    state.spool.discard(m.xid);
+    state.session.spool.discard(m.xid);
     return;
   }
   await replaySpool(state, m.xid, m.prepareLsn, m.prepareTime, dispatch);
   await prepareOnTarget(state, m.xid, m.endLsn, m.prepareTime);
-  state.spool.discard(m.xid);
+  state.session.spool.discard(m.xid);
 }

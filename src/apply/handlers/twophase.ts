@@ -18,11 +18,12 @@ import { finishPreparedStatements, forgetPreparedStatement, idleProgressStatemen
 import { quoteLiteral } from '../../quote.js';
 import { faultPoint } from '../../faults.js';
 import { ProtocolError } from '../../errors.js';
-import { beginTransaction, requireTransaction } from '../txn/transaction.js';
+import { requireTransaction } from '../txn/transaction.js';
 import { finishTransaction, settleTarget } from '../txn/commit.js';
 import type { ApplyState } from '../txn/apply-state.js';
 import { runAlone } from '../../target/connect.js';
 import type { Statement } from '../../target/statement.js';
+import { startRemote } from '../txn/transaction.js';
 
 /** The target gid: unique per subscription and remote transaction, like native's pg_gid_<subid>_<xid>. */
 export function targetGid(subscription: string, xid: number): string {
@@ -40,7 +41,7 @@ async function preparedState(state: ApplyState, gid: string): Promise<{ prepared
     {
       text: `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_prepared_xacts WHERE gid = $1),
                     EXISTS (SELECT 1 FROM "pgsub"."prepared" WHERE "subscription" = $2 AND "gid" = $1)`,
-      params: [gid, state.subscription],
+      params: [gid, state.session.subscription],
       wantRows: true,
     },
   ]);
@@ -49,20 +50,19 @@ async function preparedState(state: ApplyState, gid: string): Promise<{ prepared
 }
 
 export async function onBeginPrepare(state: ApplyState, m: BeginPrepareMessage): Promise<void> {
-  if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN PREPARE of xid ${m.xid} while xid ${state.xact.xid} is still open`);
+  if (state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN PREPARE of xid ${m.xid} while xid ${state.tx.xact.xid} is still open`);
   // A prepared transaction is a target transaction of its own.
   await settleTarget(state);
-  const known = await preparedState(state, targetGid(state.subscription, m.xid));
+  const known = await preparedState(state, targetGid(state.session.subscription, m.xid));
   const alreadyPrepared = known.prepared || known.committed;
-  if (alreadyPrepared) state.log.info({ xid: m.xid, gid: m.gid, committed: known.committed }, 'transaction already prepared on the target; body skipped');
+  if (alreadyPrepared) state.session.log.info({ xid: m.xid, gid: m.gid, committed: known.committed }, 'transaction already prepared on the target; body skipped');
   // A prepare below the origin that the target never saw is one prepared before two_phase
   // was enabled on the slot: the walsender sends it whole at its COMMIT PREPARED
   // (reorderbuffer.c ReorderBufferFinishPrepared), and every table takes it. While tables
   // catch up below the origin, two_phase is not enabled (session.ts), so no other prepare
   // below the origin can arrive.
-  const behind = m.prepareLsn < state.progress.durable && alreadyPrepared;
-  state.xact = { xid: m.xid, finalLsn: m.prepareLsn, commitTime: m.prepareTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared };
-  beginTransaction(state, state.xact);
+  const behind = m.prepareLsn < state.session.progress.durable && alreadyPrepared;
+  startRemote(state, { xid: m.xid, finalLsn: m.prepareLsn, commitTime: m.prepareTime, behind, alreadyPrepared });
 }
 
 export async function onPrepare(state: ApplyState, m: PrepareMessage): Promise<void> {
@@ -76,39 +76,39 @@ export async function onPrepare(state: ApplyState, m: PrepareMessage): Promise<v
 /** Shared by PREPARE and STREAM PREPARE: the open transaction becomes a prepared one. */
 export async function prepareOnTarget(state: ApplyState, xid: number, endLsn: Lsn, prepareTime: bigint): Promise<void> {
   const xact = requireTransaction(state, 'PREPARE');
-  const gid = targetGid(state.subscription, xid);
+  const gid = targetGid(state.session.subscription, xid);
   await finishTransaction(state, xact, endLsn, prepareTime, { kind: 'prepare', gid });
   faultPoint('after-prepare');
   await advanceOrigin(state, endLsn, []);
 }
 
 export async function onCommitPrepared(state: ApplyState, m: CommitPreparedMessage): Promise<void> {
-  if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `COMMIT PREPARED of xid ${m.xid} inside transaction ${state.xact.xid}`);
+  if (state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `COMMIT PREPARED of xid ${m.xid} inside transaction ${state.tx.xact.xid}`);
   await settleTarget(state);
-  const gid = targetGid(state.subscription, m.xid);
+  const gid = targetGid(state.session.subscription, m.xid);
   if (await isPrepared(state, gid)) {
     await runAlone(state.conn, [{ text: `COMMIT PREPARED ${quoteLiteral(gid)}`, params: [] }]);
     faultPoint('after-commit-prepared');
-    state.counters.transactionsApplied++;
+    state.session.counters.transactionsApplied++;
   }
   // Resent below the origin (a re-streamed range): the origin stays, the row still goes.
-  if (m.endLsn <= state.progress.durable) await runAlone(state.conn, [forgetPreparedStatement(state.subscription, gid)]);
-  else await advanceOrigin(state, m.endLsn, finishPreparedStatements(state.subscription, gid, m.endLsn, m.commitTime));
+  if (m.endLsn <= state.session.progress.durable) await runAlone(state.conn, [forgetPreparedStatement(state.session.subscription, gid)]);
+  else await advanceOrigin(state, m.endLsn, finishPreparedStatements(state.session.subscription, gid, m.endLsn, m.commitTime));
 }
 
 export async function onRollbackPrepared(state: ApplyState, m: RollbackPreparedMessage): Promise<void> {
-  if (state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `ROLLBACK PREPARED of xid ${m.xid} inside transaction ${state.xact.xid}`);
+  if (state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `ROLLBACK PREPARED of xid ${m.xid} inside transaction ${state.tx.xact.xid}`);
   await settleTarget(state);
-  const gid = targetGid(state.subscription, m.xid);
+  const gid = targetGid(state.session.subscription, m.xid);
   // Its pgsub.prepared row goes with it.
   if (await isPrepared(state, gid)) await runAlone(state.conn, [{ text: `ROLLBACK PREPARED ${quoteLiteral(gid)}`, params: [] }]);
-  await advanceOrigin(state, m.rollbackEndLsn, [idleProgressStatement(state.subscription, m.rollbackEndLsn)]);
+  await advanceOrigin(state, m.rollbackEndLsn, [idleProgressStatement(state.session.subscription, m.rollbackEndLsn)]);
 }
 
 /** Move the origin (and run `extra`, which includes the origin statement when given) past a two-phase message. */
 export async function advanceOrigin(state: ApplyState, endLsn: Lsn, extra: Statement[]): Promise<void> {
-  if (endLsn <= state.progress.durable) return;
-  await runAlone(state.conn, extra.length > 0 ? extra : [idleProgressStatement(state.subscription, endLsn)]);
-  state.progress.noteDurable(endLsn);
-  state.onDurable();
+  if (endLsn <= state.session.progress.durable) return;
+  await runAlone(state.conn, extra.length > 0 ? extra : [idleProgressStatement(state.session.subscription, endLsn)]);
+  state.session.progress.noteDurable(endLsn);
+  state.session.onDurable();
 }

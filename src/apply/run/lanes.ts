@@ -26,10 +26,13 @@
  *    when the oldest group waits on a lock another lane holds (a uniqueness the keys do not
  *    cover): that wait would otherwise last forever, the later lane waiting for its turn.
  */
+import { LockWatch } from './watchdog.js';
+import { peekBeginFinalLsn, peekRelationId, peekTruncateRelationIds } from '../../protocol/peek.js';
+import { originSessionResetStatement, originSessionSetupStatement } from '../../origin/replorigin.js';
 import { TAG } from '../../protocol/tags.js';
 import { ApplyError } from '../../errors.js';
 import { decode } from '../../protocol/decoder.js';
-import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
+import { formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
 import type { BeginMessage, RelationMessage } from '../../protocol/messages.js';
 import type { Logger } from '../../log.js';
 import { commitGroup, settleTarget } from '../txn/commit.js';
@@ -39,7 +42,6 @@ import { BoundedQueue } from './queue.js';
 import { RelationMap } from '../sql/relmap.js';
 import { workerState, type ApplyState, type Dispatch } from '../txn/apply-state.js';
 import { runAlone, type WireConnection } from '../../target/connect.js';
-
 
 /** A group ends after this many changes: lanes take turns at about this grain. */
 const GROUP_CHANGES = 8192;
@@ -56,8 +58,6 @@ const WATCH_INTERVAL_MS = 1000;
 const DEPENDENT_GROUPS = 4;
 const PAUSE_GROUPS = 64;
 const DECODE_CONTEXT = { inStream: false, streamAbortInfo: false };
-const ORIGIN_RESET = 'SELECT pg_catalog.pg_replication_origin_session_reset()';
-const ORIGIN_SETUP = 'SELECT pg_catalog.pg_replication_origin_session_setup($1)';
 
 export interface ApplyLanesOptions {
   lanes: number;
@@ -121,19 +121,20 @@ export class ApplyLanes {
   /** Relations whose target lookup failed: every change waits for all before. */
   #unresolvable = new Set<number>();
   #lastRoutedLsn: Lsn = ZERO_LSN;
-  #watch: WireConnection | null = null;
-  #timer: NodeJS.Timeout | null = null;
   #headSince = { seq: 0, at: 0 };
-  #checking = false;
   #dependentRun = 0;
   /** BEGINs still to go the serial way after a pause. */
   #pausedBegins = 0;
+
+  readonly #watch: LockWatch;
 
   constructor(
     private readonly main: ApplyState,
     private readonly opts: ApplyLanesOptions,
     private readonly log: Logger,
-  ) {}
+  ) {
+    this.#watch = new LockWatch(() => opts.openConnection('lane_watch'), log, 'apply lane');
+  }
 
   /** The lanes' backends (the parallel apply watchdog looks at what they wait for). */
   pids(): number[] {
@@ -216,7 +217,7 @@ export class ApplyLanes {
       case TAG.TRUNCATE:
         // TRUNCATE names its relations after a count; it waits for everything before and
         // every later change to those tables waits for it.
-        for (let i = 0, n = raw.readInt32BE(1); i < n && 10 + 4 * i <= raw.length; i++) this.#writers.wholeTable(group.seq, raw.readUInt32BE(6 + 4 * i));
+        peekTruncateRelationIds(raw, (relationId) => this.#writers.wholeTable(group.seq, relationId));
         group.changes++;
         return this.#pushed(group, raw, group.seq - 1);
       case TAG.ORIGIN:
@@ -258,7 +259,7 @@ export class ApplyLanes {
     await this.#untilCommitted(this.#lastSeq);
     this.#stopWatching();
     if (!this.#originOnMain) {
-      await runAlone(this.main.conn, [{ text: ORIGIN_SETUP, params: [this.opts.originName] }]);
+      await runAlone(this.main.conn, [originSessionSetupStatement(this.opts.originName)]);
       this.#originOnMain = true;
     }
   }
@@ -272,19 +273,19 @@ export class ApplyLanes {
     // Open lane transactions roll back with their connections.
     await Promise.all(lanes.map((lane) => lane.conn.close().catch(() => {})));
     await Promise.all(lanes.map((lane) => lane.task.catch(() => {})));
-    await this.#watch?.close().catch(() => {});
+    await this.#watch.close();
   }
 
   async #canOpen(raw: Buffer): Promise<boolean> {
     const main = this.main;
-    if (main.xact !== null || main.streamXid !== null || main.careful) return false;
+    if (main.tx.xact !== null || main.mode.streamXid !== null || main.mode.careful) return false;
     if (!this.#eligible(decode(raw, DECODE_CONTEXT) as BeginMessage)) return false;
     // Tables still syncing have per-table positions the lanes do not keep.
-    if (main.sync.all().some((t) => t.state !== 'r')) return false;
+    if (main.session.sync.all().some((t) => t.state !== 'r')) return false;
     // What the main connection has under way commits first (its errors are the loop's).
     await settleTarget(main);
     if (this.#originOnMain) {
-      await runAlone(main.conn, [{ text: ORIGIN_RESET, params: [] }]);
+      await runAlone(main.conn, [originSessionResetStatement()]);
       this.#originOnMain = false;
     }
     return true;
@@ -293,13 +294,13 @@ export class ApplyLanes {
   #eligible(m: BeginMessage): boolean {
     const main = this.main;
     const until = this.opts.noGroupUntil;
-    if (m.finalLsn < main.progress.durable || (until !== null && m.finalLsn <= until)) return false;
-    return main.skipLsn !== m.finalLsn && main.carefulLsn !== m.finalLsn;
+    if (m.finalLsn < main.session.progress.durable || (until !== null && m.finalLsn <= until)) return false;
+    return main.mode.skipLsn !== m.finalLsn && main.mode.carefulLsn !== m.finalLsn;
   }
 
   /** A BEGIN going to a lane: a failure retries one by one up to its commit. */
   #noteRouted(begin: Buffer): void {
-    const finalLsn = asLsn(begin.readBigUInt64BE(1));
+    const finalLsn = peekBeginFinalLsn(begin);
     if (finalLsn > this.#lastRoutedLsn) this.#lastRoutedLsn = finalLsn;
   }
 
@@ -352,7 +353,7 @@ export class ApplyLanes {
    * last writer. A promise only the first time a relation is seen (its target lookup).
    */
   #dependency(seq: number, raw: Buffer): number | Promise<number> {
-    const relationId = raw.readUInt32BE(1);
+    const relationId = peekRelationId(raw);
     const mapped = this.main.relations.cached(relationId);
     if (mapped === undefined) {
       if (this.#unresolvable.has(relationId)) return this.#writers.wholeTable(seq, relationId);
@@ -399,11 +400,17 @@ export class ApplyLanes {
     const main = this.main;
     const relations = new RelationMap(this.opts.targetVersionNum, { binary: this.opts.binary });
     relations.seedFrom(main.relations);
-    const lane: Lane = { index, conn, seq: 0, queue: new BoundedQueue<LaneItem>(LANE_QUEUE_ITEMS, LANE_QUEUE_BYTES), task: Promise.resolve(), state: null as unknown as ApplyState };
+    const lane: Lane = {
+      index,
+      conn,
+      seq: 0,
+      queue: new BoundedQueue<LaneItem>(LANE_QUEUE_ITEMS, LANE_QUEUE_BYTES),
+      task: Promise.resolve(),
+      state: null as unknown as ApplyState,
+    };
     lane.state = workerState(main, conn, relations, this.opts.maxInFlight, {
       // The leader decides where a group ends (the end marker).
       canGroup: () => true,
-      groupTransactions: Number.MAX_SAFE_INTEGER,
       commitTurn: { originName: this.opts.originName, acquire: () => this.#untilCommitted(lane.seq - 1) },
     });
     return lane;
@@ -460,14 +467,11 @@ export class ApplyLanes {
   }
 
   #startWatching(): void {
-    if (this.#timer !== null || this.#lanes === null) return;
-    this.#timer = setInterval(() => void this.#checkHead(), WATCH_INTERVAL_MS);
-    this.#timer.unref();
+    if (this.#lanes !== null) this.#watch.start(WATCH_INTERVAL_MS, () => this.#checkHead());
   }
 
   #stopWatching(): void {
-    if (this.#timer !== null) clearInterval(this.#timer);
-    this.#timer = null;
+    this.#watch.stop();
   }
 
   /**
@@ -477,7 +481,7 @@ export class ApplyLanes {
    */
   async #checkHead(): Promise<void> {
     const head = this.#committedThrough + 1;
-    if (this.#checking || head > this.#lastSeq || this.#failure !== null) return;
+    if (head > this.#lastSeq || this.#failure !== null) return;
     const now = Date.now();
     if (this.#headSince.seq !== head) {
       this.#headSince = { seq: head, at: now };
@@ -487,20 +491,9 @@ export class ApplyLanes {
     const lanes = this.#lanes ?? [];
     const headLane = lanes.find((lane) => lane.seq === head);
     if (!headLane) return;
-    this.#checking = true;
-    try {
-      this.#watch ??= await this.opts.openConnection('lane_watch');
-      const others = lanes.filter((lane) => lane !== headLane).map((lane) => lane.conn.processId);
-      const [result] = await runAlone(this.#watch, [
-        { text: 'SELECT $1::pg_catalog.int4[] && pg_catalog.pg_blocking_pids($2::pg_catalog.int4)', params: [`{${others.join(',')}}`, String(headLane.conn.processId)], wantRows: true },
-      ]);
-      if (result?.rows[0]?.[0] === 't' && this.#committedThrough + 1 === head) {
-        this.#fail(new ApplyError(`apply lane ${headLane.index + 1} waits on a lock held by a later lane (a uniqueness the row identities do not cover)`, { group: head }), true);
-      }
-    } catch (err) {
-      this.log.warn({ err }, 'apply lane watchdog query failed');
-    } finally {
-      this.#checking = false;
+    const others = lanes.filter((lane) => lane !== headLane).map((lane) => lane.conn.processId);
+    if ((await this.#watch.blocks(others, [headLane.conn.processId])) && this.#committedThrough + 1 === head) {
+      this.#fail(new ApplyError(`apply lane ${headLane.index + 1} waits on a lock held by a later lane (a uniqueness the row identities do not cover)`, { group: head }), true);
     }
   }
 }

@@ -3,7 +3,7 @@
  *  - the receiver reads CopyData frames, answers keepalives, decodes pgoutput messages
  *    and queues them (bounded: a full queue stops the reading, back-pressuring the socket);
  *  - the applier takes queued items in order and dispatches them to the handlers.
- * Feedback ('r') reports only the durable position (see origin/progress.ts): after each
+ * Feedback ('r') reports only the durable position (see origin/positions.ts): after each
  * applied commit, every status interval, and at once when the publisher asks. A silent
  * publisher is pinged after half the receive timeout and dropped after all of it.
  * Stopping rolls back an open target transaction: a partial source transaction is never
@@ -24,21 +24,22 @@ import { decode } from '../../protocol/decoder.js';
 import { formatLsn, parseLsn, type Lsn } from '../../protocol/lsn.js';
 import type { ReplicationStream } from '../../protocol/replication.js';
 import { flushBarrierStatements, idleProgressStatement } from '../../origin/store.js';
-import type { Progress } from '../../origin/progress.js';
+import type { Progress } from '../../origin/positions.js';
 import { commitGroup, settleTarget } from '../txn/commit.js';
 import { dispatch } from '../handlers/dispatch.js';
 import { insertAsSent } from '../handlers/changes.js';
 import { BoundedQueue } from './queue.js';
 import type { RelationMap } from '../sql/relmap.js';
-import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../../tablesync/state.js';
+import { clearSyncProgressStatement, setStateStatement, type SyncStates } from '../../tablesync/sync-state.js';
 import type { StreamSpool } from '../txn/spool.js';
-import type { ApplyCounters, ApplyState } from '../txn/apply-state.js';
+import { newTxState, type ApplyCounters, type ApplySession, type ApplyState } from '../txn/apply-state.js';
 import { ParallelApply, type ParallelApplyOptions } from './parallel.js';
 import { ApplyLanes, type ApplyLanesOptions } from './lanes.js';
 import { runAlone, type WireConnection } from '../../target/connect.js';
 import { Pipeline } from '../../target/pipeline.js';
 import { PipelineAbortedError } from '../../target/wire.js';
 import { annotateTargetError } from '../sql/failure.js';
+import { endTarget, pipelinedCommitSucceeded } from '../txn/commit.js';
 
 type WorkItem =
   /** A pgoutput message, decoded by the applier: the queue holds bytes only once (no wrapper object per message). */
@@ -63,7 +64,10 @@ const REPLAY_BYTES = 16 * 1024 * 1024;
 export class GroupRetryError extends PgsubError {
   readonly code = 'PGSUB_GROUP_RETRY';
   readonly retryable = true;
-  constructor(readonly untilLsn: Lsn, cause: unknown) {
+  constructor(
+    readonly untilLsn: Lsn,
+    cause: unknown,
+  ) {
     super(`a statement failed inside a group of transactions; re-applying them one by one up to ${formatLsn(untilLsn)}`, { untilLsn: formatLsn(untilLsn) }, { cause });
   }
 }
@@ -72,7 +76,10 @@ export class GroupRetryError extends PgsubError {
 export class CarefulReplayError extends PgsubError {
   readonly code = 'PGSUB_CAREFUL_REPLAY';
   readonly retryable = true;
-  constructor(readonly finishLsn: Lsn, cause: unknown) {
+  constructor(
+    readonly finishLsn: Lsn,
+    cause: unknown,
+  ) {
     super(`conflict in a remote transaction larger than the replay buffer; re-applying it carefully from ${formatLsn(finishLsn)}`, { finishLsn: formatLsn(finishLsn) }, { cause });
   }
 }
@@ -173,45 +180,20 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   };
 
   const parallelHolder: { value: ParallelApply | null } = { value: null };
-  const state: ApplyState = {
-    get parallel() {
-      return parallelHolder.value;
-    },
+  const session: ApplySession = {
     subscription: opts.subscription,
-    conn: opts.conn,
-    pipeline,
-    relations: opts.relations,
     progress,
     log,
     counters: opts.counters,
     sync: opts.sync,
     spool: opts.spool,
-    streamXid: null,
     conflicts: opts.conflicts,
     originId: opts.originId,
-    careful: false,
-    carefulLsn: opts.carefulLsn,
-    skipLsn: opts.skipLsn,
-    onUnknownTable: opts.onUnknownTable,
-    xact: null,
-    group: null,
-    groupTransactions,
-    rowWrites: new Map(),
-    canGroupHotRows: true,
-    rowBatches: new Map(),
-    unconfirmed: null,
-    canPipelineCommit(finalLsn) {
-      return queue.length > 0 && !(opts.noGroupUntil != null && finalLsn <= opts.noGroupUntil);
-    },
+    asyncCommit: Boolean(opts.flushTracker),
     batchRows: opts.batchRows ?? 1,
     copyInserts: opts.copyInserts ?? false,
-    asyncCommit: Boolean(opts.flushTracker),
-    canGroup(finalLsn) {
-      // Only while more is already queued: a caught-up stream commits each transaction at once.
-      const group = state.group;
-      if (opts.noGroupUntil != null && finalLsn <= opts.noGroupUntil) return false;
-      return queue.length > 0 && (group?.transactions ?? 0) + 1 < groupTransactions && (group?.changes ?? 0) < GROUP_MAX_CHANGES;
-    },
+    groupTransactions,
+    onUnknownTable: opts.onUnknownTable,
     onDurable() {
       // Coalesce: one feedback for a burst of commits.
       if (feedbackScheduled) return;
@@ -220,6 +202,28 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         feedbackScheduled = false;
         if (!stopping && failure === null) sendFeedback();
       }, 20).unref();
+    },
+  };
+  const state: ApplyState = {
+    session,
+    get parallel() {
+      return parallelHolder.value;
+    },
+    conn: opts.conn,
+    pipeline,
+    relations: opts.relations,
+    tx: newTxState(),
+    mode: { careful: false, carefulLsn: opts.carefulLsn, skipLsn: opts.skipLsn, streamXid: null },
+    policy: {
+      canPipelineCommit(finalLsn) {
+        return queue.length > 0 && !(opts.noGroupUntil != null && finalLsn <= opts.noGroupUntil);
+      },
+      canGroup(finalLsn) {
+        // Only while more is already queued: a caught-up stream commits each transaction at once.
+        const group = state.tx.group;
+        if (opts.noGroupUntil != null && finalLsn <= opts.noGroupUntil) return false;
+        return queue.length > 0 && (group?.transactions ?? 0) + 1 < groupTransactions && (group?.changes ?? 0) < GROUP_MAX_CHANGES;
+      },
     },
   };
 
@@ -249,7 +253,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       // Which relation, column and change it was (the statement the target refused).
       annotateTargetError(root instanceof GroupRetryError ? root.cause : root, opts.relations);
       failure = root;
-      if (state.xact) failedTransaction = { finishLsn: state.xact.finalLsn, xid: state.xact.xid };
+      if (state.tx.xact) failedTransaction = { finishLsn: state.tx.xact.finalLsn, xid: state.tx.xact.xid };
     }
     queue.close();
     stream.destroy();
@@ -298,7 +302,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     for (const t of promoted) opts.sync.set({ ...t, state: 'r', syncLsn: null });
     if (promoted.length > 0) log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(lsn) }, 'tables ready');
     progress.noteDurable(lsn);
-    state.onDurable();
+    state.session.onDurable();
   }
 
   /**
@@ -306,18 +310,18 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
    * failed): retry without grouping up to here, unless the connection itself was lost.
    */
   function groupFailure(err: unknown): unknown {
-    const group = state.group;
-    if ((!group && state.unconfirmed === null) || err instanceof ConnectionLostError) return err;
+    const group = state.tx.group;
+    if ((!group && state.tx.unconfirmed === null) || err instanceof ConnectionLostError) return err;
     const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
-    let until = state.unconfirmed?.until ?? group!.endLsn;
-    for (const lsn of [group?.endLsn, state.xact?.finalLsn]) if (lsn !== undefined && lsn > until) until = lsn;
+    let until = state.tx.unconfirmed?.until ?? group!.endLsn;
+    for (const lsn of [group?.endLsn, state.tx.xact?.finalLsn]) if (lsn !== undefined && lsn > until) until = lsn;
     return new GroupRetryError(until, root);
   }
 
   /** Roll back the target transaction after a failed statement (the wire waits for a Sync). */
   async function rollbackTarget(): Promise<void> {
     pipeline.reset();
-    state.rowBatches.clear();
+    endTarget(state);
     await opts.conn.sync().catch(() => {});
     const rollback = opts.conn.execute('ROLLBACK');
     const synced = opts.conn.sync();
@@ -333,13 +337,15 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   /** Whether `err` was a conflict the careful path resolves, and the transaction was replayed. */
   async function replayCarefully(err: unknown): Promise<boolean> {
     const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
-    const xact = state.xact;
-    if (!opts.conflicts.detect || state.careful || xact === null || !isConflictSignal(root)) return false;
+    const xact = state.tx.xact;
+    if (!opts.conflicts.detect || state.mode.careful || xact === null || !isConflictSignal(root)) return false;
     if (keptTooLarge || kept === null) throw new CarefulReplayError(xact.finalLsn, root);
-    log.debug({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn), messages: kept.length, cause: (root as Error).message }, 'conflict in the pipeline; re-applying the transaction carefully');
+    log.debug(
+      { xid: xact.xid, finishLsn: formatLsn(xact.finalLsn), messages: kept.length, cause: (root as Error).message },
+      'conflict in the pipeline; re-applying the transaction carefully',
+    );
     await rollbackTarget();
-    state.xact = null;
-    state.careful = true;
+    state.mode.careful = true;
     opts.counters.carefulReplays++;
     const messages = kept;
     for (const raw of messages) await dispatch(state, decode(raw, { inStream: false, streamAbortInfo: opts.streamAbortInfo }), raw);
@@ -359,14 +365,13 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       itemsTaken++;
       if (item === undefined || stopping) break;
       const isMessage = item instanceof Uint8Array;
-      if (lanes !== null && !decodeContext.inStream && state.streamXid === null) {
+      if (lanes !== null && !decodeContext.inStream && state.mode.streamXid === null) {
         let routed = false;
         try {
           if (isMessage) {
             const r = lanes.route(item, queue.length);
             routed = r === true || r === false ? r : await r;
-          }
-          else routed = lanes.busy; // a position while lanes run: the next serial step records one
+          } else routed = lanes.busy; // a position while lanes run: the next serial step records one
           if (routed) lanes.endIfIdle(queue.length);
           else if (lanes.needsConverge) await lanes.converge();
         } catch (err) {
@@ -383,7 +388,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         // Keep what a careful replay would need: a transaction from its first message,
         // or the single STREAM COMMIT / STREAM PREPARE that replays a spooled one.
         if (opts.conflicts.detect && !decodeContext.inStream) {
-          if (state.xact === null && state.streamXid === null) {
+          if (state.tx.xact === null && state.mode.streamXid === null) {
             kept = [];
             keptBytes = 0;
             keptTooLarge = false;
@@ -395,8 +400,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
               // end of what may be a huge transaction (they pin their frames' memory).
               keptTooLarge = true;
               kept = [];
-            }
-            else kept.push(raw);
+            } else kept.push(raw);
           }
         }
         // An insert that joins a COPY as sent is never decoded (its failures come as the
@@ -409,28 +413,27 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         } catch (err) {
           // An earlier commit still unanswered: if it went through, the failure is this
           // transaction's own and a careful replay applies; if not, retry one by one.
-          if (!state.group && state.unconfirmed !== null && (await state.unconfirmed.answered.then(() => true, () => false))) state.unconfirmed = null;
-          if (state.group || state.unconfirmed !== null) throw groupFailure(err);
+          if (!state.tx.group && state.tx.unconfirmed !== null) await pipelinedCommitSucceeded(state);
+          if (state.tx.group || state.tx.unconfirmed !== null) throw groupFailure(err);
           if (!(await replayCarefully(err))) throw err;
         }
-        if (state.xact === null && state.streamXid === null) {
-          state.careful = false;
+        if (state.tx.xact === null && state.mode.streamXid === null) {
+          state.mode.careful = false;
           kept = null;
         }
       }
       // Nothing more waiting: the grouped transactions commit now, not with the next arrival.
-      if (state.group && state.xact === null && queue.length === 0) {
+      if (state.tx.group && state.tx.xact === null && queue.length === 0) {
         try {
           await commitGroup(state);
         } catch (err) {
           throw groupFailure(err);
         }
-      }
-      else if (!isMessage && item.kind === 'position' && state.xact === null) progress.noteProcessed(item.lsn);
+      } else if (!isMessage && item.kind === 'position' && state.tx.xact === null) progress.noteProcessed(item.lsn);
       const now = Date.now();
       if (
-        state.xact === null &&
-        state.group === null &&
+        state.tx.xact === null &&
+        state.tx.group === null &&
         progress.hasUnrecordedPosition &&
         now - lastRecordAt >= idleRecordIntervalMs &&
         (queue.length === 0 || now - lastFeedbackAt >= opts.statusIntervalMs)
@@ -457,11 +460,11 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
         const tracker = opts.flushTracker!;
         if (flushQueryRunning || !progress.hasUnflushed || stopping) return;
         flushQueryRunning = true;
-        const idle = queue.length === 0 && state.xact === null && state.group === null;
+        const idle = queue.length === 0 && state.tx.xact === null && state.tx.group === null;
         const flushQuery = { text: 'SELECT pg_catalog.pg_current_wal_flush_lsn()::text', params: [], wantRows: true };
         runAlone(tracker, idle ? [...flushBarrierStatements(opts.subscription), flushQuery] : [flushQuery])
           .then((results) => {
-            if (progress.noteTargetFlush(parseLsn(String(results[results.length - 1]?.rows[0]?.[0])))) state.onDurable();
+            if (progress.noteTargetFlush(parseLsn(String(results[results.length - 1]?.rows[0]?.[0])))) state.session.onDurable();
           })
           .catch((err: unknown) => fail(err))
           .finally(() => (flushQueryRunning = false));
@@ -469,22 +472,25 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     : null;
   flushTimer?.unref();
 
-  const timer = setInterval(() => {
-    const now = Date.now();
-    if (now - lastFeedbackAt >= opts.statusIntervalMs) sendFeedback();
-    const silentFor = now - lastFrameAt;
-    if (!queue.full) {
-      if (silentFor >= opts.receiveTimeoutMs) {
-        fail(new ConnectionLostError(`no message from the publisher for ${Math.round(silentFor / 1000)} s (receive_timeout)`));
-      } else if (silentFor >= opts.receiveTimeoutMs / 2 && !pingSent) {
-        pingSent = true;
-        sendFeedback(true);
+  const timer = setInterval(
+    () => {
+      const now = Date.now();
+      if (now - lastFeedbackAt >= opts.statusIntervalMs) sendFeedback();
+      const silentFor = now - lastFrameAt;
+      if (!queue.full) {
+        if (silentFor >= opts.receiveTimeoutMs) {
+          fail(new ConnectionLostError(`no message from the publisher for ${Math.round(silentFor / 1000)} s (receive_timeout)`));
+        } else if (silentFor >= opts.receiveTimeoutMs / 2 && !pingSent) {
+          pingSent = true;
+          sendFeedback(true);
+        }
       }
-    }
-    if (queue.length === 0 && progress.hasUnrecordedPosition && now - lastRecordAt >= idleRecordIntervalMs) {
-      void queue.put({ kind: 'tick' });
-    }
-  }, Math.min(250, opts.statusIntervalMs));
+      if (queue.length === 0 && progress.hasUnrecordedPosition && now - lastRecordAt >= idleRecordIntervalMs) {
+        void queue.put({ kind: 'tick' });
+      }
+    },
+    Math.min(250, opts.statusIntervalMs),
+  );
   timer.unref();
 
   const receiver = receive().catch(fail);
@@ -495,15 +501,13 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     queue.close();
     clearInterval(timer);
     if (flushTimer) clearInterval(flushTimer);
-    if (state.xact?.open || state.group) {
+    if (state.tx.xact?.open || state.tx.group) {
       // Roll back the partial remote transaction; it is resent after restart.
       pipeline.reset();
       await opts.conn.sync().catch(() => {});
       await Promise.all([opts.conn.execute('ROLLBACK'), opts.conn.sync()]).catch(() => {});
     }
-    state.xact = null;
-    state.group = null;
-    state.rowBatches.clear();
+    endTarget(state);
     await parallelHolder.value?.close();
     await lanes?.close();
     if (failure === null) sendFeedback();
@@ -516,7 +520,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     done,
     failedTransaction: () => failedTransaction,
     setSkipLsn(lsn) {
-      state.skipLsn = lsn;
+      state.mode.skipLsn = lsn;
     },
     health: () => ({ itemsTaken, idle, silentMs: Date.now() - lastFrameAt }),
     stop() {

@@ -24,18 +24,22 @@
  * Only one session may hold a replication origin, so for the eager commit the leader
  * hands `pgsub_<subscription>` to the eager connection and takes it back afterwards.
  */
+import { LockWatch } from './watchdog.js';
 import { ProtocolError } from '../../errors.js';
 import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
-import type { PgOutputMessage, RelationMessage, StreamCommitMessage, StreamPrepareMessage } from '../../protocol/messages.js';
+import { schemaOf, type PgOutputMessage, type RelationMessage, type StreamCommitMessage, type StreamPrepareMessage } from '../../protocol/messages.js';
 import { faultPoint } from '../../faults.js';
-import { beginTarget } from '../txn/transaction.js';
+import { beginTarget, sendStatement } from '../txn/transaction.js';
+import { originSessionResetStatement, originSessionSetupStatement } from '../../origin/replorigin.js';
 import { finishTransaction, type Ending } from '../txn/commit.js';
 import { flushRowBatch } from '../txn/batch.js';
 import { RelationMap } from '../sql/relmap.js';
 import { workerState, type ApplyState, type RemoteTransaction, type Dispatch, type ParallelPort } from '../txn/apply-state.js';
 import { runAlone, type WireConnection } from '../../target/connect.js';
 import { advanceOrigin, targetGid } from '../handlers/twophase.js';
-import { syncKey } from '../../tablesync/state.js';
+import { syncKey } from '../../tablesync/sync-state.js';
+import { startRemote } from '../txn/transaction.js';
+import { endTarget } from '../txn/commit.js';
 
 const MAX_LSN = asLsn(0xffffffffffffffffn);
 const WATCH_INTERVAL_MS = 250;
@@ -82,16 +86,16 @@ export interface ParallelCounters {
 export class ParallelApply implements ParallelPort {
   readonly counters: ParallelCounters = { eagerTransactions: 0, fallbacks: 0 };
   #worker: Worker | null = null;
-  #watch: WireConnection | null = null;
   #eager: Eager | null = null;
-  #timer: NodeJS.Timeout | null = null;
-  #checking = false;
   #closed = false;
+  readonly #watch: LockWatch;
 
   constructor(
     private readonly leader: ApplyState,
     private readonly opts: ParallelApplyOptions,
-  ) {}
+  ) {
+    this.#watch = new LockWatch(() => opts.openConnection('watch'), leader.session.log, 'parallel apply');
+  }
 
   /** Is `xid` being applied eagerly? */
   isEager(xid: number): boolean {
@@ -103,14 +107,13 @@ export class ParallelApply implements ParallelPort {
     if (!firstSegment || this.#eager || this.#closed) return;
     try {
       const worker = await this.#ensureWorker();
-      const xact: RemoteTransaction = { xid, finalLsn: MAX_LSN, commitTime: 0n, behind: false, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
-      worker.state.xact = xact;
+      const xact = startRemote(worker.state, { xid, finalLsn: MAX_LSN, commitTime: 0n, behind: false });
       this.#eager = { xid, xact, savepoints: [], busySince: null, finishing: false };
       this.counters.eagerTransactions++;
-      this.leader.log.debug({ xid }, 'streamed transaction applied in parallel');
+      this.leader.session.log.debug({ xid }, 'streamed transaction applied in parallel');
     } catch (err) {
       // No second connection (e.g. max_connections): this transaction is spooled only.
-      this.leader.log.warn({ xid, err }, 'parallel apply connection unavailable; transaction spooled');
+      this.leader.session.log.warn({ xid, err }, 'parallel apply connection unavailable; transaction spooled');
     }
   }
 
@@ -138,8 +141,13 @@ export class ParallelApply implements ParallelPort {
     // Waiting on the eager connection from here (the watchdog looks at how long).
     eager.busySince = Date.now();
     return applied.then(
-      () => { eager.busySince = null; },
-      (err: unknown) => { eager.busySince = null; return this.#failed(eager, err); },
+      () => {
+        eager.busySince = null;
+      },
+      (err: unknown) => {
+        eager.busySince = null;
+        return this.#failed(eager, err);
+      },
     );
   }
 
@@ -189,7 +197,7 @@ export class ParallelApply implements ParallelPort {
 
   /** STREAM PREPARE of the eager transaction: prepare it under its gid, then move the origin. */
   async prepare(m: StreamPrepareMessage): Promise<boolean> {
-    const done = await this.#finish(m.xid, m.prepareLsn, m.endLsn, m.prepareTime, { kind: 'prepare', gid: targetGid(this.leader.subscription, m.xid) });
+    const done = await this.#finish(m.xid, m.prepareLsn, m.endLsn, m.prepareTime, { kind: 'prepare', gid: targetGid(this.leader.session.subscription, m.xid) });
     if (!done) return false;
     faultPoint('after-prepare');
     await advanceOrigin(this.leader, m.endLsn, []);
@@ -210,8 +218,7 @@ export class ParallelApply implements ParallelPort {
     this.#worker = null;
     // Closing the socket rolls back an open eager transaction.
     await worker?.conn.close().catch(() => {});
-    await this.#watch?.close().catch(() => {});
-    this.#watch = null;
+    await this.#watch.close();
   }
 
   async #finish(xid: number, finalLsn: Lsn, endLsn: Lsn, time: bigint, ending: Ending): Promise<boolean> {
@@ -222,7 +229,7 @@ export class ParallelApply implements ParallelPort {
     eager.busySince = Date.now();
     try {
       // Pending batches go out now, not with the commit: every answer, and so every
-      // affected-row count (state.resultsBeforeCommit), is in before COMMIT is sent.
+      // affected-row count (state.policy.resultsBeforeCommit), is in before COMMIT is sent.
       await flushRowBatch(worker.state);
       await worker.state.pipeline.drain();
     } catch (err) {
@@ -234,28 +241,31 @@ export class ParallelApply implements ParallelPort {
     const { xact } = eager;
     xact.finalLsn = finalLsn;
     xact.commitTime = time;
-    if (finalLsn < this.leader.progress.durable) {
+    if (finalLsn < this.leader.session.progress.durable) {
       // Cannot happen in a session that allows parallel apply (loop.ts); never apply twice.
-      throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `streamed xid ${xid} ends at ${formatLsn(finalLsn)}, below the origin ${formatLsn(this.leader.progress.durable)}`);
+      throw new ProtocolError(
+        'PGSUB_PROTOCOL_OUT_OF_ORDER',
+        `streamed xid ${xid} ends at ${formatLsn(finalLsn)}, below the origin ${formatLsn(this.leader.session.progress.durable)}`,
+      );
     }
     if (xact.open) {
       // The commit record must carry the origin: hand it over for this one commit.
-      await runAlone(this.leader.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_reset()', params: [] }]);
+      await runAlone(this.leader.conn, [originSessionResetStatement()]);
       try {
-        await worker.state.pipeline.push(worker.conn.execute('SELECT pg_catalog.pg_replication_origin_session_setup($1)', [this.opts.originName]));
+        await sendStatement(worker.state, originSessionSetupStatement(this.opts.originName));
         await finishTransaction(worker.state, xact, endLsn, time, ending);
       } finally {
         this.#eager = null;
         this.#stopWatching();
-        await runAlone(worker.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_reset()', params: [] }]);
-        await runAlone(this.leader.conn, [{ text: 'SELECT pg_catalog.pg_replication_origin_session_setup($1)', params: [this.opts.originName] }]);
+        await runAlone(worker.conn, [originSessionResetStatement()]);
+        await runAlone(this.leader.conn, [originSessionSetupStatement(this.opts.originName)]);
       }
     } else {
       this.#eager = null;
       this.#stopWatching();
       await finishTransaction(worker.state, xact, endLsn, time, ending);
     }
-    this.leader.log.debug({ xid, lsn: formatLsn(finalLsn), changes: xact.changes }, 'parallel transaction finished');
+    this.leader.session.log.debug({ xid, lsn: formatLsn(finalLsn), changes: xact.changes }, 'parallel transaction finished');
     return true;
   }
 
@@ -265,8 +275,7 @@ export class ParallelApply implements ParallelPort {
     this.#eager = null;
     this.#stopWatching();
     if (!worker) return;
-    worker.state.xact = null;
-    worker.state.rowBatches.clear();
+    endTarget(worker.state);
     if (!eager.xact.open) return;
     try {
       worker.state.pipeline.reset();
@@ -286,7 +295,7 @@ export class ParallelApply implements ParallelPort {
     this.#stopWatching();
     this.counters.fallbacks++;
     const error = err instanceof Error ? err.message : undefined;
-    this.leader.log.info({ xid: eager.xid, reason, error }, 'parallel apply fell back to the spool');
+    this.leader.session.log.info({ xid: eager.xid, reason, error }, 'parallel apply fell back to the spool');
     await this.#dropWorker();
   }
 
@@ -296,10 +305,9 @@ export class ParallelApply implements ParallelPort {
     if (!worker) return;
     worker.state.pipeline.reset();
     try {
-      const watch = await this.#ensureWatch();
-      await runAlone(watch, [{ text: 'SELECT pg_catalog.pg_terminate_backend($1::pg_catalog.int4)', params: [String(worker.conn.processId)] }]);
+      await this.#watch.terminate(worker.conn.processId);
     } catch (err) {
-      this.leader.log.warn({ err }, 'could not terminate the parallel apply backend; closing its connection');
+      this.leader.session.log.warn({ err }, 'could not terminate the parallel apply backend; closing its connection');
     }
     await worker.conn.close().catch(() => {});
   }
@@ -318,8 +326,8 @@ export class ParallelApply implements ParallelPort {
     // Once per change: the lookup key is built once per Relation message.
     let key = SYNC_KEYS.get(remote);
     if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(schemaOf(remote), remote.name)));
-    const entry = this.leader.sync.getByKey(key);
-    const ready = entry ? entry.state === 'r' : this.leader.sync.entryApplies(undefined, MAX_LSN, ZERO_LSN);
+    const entry = this.leader.session.sync.getByKey(key);
+    const ready = entry ? entry.state === 'r' : this.leader.session.sync.entryApplies(undefined, MAX_LSN, ZERO_LSN);
     return ready ? null : `${schemaOf(remote)}.${remote.name}`;
   }
 
@@ -350,60 +358,32 @@ export class ParallelApply implements ParallelPort {
     return this.#worker;
   }
 
-  async #ensureWatch(): Promise<WireConnection> {
-    this.#watch ??= await this.opts.openConnection('watch');
-    return this.#watch;
-  }
-
   #startWatching(): void {
-    if (this.#timer) return;
-    this.#timer = setInterval(() => void this.#checkBlocking(), WATCH_INTERVAL_MS);
-    this.#timer.unref();
+    this.#watch.start(WATCH_INTERVAL_MS, () => this.#checkBlocking());
   }
 
   #stopWatching(): void {
-    if (this.#timer) clearInterval(this.#timer);
-    this.#timer = null;
+    this.#watch.stop();
   }
 
   /** The watchdog: is the leader waiting for the eager transaction, or the eager one stuck on a lock? */
   async #checkBlocking(): Promise<void> {
     const eager = this.#eager;
     const worker = this.#worker;
-    if (this.#checking || !eager || !worker || eager.finishing) return;
-    this.#checking = true;
-    try {
-      const watch = await this.#ensureWatch();
-      const waiters = this.opts.waiters?.() ?? [this.leader.conn.processId];
-      const [result] = await runAlone(watch, [
-        {
-          text: `SELECT COALESCE((SELECT bool_or($2::pg_catalog.int4 = ANY (pg_catalog.pg_blocking_pids(w))) FROM pg_catalog.unnest($1::pg_catalog.int4[]) AS w), false),
-                        (SELECT wait_event_type = 'Lock' FROM pg_catalog.pg_stat_activity WHERE pid = $2::pg_catalog.int4)`,
-          params: [`{${waiters.join(',')}}`, String(worker.conn.processId)],
-          wantRows: true,
-        },
-      ]);
-      const [leaderBlocked, eagerWaitsOnLock] = result?.rows[0] ?? [];
+    if (!eager || !worker || eager.finishing) return;
+    const waiters = this.opts.waiters?.() ?? [this.leader.conn.processId];
+    const leaderBlocked = await this.#watch.blocks([worker.conn.processId], waiters);
+    if (this.#eager !== eager || eager.finishing) return;
+    if (leaderBlocked) {
+      await this.#fallBack(eager, 'the leader or an apply lane waits for a lock the parallel transaction holds');
+    } else if (eager.busySince !== null && Date.now() - eager.busySince > LOCK_WAIT_LIMIT_MS && (await this.#watch.waitsOnLock(worker.conn.processId))) {
       if (this.#eager !== eager || eager.finishing) return;
-      if (leaderBlocked === 't') {
-        await this.#fallBack(eager, 'the leader or an apply lane waits for a lock the parallel transaction holds');
-      } else if (eagerWaitsOnLock === 't' && eager.busySince !== null && Date.now() - eager.busySince > LOCK_WAIT_LIMIT_MS) {
-        await this.#fallBack(eager, `the parallel transaction has waited on a lock for over ${LOCK_WAIT_LIMIT_MS / 1000} s`);
-      }
-    } catch (err) {
-      this.leader.log.warn({ err }, 'parallel apply watchdog query failed');
-    } finally {
-      this.#checking = false;
+      await this.#fallBack(eager, `the parallel transaction has waited on a lock for over ${LOCK_WAIT_LIMIT_MS / 1000} s`);
     }
   }
 }
 
 const SYNC_KEYS = new WeakMap<RelationMessage, string>();
-
-/** An empty namespace on the wire means pg_catalog (pgoutput's convention). */
-function schemaOf(remote: RelationMessage): string {
-  return remote.namespace === '' ? 'pg_catalog' : remote.namespace;
-}
 
 function savepointName(subXid: number): string {
   return `"pgsub_sub_${subXid}"`;

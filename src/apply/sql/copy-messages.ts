@@ -5,8 +5,8 @@
  * inserts into a table whose columns all travel as sent (copy-rows.ts's binary case with
  * no conversion: every remote column mapped, no Parse type, no OID rewrite, no value
  * needing text) becomes COPY input by dropping one byte per column; no tuple, value or
- * Buffer object is made per row. This is the hottest path of a bulk load (W1): decoding
- * and re-encoding cost pgsub about as much CPU as everything else together.
+ * Buffer object is made per row (protocol/peek.ts insertTupleAsCopyRow does the bytes).
+ * This is the hottest path of a bulk load (W1, docs/benchmarks.md).
  *
  * A message with any other kind of value (text, unchanged TOAST) yields null and the
  * batch is decoded and sent by copy-rows.ts or as INSERTs; the relation is then marked
@@ -15,13 +15,7 @@
 import { TSQUERY_OID } from './binary.js';
 import { BINARY_HEADER, binaryCopyText, type CopyStatement } from './copy-rows.js';
 import type { MappedRelation } from './relmap.js';
-const KIND_BINARY = 0x62; // b
-const KIND_NULL = 0x6e; // n
-const NEW_TUPLE = 0x4e; // N
-/** Values up to this many bytes are copied byte by byte. */
-const SMALL_VALUE = 32;
-/** 'I', Int32 relation id, 'N': where the tuple starts in an Insert outside a streamed transaction. */
-export const INSERT_TUPLE_OFFSET = 6;
+import { copyRowBound, insertTupleAsCopyRow } from '../../protocol/peek.js';
 
 /** Per relation: whether its inserts may go as sent (computed once; false once a message did not fit). */
 const AS_SENT = new WeakMap<MappedRelation, boolean>();
@@ -48,39 +42,14 @@ export function insertsCopyAsSent(rel: MappedRelation): boolean {
  */
 export function copyFromInsertMessages(rel: MappedRelation, messages: readonly Buffer[]): CopyStatement | null {
   const width = rel.remote.columns.length;
-  // COPY's field is as long as pgoutput's, less the kind byte; a NULL takes 4 bytes, not 1.
   let size = BINARY_HEADER.length + 2;
-  for (const m of messages) size += m.length - INSERT_TUPLE_OFFSET + 3 * width;
+  for (const m of messages) size += copyRowBound(m, width);
   const out = Buffer.allocUnsafe(size);
   out.set(BINARY_HEADER, 0);
   let at = BINARY_HEADER.length;
   for (const m of messages) {
-    if (m[INSERT_TUPLE_OFFSET - 1] !== NEW_TUPLE || m.readInt16BE(INSERT_TUPLE_OFFSET) !== width) return notAsSent(rel);
-    out.writeInt16BE(width, at);
-    at += 2;
-    let pos = INSERT_TUPLE_OFFSET + 2;
-    for (let i = 0; i < width; i++) {
-      const kind = m[pos];
-      if (kind === KIND_BINARY) {
-        const length = m.readInt32BE(pos + 1);
-        const end = pos + 5 + length;
-        if (length < 0 || end > m.length) return notAsSent(rel);
-        // Most values are a few bytes (integers, timestamps): a loop beats Buffer.copy's call overhead.
-        if (length <= SMALL_VALUE) for (let j = pos + 1; j < end; j++) out[at++] = m[j]!;
-        else {
-          m.copy(out, at, pos + 1, end);
-          at += 4 + length;
-        }
-        pos = end;
-      } else if (kind === KIND_NULL) {
-        out.writeInt32BE(-1, at);
-        at += 4;
-        pos += 1;
-      } else {
-        return notAsSent(rel);
-      }
-    }
-    if (pos !== m.length) return notAsSent(rel);
+    at = insertTupleAsCopyRow(m, width, out, at);
+    if (at < 0) return notAsSent(rel);
   }
   out.writeInt16BE(-1, at);
   at += 2;

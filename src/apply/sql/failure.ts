@@ -67,6 +67,6 @@ function valueParam(e: TargetError): number | undefined {
   const quoted = /: "(.*)"$/.exec(e.message ?? '')?.[1];
   if (quoted === undefined || quoted === '' || !e.statementParams) return undefined;
   const bytes = Buffer.from(quoted, 'utf8');
-  const at = e.statementParams.findIndex((v) => (typeof v === 'string' ? v === quoted : v !== null && v.includes(bytes)));
+  const at = e.statementParams.findIndex((v) => (typeof v === 'string' ? v === quoted : v?.includes(bytes)));
   return at < 0 ? undefined : at + 1;
 }

@@ -24,7 +24,7 @@
  */
 import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './binary.js';
 import { SchemaMismatchError } from '../../errors.js';
-import type { RelationMessage } from '../../protocol/messages.js';
+import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { quoteQualified } from '../../quote.js';
 import { queryRows, type WireConnection } from '../../target/connect.js';
 
@@ -153,11 +153,21 @@ export class RelationMap {
     if (cached) return cached;
     const remote = this.remoteRelation(relationId);
     // An empty namespace on the wire means pg_catalog (pgoutput's convention).
-    const schema = remote.namespace === '' ? 'pg_catalog' : remote.namespace;
+    const schema = schemaOf(remote);
     const displayName = `${schema}.${remote.name}`;
     const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
     // Catalog rows come back as text: booleans arrive as 't'/'f'.
-    const rows = await queryRows<{ attname: string | null; atttypid: string; typnsp: string | null; typname: string | null; generated: string; relkind: string; rls: string; arraytype: string | null; always: string }>(
+    const rows = await queryRows<{
+      attname: string | null;
+      atttypid: string;
+      typnsp: string | null;
+      typname: string | null;
+      generated: string;
+      relkind: string;
+      rls: string;
+      arraytype: string | null;
+      always: string;
+    }>(
       conn,
       ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype', 'always'],
       `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
@@ -205,7 +215,11 @@ export class RelationMap {
       );
     }
     if (remote.replicaIdentity === 'full') {
-      const equality = await typeEquality(conn, this.targetVersionNum, targetColumns.map((c) => c.typeOid));
+      const equality = await typeEquality(
+        conn,
+        this.targetVersionNum,
+        targetColumns.map((c) => c.typeOid),
+      );
       for (const c of targetColumns) c.hasEquality = equality.get(c.typeOid) ?? false;
     }
     const mapped: MappedRelation = {
@@ -238,7 +252,7 @@ export class RelationMap {
     if (user.length > 0) {
       const names = user.map((i) => {
         const t = this.types.get(remote.columns[i]!.typeOid);
-        return t ? { namespace: t.namespace === '' ? 'pg_catalog' : t.namespace, name: t.name } : null;
+        return t ? { namespace: schemaOf(t), name: t.name } : null;
       });
       const types = await targetTypes(
         conn,
@@ -421,7 +435,11 @@ async function typeEquality(conn: WireConnection, targetVersionNum: number, type
     if (t) {
       if (t.typtype === 'd') result = has(Number(t.base));
       else if (Number(t.elem) !== 0) result = has(Number(t.elem));
-      else if (t.typtype === 'c') result = (t.fields ?? '').split(',').filter(Boolean).every((f) => has(Number(f)));
+      else if (t.typtype === 'c')
+        result = (t.fields ?? '')
+          .split(',')
+          .filter(Boolean)
+          .every((f) => has(Number(f)));
       else if (t.typtype === 'e' || t.typtype === 'r' || t.typtype === 'm') result = true;
       else result = t.has_opclass === 't' || t.has_opclass === 'true';
     }

@@ -60,7 +60,11 @@ export function binaryValue(rel: MappedRelation, value: Buffer, index: number): 
   } catch (err) {
     if (!(err instanceof BinaryLayoutError)) throw err;
     const column = rel.remote.columns[index]?.name;
-    throw new SchemaMismatchError(`binary value of column "${column}" of "${rel.displayName}" does not fit the target's type: ${err.message}`, { relation: rel.displayName, column, type: err.typeName }, { cause: err });
+    throw new SchemaMismatchError(
+      `binary value of column "${column}" of "${rel.displayName}" does not fit the target's type: ${err.message}`,
+      { relation: rel.displayName, column, type: err.typeName },
+      { cause: err },
+    );
   }
 }
 

@@ -11,12 +11,9 @@
  * target parses a Bind of a handful of parameters instead of thousands and builds no
  * expression per row; the text is the same whatever the row count, so one prepared
  * statement serves every batch of a shape and batches need no power-of-two sizes.
- * Measured with `npm run bench:update` (1,000,000 W3 rows updated in one transaction,
- * PG 18, target backend CPU): VALUES of 128 rows 6.5–6.8 s, with conflict detection
- * 7.0–7.4 s; these arrays of 1024 rows 5.5–5.7 s, with detection 5.8–6.5 s; the server's
- * own UPDATE of the same rows costs 3.8–4.3 s (heap, index, 496 MB of WAL). The client's
- * CPU for encoding falls by a third to a half. A temporary staging table loaded by binary
- * COPY and joined the same way cost 5.8–5.9 s (no detection), needs catalog work per
+ * `npm run bench:update` measures it (figures in docs/design-measurements.md): less target
+ * CPU than VALUES lists, and the client's encoding CPU falls by a third to a half. A
+ * temporary staging table loaded by binary COPY was no faster, needs catalog work per
  * session, and a transaction that touched a temporary table cannot be PREPAREd.
  *
  * Each value is read by the function the per-row path reads it with:

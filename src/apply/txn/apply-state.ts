@@ -7,13 +7,13 @@
 import type { Logger } from '../../log.js';
 import type { Lsn } from '../../protocol/lsn.js';
 import type { PgOutputMessage, StreamCommitMessage, StreamPrepareMessage } from '../../protocol/messages.js';
-import type { Progress } from '../../origin/progress.js';
+import type { Progress } from '../../origin/positions.js';
 import type { RelationMap } from '../sql/relmap.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import type { Detect } from '../sql/statements.js';
 import type { Tuple } from '../../protocol/messages.js';
 import type { StreamSpool } from './spool.js';
-import type { SyncStates, TableSync } from '../../tablesync/state.js';
+import type { SyncStates, TableSync } from '../../tablesync/sync-state.js';
 import type { WireConnection } from '../../target/connect.js';
 import { Pipeline } from '../../target/pipeline.js';
 import { CONFLICT_TYPES, type ConflictConfig, type ConflictType } from '../../conflict/types.js';
@@ -62,24 +62,61 @@ export interface ApplyCounters {
   lastCommitTime: bigint | null;
 }
 
-export interface ApplyState {
+/**
+ * What every apply connection of a session shares, leader and workers (a parallel apply
+ * worker, the apply lanes) alike: fixed for the session, never written by the apply.
+ */
+export interface ApplySession {
   readonly subscription: string;
-  readonly conn: WireConnection;
-  readonly pipeline: Pipeline;
-  readonly relations: RelationMap;
   readonly progress: Progress;
   readonly log: Logger;
   readonly counters: ApplyCounters;
   readonly sync: SyncStates;
   readonly spool: StreamSpool;
-  /** streaming = parallel: eager apply of one streamed transaction at a time (parallel.ts). */
-  readonly parallel: ParallelPort | null;
   readonly conflicts: ConflictConfig;
   /** This session's replication origin id when the target tracks commit origins (origin_differs checks); else null. */
   readonly originId: number | null;
+  /** synchronous_commit = off for apply transactions, with flush tracking (txn/transaction.ts beginTarget). */
+  readonly asyncCommit: boolean;
+  /** Most rows per multi-row INSERT (1: one statement per row). */
+  readonly batchRows: number;
+  /** Batched INSERTs as COPY … FROM STDIN where the values allow it (sql/copy-rows.ts). */
+  readonly copyInserts: boolean;
+  /** Most source transactions per target transaction (1: no grouping). */
+  readonly groupTransactions: number;
+  /** A change for a table the sync states do not know: the publication gained a table. */
+  onUnknownTable(schema: string, table: string): void;
+  /** Called after the target committed a new durable position. */
+  onDurable(): void;
+}
+
+/**
+ * The target transaction under way on one connection. Written only by the txn layer
+ * (transaction.ts opens it, commit.ts ends it); endTarget resets it, in one place.
+ */
+export interface TxState {
+  xact: RemoteTransaction | null;
+  /** An open target transaction holding committed source transactions (see TargetGroup). */
+  group: TargetGroup | null;
+  /** Row changes waiting to go out as multi-row statements, per relation id (batch.ts). */
+  readonly rowBatches: Map<number, RowBatch>;
+  /** Writes per row (relation and key) in the open target transaction; see batch.ts noteRowWrite. */
+  readonly rowWrites: Map<string, number>;
+  /** False once a row was written often enough in the open target transaction to end the group. */
+  canGroupHotRows: boolean;
+  /**
+   * The last target commit sent without waiting for its answer (commit.ts commitTarget):
+   * its end LSN and the answer's outcome; null once the answer arrived. A failure while one
+   * is outstanding may belong to it, so it cannot be replayed from memory (run/loop.ts).
+   */
+  unconfirmed: { until: Lsn; answered: Promise<void> } | null;
+}
+
+/** How the current remote transaction is applied, set by the loop and the handlers. */
+export interface ApplyMode {
   /**
    * Apply the current remote transaction one change at a time, detecting and resolving
-   * conflicts with their policies (conflict/resolve.ts); set by the loop for a replay.
+   * conflicts with their policies (handlers/careful.ts); set by the loop for a replay.
    */
   careful: boolean;
   /** Finish LSN of a transaction to apply carefully from its BEGIN (replay across a session restart). */
@@ -88,11 +125,14 @@ export interface ApplyState {
   skipLsn: Lsn | null;
   /** Inside STREAM START … STREAM STOP: the streamed transaction's xid. */
   streamXid: number | null;
-  xact: RemoteTransaction | null;
-  /** Row changes waiting to go out as multi-row statements, per relation id (batch.ts). */
-  readonly rowBatches: Map<number, RowBatch>;
-  /** synchronous_commit = off for apply transactions, with flush tracking (handlers.ts beginTarget). */
-  readonly asyncCommit: boolean;
+}
+
+/** What the driver of this connection decides (run/loop.ts, run/lanes.ts, run/parallel.ts). */
+export interface ApplyPolicy {
+  /** May the commit of the transaction finishing at `finalLsn` go unanswered for now? (more is queued, not retrying one by one) */
+  canPipelineCommit(finalLsn: Lsn): boolean;
+  /** May the transaction finishing at `finalLsn` stay open for the next one? (more is queued, limits) */
+  canGroup(finalLsn: Lsn): boolean;
   /**
    * Every statement's answer is read before the target transaction's COMMIT is sent (the
    * parallel apply connection drains before it commits, parallel.ts): with detection on,
@@ -106,32 +146,24 @@ export interface ApplyState {
    * Sync. Absent on the main connection, which holds the origin for the session.
    */
   readonly commitTurn?: { originName: string; acquire(): Promise<void> };
-  /** Most rows per multi-row INSERT (1: one statement per row). */
-  readonly batchRows: number;
-  /** Batched INSERTs as COPY … FROM STDIN where the values allow it (copy-rows.ts). */
-  readonly copyInserts: boolean;
-  /** An open target transaction holding committed source transactions (see TargetGroup). */
-  group: TargetGroup | null;
-  /** Most source transactions per target transaction (1: no grouping). */
-  readonly groupTransactions: number;
-  /** Writes per row (relation and key) in the open target transaction; see batch.ts noteRowWrite. */
-  readonly rowWrites: Map<string, number>;
-  /** False once a row was written often enough in the open target transaction to end the group. */
-  canGroupHotRows: boolean;
-  /**
-   * The last target commit sent without waiting for its answer (handlers.ts commitTarget):
-   * its end LSN and the answer's outcome; null once the answer arrived. A failure while one
-   * is outstanding may belong to it, so it cannot be replayed from memory (loop.ts).
-   */
-  unconfirmed: { until: Lsn; answered: Promise<void> } | null;
-  /** May the commit of the transaction finishing at `finalLsn` go unanswered for now? (more is queued, not retrying one by one) */
-  canPipelineCommit(finalLsn: Lsn): boolean;
-  /** May the transaction finishing at `finalLsn` stay open for the next one? (more is queued, limits) */
-  canGroup(finalLsn: Lsn): boolean;
-  /** A change for a table the sync states do not know: the publication gained a table. */
-  onUnknownTable(schema: string, table: string): void;
-  /** Called after the target committed a new durable position. */
-  onDurable(): void;
+}
+
+/** One apply connection's state, by lifetime: the shared session, its connection, its transaction, its mode and policy. */
+export interface ApplyState {
+  readonly session: ApplySession;
+  readonly conn: WireConnection;
+  readonly pipeline: Pipeline;
+  readonly relations: RelationMap;
+  /** streaming = parallel: eager apply of one streamed transaction at a time (run/parallel.ts). */
+  readonly parallel: ParallelPort | null;
+  readonly tx: TxState;
+  readonly mode: ApplyMode;
+  readonly policy: ApplyPolicy;
+}
+
+/** A transaction state with nothing under way. */
+export function newTxState(): TxState {
+  return { xact: null, group: null, rowBatches: new Map(), rowWrites: new Map(), canGroupHotRows: true, unconfirmed: null };
 }
 
 export function newCounters(): ApplyCounters {
@@ -150,44 +182,21 @@ export function newCounters(): ApplyCounters {
 
 /**
  * The state of a second apply connection working for `leader` (a parallel apply worker,
- * an apply lane): its own connection, pipeline, relation map and transaction; the
- * leader's progress, counters, sync states and settings. It never groups or pipelines
- * commits on its own; `overrides` says what differs.
+ * an apply lane): its own connection, pipeline, relation map, transaction and mode; the
+ * leader's session, shared. It never groups or pipelines commits on its own unless
+ * `policy` says so.
  */
-export function workerState(leader: ApplyState, conn: WireConnection, relations: RelationMap, maxInFlight: number, overrides: Partial<ApplyState> = {}): ApplyState {
+export function workerState(leader: ApplyState, conn: WireConnection, relations: RelationMap, maxInFlight: number, policy: Partial<ApplyPolicy> = {}): ApplyState {
   return {
-    subscription: leader.subscription,
+    session: leader.session,
     conn,
     pipeline: new Pipeline(maxInFlight),
     relations,
-    progress: leader.progress,
-    log: leader.log,
-    counters: leader.counters,
-    sync: leader.sync,
-    spool: leader.spool,
     parallel: null,
-    streamXid: null,
-    xact: null,
-    group: null,
-    canGroup: () => false,
-    groupTransactions: 1,
-    rowWrites: new Map(),
-    canGroupHotRows: true,
-    rowBatches: new Map(),
-    unconfirmed: null,
-    canPipelineCommit: () => false,
-    batchRows: leader.batchRows,
-    copyInserts: leader.copyInserts,
-    asyncCommit: leader.asyncCommit,
-    conflicts: leader.conflicts,
-    originId: leader.originId,
+    tx: newTxState(),
     // A conflict ends the worker's apply: the leader replays the transaction carefully.
-    careful: false,
-    carefulLsn: null,
-    skipLsn: null,
-    onUnknownTable: (schema, table) => leader.onUnknownTable(schema, table),
-    onDurable: () => leader.onDurable(),
-    ...overrides,
+    mode: { careful: false, carefulLsn: null, skipLsn: null, streamXid: null },
+    policy: { canGroup: () => false, canPipelineCommit: () => false, ...policy },
   };
 }
 

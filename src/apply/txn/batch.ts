@@ -47,9 +47,8 @@ const COPY_MIN_ROWS = 8;
  * Inserts batched as sent (copy-messages.ts) gather up to this many rows or bytes: one
  * COPY per source transaction of a bulk load. The target's COPY creates a slot per
  * buffered row (up to 1000) and registers each with the resource owner, whose cost grows
- * with their number: per row a COPY of ~1000 rows costs about 1.5× one of 128, while one
- * of 10,000 costs 0.8× (scripts/bench-copy-insert.ts, PG 18: backend CPU per 1M rows 1.5 s
- * at 10,000 rows per COPY, 1.65–1.75 s at 4096, 1.85–1.95 s at 128). So a run of at least
+ * with their number, and per row a long COPY costs less than short ones
+ * (scripts/bench-copy-insert.ts; docs/design-measurements.md). So a run of at least
  * LARGE_COPY_ROWS goes as one COPY, a shorter one as COPYs of batch_rows rows.
  */
 const AS_SENT_MAX_ROWS = 16_384;
@@ -73,7 +72,6 @@ const ALL_COLUMNS = new WeakMap<MappedRelation, number[]>();
 
 /** A batch stops growing here, whatever the row count: wide rows. */
 const BATCH_BYTES = 1024 * 1024;
-
 
 function valueKey(v: TupleValue | undefined): string {
   if (!v || v.kind === 'null' || v.kind === 'unchanged') return v?.kind ?? '';
@@ -101,17 +99,17 @@ const HOT_ROW_WRITES = 8;
  * quadratic. So a group ends once a row has been written HOT_ROW_WRITES times.
  */
 export function noteRowWrite(state: ApplyState, relationId: number, key: string | null): void {
-  if (key === null || state.canGroupHotRows === false) return;
-  if (state.rowWrites.size >= MAX_TRACKED_ROWS) {
+  if (key === null || state.tx.canGroupHotRows === false) return;
+  if (state.tx.rowWrites.size >= MAX_TRACKED_ROWS) {
     // A target transaction this large gains nothing from growing further; memory stays bounded.
-    state.canGroupHotRows = false;
-    state.rowWrites.clear();
+    state.tx.canGroupHotRows = false;
+    state.tx.rowWrites.clear();
     return;
   }
   const id = `${relationId}\u0001${key}`;
-  const writes = (state.rowWrites.get(id) ?? 0) + 1;
-  state.rowWrites.set(id, writes);
-  if (writes >= HOT_ROW_WRITES) state.canGroupHotRows = false;
+  const writes = (state.tx.rowWrites.get(id) ?? 0) + 1;
+  state.tx.rowWrites.set(id, writes);
+  if (writes >= HOT_ROW_WRITES) state.tx.canGroupHotRows = false;
 }
 
 function tupleBytes(tuple: Tuple): number {
@@ -126,7 +124,7 @@ function tupleBytes(tuple: Tuple): number {
  */
 export async function flushForChange(state: ApplyState, relationId: number, rel: MappedRelation): Promise<void> {
   if (rel.ordered) return flushRowBatch(state);
-  const own = state.rowBatches.get(relationId);
+  const own = state.tx.rowBatches.get(relationId);
   if (own !== undefined) await flushBatch(state, own);
 }
 
@@ -137,8 +135,19 @@ const NO_INDEXES: number[] = [];
  * (a different kind or shape was pending, or the batch is full): the common case costs no
  * promise — this runs once per row.
  */
-function add(state: ApplyState, kind: RowBatch['kind'], relationId: number, rel: MappedRelation, shape: string, setIndexes: number[], detect: Detect | null, xid: number, tuple: Tuple, key: string | null): Promise<void> | void {
-  let batch = state.rowBatches.get(relationId);
+function add(
+  state: ApplyState,
+  kind: RowBatch['kind'],
+  relationId: number,
+  rel: MappedRelation,
+  shape: string,
+  setIndexes: number[],
+  detect: Detect | null,
+  xid: number,
+  tuple: Tuple,
+  key: string | null,
+): Promise<void> | void {
+  let batch = state.tx.rowBatches.get(relationId);
   if (batch !== undefined && (batch.kind !== kind || batch.rel !== rel || batch.shape !== shape || batch.messages.length > 0)) {
     return flushBatch(state, batch).then(() => add(state, kind, relationId, rel, shape, setIndexes, detect, xid, tuple, key));
   }
@@ -152,12 +161,12 @@ function add(state: ApplyState, kind: RowBatch['kind'], relationId: number, rel:
   }
   if (batch === undefined) {
     batch = { kind, relationId, rel, shape, setIndexes, detect, xid, tuples: [], messages: [], keys: new Map(), bytes: 0 };
-    state.rowBatches.set(relationId, batch);
+    state.tx.rowBatches.set(relationId, batch);
   }
   if (key !== null) batch.keys.set(key, batch.tuples.length);
   batch.tuples.push(tuple);
   batch.bytes += tupleBytes(tuple);
-  const limit = kind === 'insert' ? maxBatchRows(rel.targetColumns.length, state.batchRows) : Math.max(state.batchRows, UPDATE_BATCH_ROWS);
+  const limit = kind === 'insert' ? maxBatchRows(rel.targetColumns.length, state.session.batchRows) : Math.max(state.session.batchRows, UPDATE_BATCH_ROWS);
   if (batch.tuples.length >= limit || batch.bytes >= BATCH_BYTES) return flushBatch(state, batch);
 }
 
@@ -173,13 +182,13 @@ export function batchInsert(state: ApplyState, xact: RemoteTransaction, relation
  * for COPY or a value does not fit after all.
  */
 export function batchInsertMessage(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, message: Buffer): Promise<void> | void {
-  let batch = state.rowBatches.get(relationId);
+  let batch = state.tx.rowBatches.get(relationId);
   if (batch !== undefined && (batch.kind !== 'insert' || batch.rel !== rel || batch.tuples.length > 0)) {
     return flushBatch(state, batch).then(() => batchInsertMessage(state, xact, relationId, rel, message));
   }
   if (batch === undefined) {
     batch = { kind: 'insert', relationId, rel, shape: '', setIndexes: NO_INDEXES, detect: null, xid: xact.xid, tuples: [], messages: [], keys: new Map(), bytes: 0 };
-    state.rowBatches.set(relationId, batch);
+    state.tx.rowBatches.set(relationId, batch);
   }
   batch.messages.push(message);
   batch.bytes += message.length;
@@ -191,7 +200,16 @@ export function batchInsertMessage(state: ApplyState, xact: RemoteTransaction, r
  * (the key did not change), not FULL, and detection without origin checks. Else false
  * (nothing done); otherwise as batchInsert.
  */
-export function batchUpdate(state: ApplyState, xact: RemoteTransaction, relationId: number, rel: MappedRelation, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null, key: string): Promise<void> | void | false {
+export function batchUpdate(
+  state: ApplyState,
+  xact: RemoteTransaction,
+  relationId: number,
+  rel: MappedRelation,
+  oldTuple: Tuple | undefined,
+  newTuple: Tuple,
+  detect: Detect | null,
+  key: string,
+): Promise<void> | void | false {
   if (rel.ordered || oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
   for (const i of rel.keyIndexes) {
     const v = newTuple[i];
@@ -214,13 +232,13 @@ export function batchUpdate(state: ApplyState, xact: RemoteTransaction, relation
 
 /** Send every pending batch, in the order they were opened. */
 export async function flushRowBatch(state: ApplyState): Promise<void> {
-  for (const batch of state.rowBatches.values()) await flushBatch(state, batch);
+  for (const batch of state.tx.rowBatches.values()) await flushBatch(state, batch);
 }
 
 function sendCopy(state: ApplyState, copy: CopyStatement, rows: number): Promise<void> {
   let bytes = 0;
   for (const b of copy.data) bytes += b.length;
-  state.counters.rowsCopied += rows;
+  state.session.counters.rowsCopied += rows;
   return state.pipeline.push(state.conn.copyIn(copy.text, copy.data), bytes, rows);
 }
 
@@ -233,13 +251,13 @@ function insertedTuple(message: Buffer): Tuple {
 }
 
 async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
-  state.rowBatches.delete(batch.relationId);
-  if (batch.kind === 'update' && state.groupTransactions > 1) for (const key of batch.keys.keys()) noteRowWrite(state, batch.relationId, key);
+  state.tx.rowBatches.delete(batch.relationId);
+  if (batch.kind === 'update' && state.session.groupTransactions > 1) for (const key of batch.keys.keys()) noteRowWrite(state, batch.relationId, key);
   if (batch.messages.length >= COPY_MIN_ROWS) {
     // A long run as one COPY; a shorter one in COPYs of batch_rows (see AS_SENT_MAX_ROWS).
     // All encoded before any is sent: a message that does not fit sends the batch decoded.
     const messages = batch.messages;
-    const size = messages.length >= LARGE_COPY_ROWS ? messages.length : maxBatchRows(batch.rel.targetColumns.length, state.batchRows);
+    const size = messages.length >= LARGE_COPY_ROWS ? messages.length : maxBatchRows(batch.rel.targetColumns.length, state.session.batchRows);
     const copies: { copy: CopyStatement; rows: number }[] = [];
     for (let at = 0; at < messages.length; at += size) {
       const part = messages.slice(at, at + size);
@@ -253,19 +271,19 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
     }
   }
   if (batch.messages.length > 0) batch.tuples = batch.messages.map(insertedTuple);
-  if (batch.kind === 'insert' && state.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity) {
+  if (batch.kind === 'insert' && state.session.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity) {
     const copy = copyInsertStatement(batch.rel, batch.tuples);
     if (copy) return sendCopy(state, copy, batch.tuples.length);
   }
   // Detection inside the statement (a CTE counting the changed rows) costs the target per
   // row; where every answer is read before the commit, the command's count says as much.
-  const detect = state.resultsBeforeCommit === true ? null : batch.detect;
+  const detect = state.policy.resultsBeforeCommit === true ? null : batch.detect;
   if (batch.kind === 'update' && batch.tuples.length >= ARRAY_MIN_ROWS) {
     const statement = updateArraysStatement(batch.rel, batch.tuples, batch.setIndexes, detect);
     if (statement) return sendUpdate(state, batch, statement, batch.tuples.length, detect === null);
   }
   // One statement carries at most this many rows (bind parameters are limited).
-  const most = batch.kind === 'insert' ? Infinity : maxBatchRows(batch.setIndexes.length + batch.rel.keyIndexes.length, state.batchRows);
+  const most = batch.kind === 'insert' ? Infinity : maxBatchRows(batch.setIndexes.length + batch.rel.keyIndexes.length, state.session.batchRows);
   let rest = batch.tuples;
   while (rest.length > 0) {
     let size = 1;
@@ -287,12 +305,22 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
  * statement would have.
  */
 function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, rows: number, counted: boolean): Promise<void> {
-  return sendStatement(state, statement, counted ? (count) => {
-    if (count >= rows) return;
-    if (batch.detect) {
-      throw new ApplyError(`update_missing: ${rows - count} of ${rows} rows to update in "${batch.rel.displayName}" not found`, { relation: batch.rel.displayName, remoteXid: batch.xid });
-    }
-    state.counters.updateMissing += rows - count;
-    state.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows - count }, 'rows to update not found; changes skipped');
-  } : undefined, rows);
+  return sendStatement(
+    state,
+    statement,
+    counted
+      ? (count) => {
+          if (count >= rows) return;
+          if (batch.detect) {
+            throw new ApplyError(`update_missing: ${rows - count} of ${rows} rows to update in "${batch.rel.displayName}" not found`, {
+              relation: batch.rel.displayName,
+              remoteXid: batch.xid,
+            });
+          }
+          state.session.counters.updateMissing += rows - count;
+          state.session.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows - count }, 'rows to update not found; changes skipped');
+        }
+      : undefined,
+    rows,
+  );
 }

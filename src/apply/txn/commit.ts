@@ -8,16 +8,16 @@
  */
 import { ApplyError } from '../../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../../protocol/lsn.js';
-import { originXactSetupStatement } from '../../origin/replorigin.js';
+import { originSessionResetStatement, originSessionSetupStatement, originXactSetupStatement } from '../../origin/replorigin.js';
 import { commitProgressStatement, idleProgressStatement, preparedRowStatement } from '../../origin/store.js';
 import { clearSkipStatement } from '../../conflict/control.js';
 import { conflictLogStatement } from '../../conflict/report.js';
 import { quoteLiteral } from '../../quote.js';
-import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../../tablesync/state.js';
-import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
+import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../../tablesync/sync-state.js';
+import type { ApplyState, RemoteTransaction } from './apply-state.js';
 import type { TxStatus, WireResult } from '../../target/wire.js';
-import type { TableSync } from '../../tablesync/state.js';
-import { flushRowBatch } from '../txn/batch.js';
+import type { TableSync } from '../../tablesync/sync-state.js';
+import { flushRowBatch } from './batch.js';
 import { sendStatement } from './transaction.js';
 
 /** The skipped transaction's end: the origin moves past it, with a log row, and the skip LSN is cleared. */
@@ -26,14 +26,24 @@ export async function finishSkipped(state: ApplyState, xact: RemoteTransaction, 
   await settleTarget(state);
   await state.pipeline.push(state.conn.execute('BEGIN'));
   await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
-  await sendStatement(state, idleProgressStatement(state.subscription, endLsn));
-  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.subscription, t, endLsn));
-  await sendStatement(state, clearSkipStatement(state.subscription, xact.finalLsn));
+  await sendStatement(state, idleProgressStatement(state.session.subscription, endLsn));
+  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.session.subscription, t, endLsn));
+  await sendStatement(state, clearSkipStatement(state.session.subscription, xact.finalLsn));
   await sendStatement(
     state,
-    conflictLogStatement(state.subscription, {
-      type: 'transaction_skipped', relation: null, key: null, remoteTuple: null, localTuple: null, localOrigin: null, localCommitTs: null,
-      remoteLsn: xact.finalLsn, remoteXid: xact.xid, remoteCommitTime: commitTime, policy: 'skip', detail: 'skipped by pgsub skip --lsn',
+    conflictLogStatement(state.session.subscription, {
+      type: 'transaction_skipped',
+      relation: null,
+      key: null,
+      remoteTuple: null,
+      localTuple: null,
+      localOrigin: null,
+      localCommitTs: null,
+      remoteLsn: xact.finalLsn,
+      remoteXid: xact.xid,
+      remoteCommitTime: commitTime,
+      policy: 'skip',
+      detail: 'skipped by pgsub skip --lsn',
     }),
   );
   const commit = state.conn.execute('COMMIT');
@@ -42,13 +52,13 @@ export async function finishSkipped(state: ApplyState, xact: RemoteTransaction, 
   await state.pipeline.push(synced);
   await state.pipeline.drain();
   if ((await commit).command !== 'COMMIT' || (await synced) !== 'I') throw new ApplyError(`target did not commit the skip of remote xid ${xact.xid}`, { remoteXid: xact.xid });
-  state.xact = null;
-  for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: endLsn });
-  state.skipLsn = null;
-  state.counters.transactionsSkipped++;
-  state.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'remote transaction skipped');
-  state.progress.noteDurable(endLsn);
-  state.onDurable();
+  state.tx.xact = null;
+  for (const t of xact.syncTouched) state.session.sync.set({ ...t, syncLsn: endLsn });
+  state.mode.skipLsn = null;
+  state.session.counters.transactionsSkipped++;
+  state.session.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'remote transaction skipped');
+  state.session.progress.noteDurable(endLsn);
+  state.session.onDurable();
 }
 
 export const PLAIN_COMMIT: Ending = { kind: 'commit', mayPipeline: true };
@@ -68,20 +78,20 @@ export function finishTransaction(state: ApplyState, xact: RemoteTransaction, en
   const prepare = ending.kind === 'prepare';
   if (!xact.open) {
     // Nothing to write: skipped, or no published change. The position is recorded later.
-    if (xact.behind) state.counters.transactionsSkipped++;
-    state.xact = null;
-    state.progress.noteProcessed(endLsn);
+    if (xact.behind) state.session.counters.transactionsSkipped++;
+    state.tx.xact = null;
+    state.session.progress.noteProcessed(endLsn);
     return;
   }
-  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && state.canGroupHotRows && state.canGroup(xact.finalLsn)) {
+  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && state.tx.canGroupHotRows && state.policy.canGroup(xact.finalLsn)) {
     // Behind the stream: leave the target transaction open for the next source one. The
     // target commits only at source commit boundaries, with the origin at the last one.
-    const group = (state.group ??= { transactions: 0, changes: 0, endLsn, commitTime });
+    const group = (state.tx.group ??= { transactions: 0, changes: 0, endLsn, commitTime });
     group.transactions++;
     group.changes += xact.changes;
     group.endLsn = endLsn;
     group.commitTime = commitTime;
-    state.xact = null;
+    state.tx.xact = null;
     return;
   }
   return commitTarget(state, xact, endLsn, commitTime, ending);
@@ -89,9 +99,18 @@ export function finishTransaction(state: ApplyState, xact: RemoteTransaction, en
 
 /** Commit the open group of source transactions (the queue ran dry, or a boundary needs it). */
 export async function commitGroup(state: ApplyState): Promise<void> {
-  const group = state.group;
+  const group = state.tx.group;
   if (!group) return;
-  const xact: RemoteTransaction = { xid: 0, finalLsn: group.endLsn, commitTime: group.commitTime, behind: false, open: true, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
+  const xact: RemoteTransaction = {
+    xid: 0,
+    finalLsn: group.endLsn,
+    commitTime: group.commitTime,
+    behind: false,
+    open: true,
+    changes: 0,
+    syncTouched: new Set(),
+    alreadyPrepared: false,
+  };
   // commitTarget counts the group's transactions; this empty one adds none.
   await commitTarget(state, xact, group.endLsn, group.commitTime, { kind: 'commit' }, 0);
 }
@@ -101,51 +120,59 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
   // one-row transactions); it is sent before anything that ends the target transaction.
   await flushRowBatch(state);
   const prepare = ending.kind === 'prepare';
-  const group = state.group;
-  if (group && (prepare || xact.behind)) throw new ApplyError(`a group of ${group.transactions} transactions is open at the end of remote xid ${xact.xid}`, { remoteXid: xact.xid });
+  const group = state.tx.group;
+  if (group && (prepare || xact.behind))
+    throw new ApplyError(`a group of ${group.transactions} transactions is open at the end of remote xid ${xact.xid}`, { remoteXid: xact.xid });
   const transactions = own + (group?.transactions ?? 0);
-  const turn = state.commitTurn;
+  const turn = state.policy.commitTurn;
   if (turn) {
     // An apply lane: commits keep source order, and the origin is this session's only for the commit.
     await turn.acquire();
-    await state.pipeline.push(state.conn.execute('SELECT pg_catalog.pg_replication_origin_session_setup($1)', [turn.originName]));
+    await sendStatement(state, originSessionSetupStatement(turn.originName));
   }
   // The commit record carries the remote LSN and time, like a native apply's (origin.c).
   await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
   if (prepare) {
     // Not the origin row: a prepared transaction would hold its lock until COMMIT PREPARED.
-    await sendStatement(state, preparedRowStatement(state.subscription, ending.gid, xact.xid, endLsn));
+    await sendStatement(state, preparedRowStatement(state.session.subscription, ending.gid, xact.xid, endLsn));
   } else if (!xact.behind) {
-    const progress = commitProgressStatement(state.subscription, endLsn, commitTime, transactions);
+    const progress = commitProgressStatement(state.session.subscription, endLsn, commitTime, transactions);
     await sendStatement(state, progress, (count) => {
-      if (count !== 1) throw new ApplyError(`origin row of subscription "${state.subscription}" is missing in the target`);
+      if (count !== 1) throw new ApplyError(`origin row of subscription "${state.session.subscription}" is missing in the target`);
     });
   }
   // Tables catching up record their own position; those now level with the origin become ready.
-  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.subscription, t, endLsn));
-  const promoted = xact.behind || prepare ? [] : state.sync.promotable(endLsn, state.progress.durable);
+  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.session.subscription, t, endLsn));
+  const promoted = xact.behind || prepare ? [] : state.session.sync.promotable(endLsn, state.session.progress.durable);
   for (const t of promoted) {
-    await sendStatement(state, setStateStatement(state.subscription, t, 'r', null));
-    await sendStatement(state, clearSyncProgressStatement(state.subscription, t));
+    await sendStatement(state, setStateStatement(state.session.subscription, t, 'r', null));
+    await sendStatement(state, clearSyncProgressStatement(state.session.subscription, t));
   }
-  // A table catching up, or becoming ready, moves the feedback hold (tablesync/state.ts
+  // A table catching up, or becoming ready, moves the feedback hold (tablesync/sync-state.ts
   // heldLsn) once its commit is answered, without the flush tracking origin positions get:
   // that commit must be on disk when answered, so it is synchronous (the session's default).
-  const synchronous = state.asyncCommit && !prepare && (xact.syncTouched.size > 0 || promoted.length > 0);
+  const synchronous = state.session.asyncCommit && !prepare && (xact.syncTouched.size > 0 || promoted.length > 0);
   if (synchronous) await state.pipeline.push(state.conn.execute('SET LOCAL synchronous_commit TO DEFAULT'));
   const expected = prepare ? 'PREPARE TRANSACTION' : 'COMMIT';
   const commit = state.conn.execute(prepare ? `PREPARE TRANSACTION ${quoteLiteral(ending.gid)}` : 'COMMIT');
   await state.pipeline.push(commit);
   // Where the target's WAL stood right after the asynchronous commit: flushed past this, it is safe.
-  const walAfter = state.asyncCommit && !prepare && !synchronous ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
+  const walAfter = state.session.asyncCommit && !prepare && !synchronous ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
   if (walAfter) await state.pipeline.push(walAfter);
-  if (turn) await state.pipeline.push(state.conn.execute('SELECT pg_catalog.pg_replication_origin_session_reset()'));
+  if (turn) await sendStatement(state, originSessionResetStatement());
   // In the middle of a backlog the next transaction is applied while this commit is under
   // way: waiting for it would leave the target idle for a round trip per commit. No Sync
   // follows such a COMMIT: should it fail, the server skips everything after it up to the
   // next Sync, so no later transaction can commit past the failed one. Its outcome is
   // checked in order when it arrives; the position moves only then.
-  const pipelined = ending.kind === 'commit' && ending.mayPipeline === true && !xact.behind && xact.syncTouched.size === 0 && promoted.length === 0 && !state.careful && state.canPipelineCommit(endLsn);
+  const pipelined =
+    ending.kind === 'commit' &&
+    ending.mayPipeline === true &&
+    !xact.behind &&
+    xact.syncTouched.size === 0 &&
+    promoted.length === 0 &&
+    !state.mode.careful &&
+    state.policy.canPipelineCommit(endLsn);
   // Otherwise Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = pipelined ? null : state.conn.sync();
   if (synced) await state.pipeline.push(synced);
@@ -154,15 +181,17 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
   if (pipelined) {
     endTarget(state);
     const unconfirmed = { until: endLsn, answered: settled };
-    state.unconfirmed = unconfirmed;
-    await state.pipeline.push(settled.then(() => {
-      if (state.unconfirmed === unconfirmed) state.unconfirmed = null;
-    }));
+    state.tx.unconfirmed = unconfirmed;
+    await state.pipeline.push(
+      settled.then(() => {
+        if (state.tx.unconfirmed === unconfirmed) state.tx.unconfirmed = null;
+      }),
+    );
     return;
   }
   await state.pipeline.drain();
   await settled;
-  // Only now: a failure above leaves state.xact for the loop's careful replay.
+  // Only now: a failure above leaves state.tx.xact for the loop's careful replay.
   endTarget(state);
 }
 
@@ -174,16 +203,30 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
  */
 export async function settleTarget(state: ApplyState): Promise<void> {
   await commitGroup(state);
-  if (state.unconfirmed !== null || state.pipeline.size > 0) await state.pipeline.drain();
-  state.unconfirmed = null;
+  if (state.tx.unconfirmed !== null || state.pipeline.size > 0) await state.pipeline.drain();
+  state.tx.unconfirmed = null;
   if (state.conn.unsynced) await state.conn.sync();
 }
 
+/** The one reset of the transaction state: after a commit, a rollback, a stop. */
 export function endTarget(state: ApplyState): void {
-  state.xact = null;
-  state.group = null;
-  state.rowWrites.clear();
-  state.canGroupHotRows = true;
+  state.tx.xact = null;
+  state.tx.group = null;
+  state.tx.rowBatches.clear();
+  state.tx.rowWrites.clear();
+  state.tx.canGroupHotRows = true;
+}
+
+/** Whether the last commit sent without waiting went through (its answer awaited); then it is forgotten. */
+export async function pipelinedCommitSucceeded(state: ApplyState): Promise<boolean> {
+  const unconfirmed = state.tx.unconfirmed;
+  if (unconfirmed === null) return true;
+  const ok = await unconfirmed.answered.then(
+    () => true,
+    () => false,
+  );
+  if (ok && state.tx.unconfirmed === unconfirmed) state.tx.unconfirmed = null;
+  return ok;
 }
 
 /** What a target commit's answer must be, and the bookkeeping once it is known. */
@@ -203,17 +246,17 @@ export async function settleCommit(
     throw new ApplyError(`target answered ${command} (status ${status}) to ${c.expected} of remote xid ${xact.xid}`, { remoteXid: xact.xid });
   }
   const { endLsn, promoted } = c;
-  for (const t of xact.syncTouched) state.sync.set({ ...t, syncLsn: endLsn });
-  for (const t of promoted) state.sync.set({ ...t, state: 'r', syncLsn: null });
-  if (promoted.length > 0) state.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(endLsn) }, 'tables ready');
-  state.counters.changesApplied += xact.changes + c.groupChanges;
+  for (const t of xact.syncTouched) state.session.sync.set({ ...t, syncLsn: endLsn });
+  for (const t of promoted) state.session.sync.set({ ...t, state: 'r', syncLsn: null });
+  if (promoted.length > 0) state.session.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(endLsn) }, 'tables ready');
+  state.session.counters.changesApplied += xact.changes + c.groupChanges;
   if (xact.behind || c.expected !== 'COMMIT') {
-    state.onDurable();
+    state.session.onDurable();
     return;
   }
-  state.counters.transactionsApplied += c.transactions;
-  state.counters.lastCommitTime = c.commitTime;
-  if (walAfter) state.progress.noteCommittedAsync(endLsn, parseLsn(String((await walAfter).rows[0]?.[0])));
-  else state.progress.noteDurable(endLsn);
-  state.onDurable();
+  state.session.counters.transactionsApplied += c.transactions;
+  state.session.counters.lastCommitTime = c.commitTime;
+  if (walAfter) state.session.progress.noteCommittedAsync(endLsn, parseLsn(String((await walAfter).rows[0]?.[0])));
+  else state.session.progress.noteDurable(endLsn);
+  state.session.onDurable();
 }

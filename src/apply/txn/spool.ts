@@ -72,7 +72,15 @@ export class StreamSpool {
     }
     this.discard(xid);
     const file = path.join(this.dir, `${this.subscription}-${xid}.changes`);
-    this.files.set(xid, { path: file, fd: fs.openSync(file, 'w', 0o600), size: 0, written: 0, buffer: Buffer.allocUnsafe(WRITE_BUFFER_BYTES), bufferedBytes: 0, subxacts: new Map() });
+    this.files.set(xid, {
+      path: file,
+      fd: fs.openSync(file, 'w', 0o600),
+      size: 0,
+      written: 0,
+      buffer: Buffer.allocUnsafe(WRITE_BUFFER_BYTES),
+      bufferedBytes: 0,
+      subxacts: new Map(),
+    });
   }
 
   /** Append one message of transaction `xid`, made by (sub)transaction `subXid`. */

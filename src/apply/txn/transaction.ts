@@ -1,24 +1,24 @@
 /**
  * The remote transaction being applied, on the target side: opening it (its record in the
  * apply state, the skip or careful mark), which of its changes apply to which table (the
- * sync-state rule, tablesync/state.ts), opening the target transaction at its first
+ * sync-state rule, tablesync/sync-state.ts), opening the target transaction at its first
  * change, and pipelining a statement into it. Only the txn layer writes the current
  * transaction (here and in commit.ts).
  */
 import { ProtocolError } from '../../errors.js';
-import { formatLsn } from '../../protocol/lsn.js';
-import type { BeginMessage, RelationMessage } from '../../protocol/messages.js';
-import { syncKey } from '../../tablesync/state.js';
-import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
-import { type Statement } from '../sql/statements.js';
+import { formatLsn, type Lsn } from '../../protocol/lsn.js';
+import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
+import { syncKey } from '../../tablesync/sync-state.js';
+import type { ApplyState, RemoteTransaction } from './apply-state.js';
+import type { Statement } from '../sql/statements.js';
 
 export function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
-  if (!state.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received outside a transaction`);
-  return state.xact;
+  if (!state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received outside a transaction`);
+  return state.tx.xact;
 }
 
 /**
- * Whether this transaction's changes to a relation are applied (tablesync/state.ts):
+ * Whether this transaction's changes to a relation are applied (tablesync/sync-state.ts):
  * ready tables take commits at or after the origin, syncing tables commits at or after
  * their own position, tables still being copied nothing.
  */
@@ -26,14 +26,14 @@ export function applies(state: ApplyState, xact: RemoteTransaction, relationId: 
   const remote = state.relations.remoteRelation(relationId);
   // One lookup per change: this runs for every row, so the key is built once per Relation message.
   let key = SYNC_KEYS.get(remote);
-  if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name)));
-  const entry = state.sync.getByKey(key);
-  if (!entry) state.onUnknownTable(remote.namespace === '' ? 'pg_catalog' : remote.namespace, remote.name);
+  if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(schemaOf(remote), remote.name)));
+  const entry = state.session.sync.getByKey(key);
+  if (!entry) state.session.onUnknownTable(schemaOf(remote), remote.name);
   // Not behind yet below the origin: a prepare decoded late, at its COMMIT PREPARED
   // (twophase.ts onBeginPrepare), which every ready table takes as at the origin.
-  const durable = state.progress.durable;
+  const durable = state.session.progress.durable;
   const lsn = xact.behind || xact.finalLsn >= durable ? xact.finalLsn : durable;
-  if (!state.sync.entryApplies(entry, lsn, durable)) return false;
+  if (!state.session.sync.entryApplies(entry, lsn, durable)) return false;
   if (entry && entry.state !== 'r') xact.syncTouched.add(entry);
   return true;
 }
@@ -43,12 +43,12 @@ const SYNC_KEYS = new WeakMap<RelationMessage, string>();
 /**
  * BEGIN of a target transaction applying remote changes. With synchronous_commit = off
  * (native's default) only these commits are asynchronous — the origin still moves with
- * them, but feedback waits for the target's WAL flush (origin/progress.ts); idle records,
+ * them, but feedback waits for the target's WAL flush (origin/positions.ts); idle records,
  * two-phase steps and skips stay synchronous.
  */
 export async function beginTarget(state: ApplyState): Promise<void> {
   await state.pipeline.push(state.conn.execute('BEGIN'));
-  if (state.asyncCommit) await state.pipeline.push(state.conn.execute('SET LOCAL synchronous_commit = off'));
+  if (state.session.asyncCommit) await state.pipeline.push(state.conn.execute('SET LOCAL synchronous_commit = off'));
 }
 
 /** The transaction to apply into, opening the target transaction on first use; null when skipped. */
@@ -58,7 +58,7 @@ export async function changeTarget(state: ApplyState, what: string, relationId: 
   if (!xact.open) {
     xact.open = true;
     // Inside a group the target transaction is open already.
-    if (!state.group) await beginTarget(state);
+    if (!state.tx.group) await beginTarget(state);
   }
   xact.changes++;
   return xact;
@@ -72,16 +72,19 @@ export function sendStatement(state: ApplyState, statement: Statement, onCount?:
   return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes, rows);
 }
 
-export function startRemote(state: ApplyState, m: BeginMessage, behind: boolean): void {
-  state.xact = { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind, open: false, changes: 0, syncTouched: new Set(), alreadyPrepared: false };
-  beginTransaction(state, state.xact);
+/** The remote transaction starting now (BEGIN, BEGIN PREPARE, a spool's replay, an eager one) becomes the current one. */
+export function startRemote(state: ApplyState, spec: { xid: number; finalLsn: Lsn; commitTime: bigint; behind: boolean; alreadyPrepared?: boolean }): RemoteTransaction {
+  const xact: RemoteTransaction = { ...spec, alreadyPrepared: spec.alreadyPrepared ?? false, open: false, changes: 0, syncTouched: new Set() };
+  state.tx.xact = xact;
+  beginTransaction(state, xact);
+  return xact;
 }
 
 /** Per remote transaction, whatever its kind: skip it (`pgsub skip`), or apply it carefully. */
 export function beginTransaction(state: ApplyState, xact: RemoteTransaction): void {
-  if (state.skipLsn !== null && xact.finalLsn === state.skipLsn) {
+  if (state.mode.skipLsn !== null && xact.finalLsn === state.mode.skipLsn) {
     xact.skip = true;
-    state.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'skipping remote transaction (pgsub skip)');
+    state.session.log.warn({ xid: xact.xid, finishLsn: formatLsn(xact.finalLsn) }, 'skipping remote transaction (pgsub skip)');
   }
-  if (state.carefulLsn !== null && xact.finalLsn === state.carefulLsn) state.careful = true;
+  if (state.mode.carefulLsn !== null && xact.finalLsn === state.mode.carefulLsn) state.mode.careful = true;
 }

@@ -12,18 +12,18 @@ import { requireTransaction, startRemote } from '../txn/transaction.js';
 import { commitGroup, finishTransaction, PLAIN_COMMIT } from '../txn/commit.js';
 
 export function onBegin(state: ApplyState, m: BeginMessage): Promise<void> | void {
-  if (state.xact) {
-    throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN of xid ${m.xid} while xid ${state.xact.xid} is still open`);
+  if (state.tx.xact) {
+    throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `BEGIN of xid ${m.xid} while xid ${state.tx.xact.xid} is still open`);
   }
   // Below the origin (a re-streamed range, or a transaction resent): only tables catching
   // up take its changes; for everything else it was applied before.
-  const behind = m.finalLsn < state.progress.durable;
+  const behind = m.finalLsn < state.session.progress.durable;
   // Such a transaction does not move the origin: it never joins a group.
   if (behind) {
-    state.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
-    return commitGroup(state).then(() => startRemote(state, m, true));
+    state.session.log.debug({ xid: m.xid, lsn: formatLsn(m.finalLsn) }, 'transaction below the origin; applied only to tables catching up');
+    return commitGroup(state).then(() => void startRemote(state, { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind: true }));
   }
-  startRemote(state, m, false);
+  startRemote(state, { xid: m.xid, finalLsn: m.finalLsn, commitTime: m.commitTime, behind: false });
 }
 
 export function onCommit(state: ApplyState, m: CommitMessage): Promise<void> | void {
@@ -43,9 +43,9 @@ export function onType(state: ApplyState, m: TypeMessage): void {
 }
 
 export function onOrigin(state: ApplyState, m: OriginMessage): void {
-  state.log.debug({ origin: m.originName, lsn: formatLsn(m.originLsn) }, 'transaction from another origin');
+  state.session.log.debug({ origin: m.originName, lsn: formatLsn(m.originLsn) }, 'transaction from another origin');
 }
 
 export function onMessage(state: ApplyState, m: LogicalMessage): void {
-  state.log.debug({ prefix: m.prefix, lsn: formatLsn(m.lsn), transactional: m.transactional, bytes: m.content.length }, 'logical decoding message ignored');
+  state.session.log.debug({ prefix: m.prefix, lsn: formatLsn(m.lsn), transactional: m.transactional, bytes: m.content.length }, 'logical decoding message ignored');
 }

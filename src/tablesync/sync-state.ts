@@ -35,7 +35,6 @@ export interface TableSync {
   syncLsn: Lsn | null;
 }
 
-
 const key = (schema: string, table: string) => `${schema}\u0000${table}`;
 /** The lookup key of a table (getByKey), for callers that look the same table up per row. */
 export const syncKey = key;
@@ -157,7 +156,14 @@ export function clearSyncProgressStatement(subscription: string, t: { schema: st
 export function setStateStatement(subscription: string, t: { schema: string; table: string }, state: RelState, lsn: Lsn | null): Statement {
   // A finished copy clears the last copy error (migrations/0005).
   const cleared = ', "last_error" = NULL, "error_count" = 0';
-  const stamp = state === 'r' ? `, "ready_at" = pg_catalog.now()${cleared}` : state === 'd' ? ', "copy_started_at" = pg_catalog.now()' : state === 'f' ? `, "copy_finished_at" = pg_catalog.now()${cleared}` : '';
+  const stamp =
+    state === 'r'
+      ? `, "ready_at" = pg_catalog.now()${cleared}`
+      : state === 'd'
+        ? ', "copy_started_at" = pg_catalog.now()'
+        : state === 'f'
+          ? `, "copy_finished_at" = pg_catalog.now()${cleared}`
+          : '';
   return {
     text: `UPDATE "pgsub"."subscription_rel" SET "state" = $4, "sync_lsn" = $5::pg_catalog.pg_lsn, "updated_at" = pg_catalog.now()${stamp}
             WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,

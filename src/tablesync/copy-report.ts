@@ -40,7 +40,15 @@ function lines(progress: Iterable<TableProgress>, now: number): Line[] {
     const seconds = ((p.finishedAt ?? now) - p.startedAt) / 1000;
     const rate = seconds > 0 ? p.bytes / seconds : 0;
     const remaining = Math.max(p.estimatedBytes - p.bytes, 0);
-    return { table: `${p.schema}.${p.table}`, rows: p.rows, bytes: p.bytes, seconds, rate, eta: p.finishedAt ? 0 : rate > 0 ? remaining / rate : Infinity, done: p.finishedAt !== null };
+    return {
+      table: `${p.schema}.${p.table}`,
+      rows: p.rows,
+      bytes: p.bytes,
+      seconds,
+      rate,
+      eta: p.finishedAt ? 0 : rate > 0 ? remaining / rate : Infinity,
+      done: p.finishedAt !== null,
+    };
   });
 }
 
@@ -79,7 +87,10 @@ export class ProgressReporter {
     if (now - this.lastLog >= this.logEveryMs && active.length > 0) {
       this.lastLog = now;
       for (const l of lines(active, now)) {
-        this.log.info({ table: l.table, rowsCommitted: l.rows, bytes: l.bytes, bytesPerSecond: Math.round(l.rate), etaSeconds: Number.isFinite(l.eta) ? Math.round(l.eta) : null }, 'table copy progress');
+        this.log.info(
+          { table: l.table, rowsCommitted: l.rows, bytes: l.bytes, bytesPerSecond: Math.round(l.rate), etaSeconds: Number.isFinite(l.eta) ? Math.round(l.eta) : null },
+          'table copy progress',
+        );
       }
     }
     if (this.tty && this.progress.size > 0) {

@@ -8,14 +8,13 @@
  * with the connection.
  *
  * Before this, every table cost a walsender, a temporary slot, a second publisher
- * connection importing the exported snapshot, and two target connections — about 35 ms of
- * a 50 ms job for a small table on a busy 2-core machine, and four backends started per
- * table on the servers.
+ * connection importing the exported snapshot, and two target connections — most of a
+ * small table's job (docs/design-measurements.md), and four backends started per table.
  *
  * Why sharing is exact: a table's copy must hold every change that committed before its
  * sync LSN and none after, and the stream must still be able to deliver everything after
  * it. The first holds for any snapshot with its consistent point. For the second, the
- * feedback hold (state.ts: heldLsn) of every table of the batch is in place before any
+ * feedback hold (sync-state.ts: heldLsn) of every table of the batch is in place before any
  * lane of the batch creates its slot, so the subscription's slot cannot have confirmed
  * past a lane's consistent point (launcher.ts sets the holds, then schedules). Lanes serve
  * only the batch they were opened for.
@@ -48,7 +47,10 @@ let slotCounter = 0;
 
 /** Open a lane: both connections, the temporary slot and its snapshot. */
 export async function openLane(config: Config, applicationName: string): Promise<Lane> {
-  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_${++slotCounter}`.slice(0, 63).toLowerCase().replace(/[^a-z0-9_]/g, '_');
+  const slotName = `pgsub_${config.subscription}_sync_${process.pid}_${++slotCounter}`
+    .slice(0, 63)
+    .toLowerCase()
+    .replace(/[^a-z0-9_]/g, '_');
   const source = new pg.Client(
     pgClientConfig(config.source, applicationName, {
       replication: 'database',
