@@ -238,3 +238,50 @@ export class SlotBusyError extends PgsubError {
   readonly code = 'PGSUB_SLOT_BUSY';
   readonly retryable = true;
 }
+
+/** pg_dump for `pgsub schema` is missing, older than the source server, or failed (exit 2: use another one). */
+export class PgDumpError extends PgsubError {
+  readonly code = 'PGSUB_PG_DUMP';
+  readonly retryable = false;
+  override readonly exitCode = 2;
+}
+
+/**
+ * `pgsub schema copy` could not create the schema: `PGSUB_SCHEMA_EXISTS` (exit 2) when the
+ * target already holds some of the tables and --force was not given; `PGSUB_SCHEMA_PREREQUISITE`
+ * (exit 2) when the target lacks what the dump needs (an extension) or the step comes too early
+ * (post-data before the initial copy finished); `PGSUB_SCHEMA_COPY_FAILED` (exit 1) when a
+ * statement of the dump failed — nothing of that step is left behind.
+ */
+export class SchemaCopyError extends PgsubError {
+  readonly retryable = false;
+  override readonly exitCode: 1 | 2;
+  constructor(
+    readonly code: 'PGSUB_SCHEMA_EXISTS' | 'PGSUB_SCHEMA_PREREQUISITE' | 'PGSUB_SCHEMA_COPY_FAILED',
+    message: string,
+    context: ErrorContext = {},
+  ) {
+    super(message, context);
+    this.exitCode = code === 'PGSUB_SCHEMA_COPY_FAILED' ? 1 : 2;
+  }
+}
+
+/**
+ * `pgsub cutover` did not switch: `PGSUB_CUTOVER_REFUSED` (exit 2) when a precondition does
+ * not hold before anything was changed (lag, service not running, a table not ready);
+ * `PGSUB_CUTOVER_FAILED` (exit 1) when a step failed after the fence — the fence is lifted
+ * and the source left as it was before the command.
+ */
+export class CutoverError extends PgsubError {
+  readonly retryable = false;
+  override readonly exitCode: 1 | 2;
+  constructor(
+    readonly code: 'PGSUB_CUTOVER_REFUSED' | 'PGSUB_CUTOVER_FAILED',
+    message: string,
+    context: ErrorContext = {},
+    options?: ErrorOptions,
+  ) {
+    super(message, context, options);
+    this.exitCode = code === 'PGSUB_CUTOVER_REFUSED' ? 2 : 1;
+  }
+}

@@ -1,38 +1,48 @@
 /**
- * `pgsub demo` / `npm run demo`: the whole job on an embedded default. Starts a
- * publisher and a target of different majors from the npm-installed binaries, creates a
- * sample schema and publication, runs a concurrent workload while pgsub replicates it,
- * shows live progress (transactions applied, lag), then checks that every table in the
- * target equals the source and exits 0 — or 1 with the differing tables. Run as root, it
- * copies the server binaries to a directory of its own under /tmp (the server runs as an
- * unprivileged user that may not reach node_modules) and removes it when it ends, also
- * after a failure or Ctrl-C.
+ * `pgsub demo` / `npm run demo`: a whole migration on embedded servers. An older publisher
+ * (PostgreSQL 14 by default) holds a shop whose sample application writes throughout;
+ * pgsub runs preflight, copies the schema with the system's pg_dump (the demo's own SQL
+ * when there is no usable one), copies the data and streams while the application
+ * writes, adds the foreign keys once the copy is done, then cuts over with the read-only
+ * fence: the application's writes are refused from the fence on, the target applies up to
+ * the fence LSN, the sequences are set ahead. The summary gives the write downtime, rows
+ * and sequences; exit 0 only if every table of the target equals the source at the fence
+ * and every sequence is ahead of its last used value — else 1, naming what differs. Run
+ * as root, it copies the server binaries to a directory of its own under /tmp (the server
+ * runs as an unprivileged user that may not reach node_modules) and removes it when it
+ * ends, also after a failure or Ctrl-C.
  */
 import fs from 'node:fs';
-import { compareTables, connect, currentWalLsn, setBinRoot, slotConfirmedLsn, startCluster, stopAllClusters, waitFor } from '../../test/harness/index.js';
+import { compareTables, currentWalLsn, setBinRoot, slotConfirmedLsn, startCluster, stopAllClusters, waitFor } from '../../test/harness/index.js';
 import type { Cluster } from '../../test/harness/index.js';
-import { loadConfig } from '../config/config.js';
+import { loadConfig, type Config } from '../config/config.js';
+import { PgDumpError } from '../errors.js';
 import { createLogger } from '../log.js';
+import { openPgDb, openTargetDb } from '../migrate/db.js';
+import { preflight } from '../migrate/preflight.js';
+import { copySchema } from '../migrate/schema.js';
+import { listSyncedSequences, nextValue, readSequenceValues } from '../migrate/sequences.js';
+import { checkTablePrivileges } from '../service/preflight.js';
 import { startRunner } from '../service/runner.js';
+import { renderCutover, runCutover } from './cutover.js';
+import { EXISTING, SCHEMA, TABLES, startWorkload } from './demo-workload.js';
 
 export interface DemoOptions {
   publisherMajor: number;
   targetMajor: number;
+  /** Transactions the application commits before the cutover starts. */
   transactions: number;
   clients: number;
 }
 
-const SCHEMA = `
-  CREATE SCHEMA shop;
-  CREATE TABLE shop.customers (id bigint PRIMARY KEY, name text NOT NULL, email text, created_at timestamptz NOT NULL DEFAULT now());
-  CREATE TABLE shop.orders (id bigint PRIMARY KEY, customer_id bigint NOT NULL REFERENCES shop.customers(id), amount numeric(12,2) NOT NULL, status text NOT NULL, placed_at timestamptz NOT NULL);
-  CREATE TABLE shop."order lines" (order_id bigint NOT NULL, line int NOT NULL, sku text NOT NULL, qty int NOT NULL, PRIMARY KEY (order_id, line));
-`;
-const TABLES = ['"shop"."customers"', '"shop"."orders"', '"shop"."order lines"'];
+/** What schema copy creates: before it, these are the only blockers a fresh target may show. */
+const SCHEMA_COPY_FIXES = new Set(['TARGET_TABLE_MISSING', 'TARGET_TYPE_MISSING']);
 
 export async function runDemo(opts: DemoOptions): Promise<number> {
   const out = (line: string) => process.stdout.write(`${line}\n`);
-  out(`pgsub demo: PostgreSQL ${opts.publisherMajor} publisher → PostgreSQL ${opts.targetMajor} target, ${opts.transactions} transactions from ${opts.clients} clients`);
+  out(
+    `pgsub demo: a migration from PostgreSQL ${opts.publisherMajor} to PostgreSQL ${opts.targetMajor}, an application of ${opts.clients} clients writing throughout (${opts.transactions} transactions before the cutover)`,
+  );
   let publisher: Cluster | undefined;
   let target: Cluster | undefined;
   const binaries = ownBinaries();
@@ -40,7 +50,10 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
   try {
     // Both starts are waited for, also when one fails: a server still starting would
     // outlive the cleanup below.
-    const starting = Promise.allSettled([startCluster({ major: opts.publisherMajor, name: 'demo-publisher' }), startCluster({ major: opts.targetMajor, name: 'demo-target' })]);
+    const starting = Promise.allSettled([
+      startCluster({ major: opts.publisherMajor, name: 'demo-publisher', settings: { max_slot_wal_keep_size: '1GB' } }),
+      startCluster({ major: opts.targetMajor, name: 'demo-target' }),
+    ]);
     // After startCluster registered the harness's exit handler (it stops the servers), so
     // this one runs after it: the servers' binaries go last.
     process.on('exit', binaries.remove);
@@ -51,56 +64,143 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
     await publisher.createDatabase('shop');
     await target.createDatabase('shop');
     await publisher.query(`${SCHEMA} CREATE PUBLICATION demo_pub FOR TABLE ${TABLES.join(', ')};`, [], 'shop');
-    await target.query(SCHEMA, [], 'shop');
-    // Existing data, copied by the initial table sync while the workload below already runs.
-    await publisher.query(
-      `INSERT INTO shop.customers (id, name, email) SELECT 1000000 + g, 'existing ' || g, 'e' || g || '@example.com' FROM generate_series(1, 20000) g;
-       INSERT INTO shop.orders SELECT 1000000 + g, 1000000 + 1 + g % 20000, (g % 500) + 0.5, 'archived', now() - interval '1 day' FROM generate_series(1, 100000) g;
-       INSERT INTO shop."order lines" SELECT 1000000 + g, 1, 'sku-old', 1 FROM generate_series(1, 100000) g;`,
-      [],
-      'shop',
-    );
+    await publisher.query(EXISTING, [], 'shop');
 
     const config = loadConfig({
       env: {},
-      overrides: { subscription: 'demo', source: publisher.url('shop'), target: target.url('shop'), publication: 'demo_pub', status_interval: 1 },
+      overrides: {
+        subscription: 'demo',
+        source: publisher.url('shop'),
+        target: target.url('shop'),
+        publication: 'demo_pub',
+        status_interval: 1,
+        sequence_interval: 2,
+        log_level: process.env.PGSUB_LOG_LEVEL ?? 'warn',
+      },
     });
-    const runner = startRunner(config, createLogger(process.env.PGSUB_LOG_LEVEL ?? 'warn', process.stderr as never));
-    await waitFor(async () => (await slotConfirmedLsn(publisher!, 'demo')) !== null, { timeoutMs: 30_000, what: 'pgsub to create its slot' });
+    const log = createLogger(config.logLevel, process.stderr as never);
 
+    out('\n1. preflight');
+    const first = await preflight(config, { copyRateMb: 50, longTransactionSeconds: 60, checkTablePrivileges });
+    const blockers = first.findings.filter((f) => f.severity === 'blocker');
+    out(
+      `  ${blockers.length} blocker(s), all fixed by schema copy: ${[...new Set(blockers.map((b) => b.code))].join(', ') || 'none'}; ${first.findings.filter((f) => f.severity === 'warning').length} warning(s)`,
+    );
+    if (blockers.some((b) => !SCHEMA_COPY_FIXES.has(b.code))) return fail(out, `preflight: ${blockers.map((b) => `${b.code} ${b.object}: ${b.message}`).join('; ')}`);
+
+    out('\n2. schema copy');
+    const withDump = await copyTheSchema(config, target, out);
+    const ready = await preflight(config, { copyRateMb: 50, longTransactionSeconds: 60, checkTablePrivileges });
+    if (!ready.ready)
+      return fail(
+        out,
+        `preflight after the schema copy: ${ready.findings
+          .filter((f) => f.severity === 'blocker')
+          .map((b) => `${b.code} ${b.object}`)
+          .join(', ')}`,
+      );
+    const e = ready.estimate!;
+    out(`  preflight: ready; the initial copy: ${e.tables} tables, about ${e.rows} rows`);
+
+    out('\n3. initial copy and streaming, the application writing');
+    const runner = startRunner(config, log);
+    const app = startWorkload(publisher.url('shop'), opts.clients);
     const started = Date.now();
-    const progress = setInterval(() => void showProgress(publisher!, runner.counters, started, out), 500);
-    await runWorkload(publisher, opts);
-    const workloadEnd = await currentWalLsn(publisher, 'shop');
-    await waitFor(async () => ((await slotConfirmedLsn(publisher!, 'demo')) ?? 0n) >= workloadEnd, { timeoutMs: 300_000, intervalMs: 200, what: 'pgsub to catch up' });
-    clearInterval(progress);
-    const seconds = (Date.now() - started) / 1000;
-    await showProgress(publisher, runner.counters, started, out);
-    runner.stop();
-    await runner.done;
-
-    const cmp = await compareTables(publisher, 'shop', target, 'shop', TABLES);
-    out('');
-    out(`  ${'table'.padEnd(24)} ${'source rows'.padStart(12)} ${'target rows'.padStart(12)}  checksum`);
-    cmp.source.forEach((s, i) => {
-      const d = cmp.target[i]!;
-      out(`  ${s.table.padEnd(24)} ${String(s.rows).padStart(12)} ${String(d.rows).padStart(12)}  ${s.md5 === d.md5 ? 'equal' : 'DIFFERENT'}`);
-    });
+    const progress = setInterval(() => void showProgress(publisher!, app.stats.committed, started, out), 1000);
+    await waitFor(
+      async () =>
+        (await target!.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'demo'`, [], 'shop'))[0]?.ok ===
+        true,
+      { timeoutMs: 300_000, intervalMs: 200, what: 'the initial copy' },
+    );
     const [copy] = await target.query<{ rows: string; seconds: string }>(
       `SELECT sum(rows_copied)::text AS rows, extract(epoch FROM max(copy_finished_at) - min(copy_started_at))::numeric(10,1)::text AS seconds FROM pgsub.subscription_rel WHERE subscription = 'demo'`,
       [],
       'shop',
     );
-    out(`\n  initial copy: ${copy?.rows ?? 0} rows in ${copy?.seconds ?? '?'} s (in parallel, while the workload ran)`);
-    const c = runner.counters;
-    out(
-      `  streamed: ${c.transactionsApplied} transactions (${c.changesApplied} changes) applied in ${seconds.toFixed(1)} s: ${Math.round(c.transactionsApplied / seconds)} tx/s, ${Math.round(c.changesApplied / seconds)} rows/s`,
+    out(`  initial copy: ${copy?.rows ?? 0} rows in ${copy?.seconds ?? '?'} s, while the application wrote`);
+    if (withDump) {
+      const post = await copySchema(config, { step: 'post-data', force: false, print: false, pgDump: null });
+      out(`  schema copy, post-data step: ${post.applied.length} object(s) (the foreign key) now that every table is ready`);
+    }
+    await waitFor(() => app.stats.committed >= opts.transactions, { timeoutMs: 600_000, intervalMs: 200, what: "the application's transactions" });
+    clearInterval(progress);
+    await showProgress(publisher, app.stats.committed, started, out);
+
+    out('\n4. cutover (fence read-only)');
+    const report = await runCutover(
+      [config],
+      { fence: 'read-only', maxLagBytes: 16 * 1024 * 1024, lagTimeoutMs: 60_000, applyTimeoutMs: 60_000, reverse: false, reverseConfigFile: null },
+      out,
+      log,
     );
+    const stats = await app.stop();
+    runner.stop();
+    await runner.done.catch(() => {});
+    out(renderCutover(report).trimEnd());
+
+    const cmp = await compareTables(publisher, 'shop', target, 'shop', TABLES);
+    const sequences = await sequencesAhead(config);
+    out('');
+    out(`  ${'table'.padEnd(24)} ${'source rows'.padStart(12)} ${'target rows'.padStart(12)}  checksum at the fence`);
+    cmp.source.forEach((s, i) => {
+      const d = cmp.target[i]!;
+      out(`  ${s.table.padEnd(24)} ${String(s.rows).padStart(12)} ${String(d.rows).padStart(12)}  ${s.md5 === d.md5 ? 'equal' : 'DIFFERENT'}`);
+    });
+    for (const q of sequences) out(`  sequence ${q.name}: source last ${q.sourceLast}, target next ${q.targetNext}: ${q.ahead ? 'ahead' : 'NOT AHEAD'}`);
+    out(`  application: ${stats.committed} transactions committed, ${stats.rejected} write(s) refused after the fence, ${stats.reconnects} reconnect(s)`);
+    out(`  write downtime: ${(report.write_downtime_ms / 1000).toFixed(2)} s`);
+    const ok = cmp.equal && sequences.every((q) => q.ahead) && stats.rejected > 0;
     out(cmp.equal ? '  target equals source ✔' : '  target differs from source ✘');
-    return cmp.equal ? 0 : 1;
+    if (!sequences.every((q) => q.ahead)) out('  a sequence is not ahead of the source ✘');
+    if (stats.rejected === 0) out('  the fence refused no write of the application ✘');
+    return ok ? 0 : 1;
   } finally {
     await stopAllClusters();
     binaries.remove();
+  }
+}
+
+function fail(out: (line: string) => void, why: string): number {
+  out(`  ✘ ${why}`);
+  return 1;
+}
+
+/** pg_dump's schema (tables step); without a usable pg_dump, the demo's own SQL. Returns whether pg_dump was used. */
+async function copyTheSchema(config: Config, target: Cluster, out: (line: string) => void): Promise<boolean> {
+  try {
+    await copySchema(config, { step: 'tables', force: false, print: false, pgDump: null }, (line) => out(`  ${line}`));
+    out('  (the foreign key waits for the initial copy)');
+    return true;
+  } catch (err) {
+    if (!(err instanceof PgDumpError)) throw err;
+    out(`  no usable pg_dump (${err.message}); creating the schema from the demo's own SQL instead`);
+    await target.query(SCHEMA, [], 'shop');
+    return false;
+  }
+}
+
+/** Each synced sequence: the target's next value beyond the source's last used one. */
+async function sequencesAhead(config: Config): Promise<{ name: string; sourceLast: string; targetNext: string; ahead: boolean }[]> {
+  const source = await openPgDb(config.source, 'pgsub_demo');
+  const target = await openTargetDb(config.target, 'pgsub_demo');
+  try {
+    const seqs = await listSyncedSequences(source, config);
+    const [a, b] = await Promise.all([readSequenceValues(source, seqs), readSequenceValues(target, seqs)]);
+    return seqs.map((s) => {
+      const name = `${s.schema}.${s.name}`;
+      const src = a.get(name);
+      const tgt = b.get(name);
+      return {
+        name,
+        sourceLast: src?.lastValue.toString() ?? '-',
+        targetNext: tgt ? nextValue(tgt).toString() : '-',
+        ahead: Boolean(src && tgt && nextValue(tgt) > src.lastValue),
+      };
+    });
+  } finally {
+    await source.close();
+    await target.close();
   }
 }
 
@@ -120,44 +220,12 @@ function ownBinaries(): { dir: string | null; remove: () => void } {
   return { dir, remove };
 }
 
-async function showProgress(publisher: Cluster, counters: { transactionsApplied: number; changesApplied: number }, started: number, out: (s: string) => void): Promise<void> {
+async function showProgress(publisher: Cluster, committed: number, started: number, out: (s: string) => void): Promise<void> {
   try {
     const [wal, confirmed] = await Promise.all([currentWalLsn(publisher, 'shop'), slotConfirmedLsn(publisher, 'demo')]);
     const lag = confirmed === null ? 0n : wal - confirmed;
-    const line = `  ${((Date.now() - started) / 1000).toFixed(1).padStart(6)} s  applied ${String(counters.transactionsApplied).padStart(7)} tx  ${String(counters.changesApplied).padStart(8)} changes  lag ${String(lag).padStart(10)} bytes`;
-    if (process.stdout.isTTY) process.stdout.write(`\r${line}`);
-    else out(line);
+    out(`  ${((Date.now() - started) / 1000).toFixed(1).padStart(6)} s  application ${String(committed).padStart(7)} tx  lag ${String(lag).padStart(10)} bytes`);
   } catch {
     // Progress is best effort; the final comparison is what counts.
   }
-}
-
-/** A shop: customers sign up, orders are placed with lines, updated, some cancelled (deleted). */
-async function runWorkload(publisher: Cluster, opts: DemoOptions): Promise<void> {
-  const perClient = Math.ceil(opts.transactions / opts.clients);
-  await Promise.all(
-    Array.from({ length: opts.clients }, async (_, client) => {
-      const db = await connect(publisher, 'shop');
-      try {
-        for (let i = 0; i < perClient; i++) {
-          const n = client * perClient + i;
-          await db.query('BEGIN');
-          if (i % 10 === 0) {
-            await db.query('INSERT INTO shop.customers (id, name, email) VALUES ($1, $2, $3)', [n, `customer ${n}`, `c${n}@example.com`]);
-          }
-          const customer = client * perClient + (i - (i % 10));
-          await db.query('INSERT INTO shop.orders VALUES ($1, $2, $3, $4, now())', [n, customer, (n % 997) + 0.99, 'new']);
-          await db.query('INSERT INTO shop."order lines" SELECT $1, g, $2 || g, g FROM generate_series(1, 1 + $1::bigint % 3) g', [n, `sku-${n % 50}-`]);
-          if (i > 0 && i % 3 === 0) await db.query(`UPDATE shop.orders SET status = 'paid', amount = amount + 1 WHERE id = $1`, [n - 1]);
-          if (i > 1 && i % 7 === 0) {
-            await db.query('DELETE FROM shop."order lines" WHERE order_id = $1', [n - 2]);
-            await db.query('DELETE FROM shop.orders WHERE id = $1', [n - 2]);
-          }
-          await db.query('COMMIT');
-        }
-      } finally {
-        await db.end();
-      }
-    }),
-  );
 }

@@ -1,7 +1,8 @@
 /**
  * The `pgsub` command line: `run` (the service), `status`, `refresh`, `resync`, `skip`
- * and `enable` (conflict handling, conflict/control.ts), and `demo` (an embedded
- * publisher and target with a sample workload). Startup errors (configuration, and
+ * and `enable` (conflict handling, conflict/control.ts), the migration commands
+ * (`preflight`, `schema copy|diff`, `cutover`: migrate-commands.ts), and `demo` (an
+ * embedded migration with a sample workload). Startup errors (configuration, and
  * setup the operator must fix: passwords, pg_hba.conf, privileges, a second pgsub) and
  * usage errors (an unknown command or option) print one line naming the problem and exit
  * 2; a fatal apply error exits 1; a lost subscription (slot lost or ahead) exits 4; a
@@ -26,6 +27,7 @@ import { enableSubscription, requestSkip } from '../conflict/control.js';
 import { migrateTarget } from '../origin/store.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { packageVersion } from './version.js';
+import { registerMigrationCommands } from './migrate-commands.js';
 
 const program = new Command();
 // exitOverride before the commands: subcommands inherit it when they are created. A usage
@@ -184,12 +186,16 @@ program
       process.stdout.write(`left in place: transactions prepared on the target ${report.preparedLeft.join(', ')} (COMMIT PREPARED or ROLLBACK PREPARED them)\n`);
   });
 
+registerMigrationCommands(program);
+
 program
   .command('demo')
-  .description('embedded publisher and target of different majors, a sample workload, live progress, and a final comparison')
-  .option('--publisher <major>', 'publisher major version', '16')
+  .description(
+    'a whole migration on embedded servers: an older publisher with an application writing throughout, preflight, schema copy, initial copy, streaming, the fenced cutover, and a final comparison',
+  )
+  .option('--publisher <major>', 'publisher major version', '14')
   .option('--target <major>', 'target major version', '18')
-  .option('--transactions <n>', 'source transactions in the workload', '5000')
+  .option('--transactions <n>', 'transactions the application commits before the cutover', '5000')
   .option('--clients <n>', 'concurrent workload clients', '4')
   .action(async (opts: { publisher: string; target: string; transactions: string; clients: string }) => {
     const { runDemo } = await import('./demo.js');

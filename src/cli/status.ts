@@ -23,6 +23,7 @@ import { formatBytes, formatSeconds } from '../tablesync/copy-report.js';
 import { STATE_NAMES, type RelState } from '../tablesync/sync-state.js';
 import { loadStats, type Stats } from '../conflict/control.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
+import { sequenceStatus, type SequenceStatus } from '../migrate/sequences.js';
 
 /** Exit code of `pgsub status` when the source or the target could not be reached or read. */
 export const EXIT_SIDE_UNREACHABLE = 3;
@@ -83,6 +84,8 @@ export type StatusReport = {
 } & Conflicts & {
     stats_reset: string | null;
     tables: TableStatus[] | null;
+    /** The synced sequences on both sides (migrate/sequences.ts); null when a side could not be read; [] with sequences: off. */
+    sequences: SequenceStatus[] | null;
   };
 
 interface SourceRead {
@@ -128,9 +131,14 @@ class SideError extends Error {
 
 /** Gathers both sides and prints them; returns the exit code (0, or 3 with a side unreachable). */
 export async function printStatus(config: Config, json: boolean): Promise<number> {
-  const [source, target] = await Promise.allSettled([readSource(config), readTarget(config)]);
+  const [source, target, sequences] = await Promise.allSettled([
+    readSource(config),
+    readTarget(config),
+    config.sequences === 'sync' ? sequenceStatus(config) : Promise.resolve([]),
+  ]);
   if (target.status === 'rejected' && target.reason instanceof PgsubError) throw target.reason;
   const report = buildReport(config, source, target);
+  report.sequences = sequences.status === 'fulfilled' ? sequences.value : null;
   for (const side of ['source', 'target'] as const) {
     const s = report[side];
     if (s.error !== null) process.stderr.write(`pgsub: ${side} ${s.reachable ? 'could not be read' : 'unreachable'} (${s.host}): ${s.error}\n`);
@@ -331,12 +339,13 @@ function buildReport(config: Config, sourceRead: PromiseSettledResult<SourceRead
     ...conflicts,
     stats_reset: stats?.statsReset ?? null,
     tables: tgt?.tables ?? null,
+    sequences: null,
   };
 }
 
 /** One `key value` line per field, then the tables with their last copy error. */
 function renderText(report: StatusReport): string {
-  const { tables, source, target, ...rest } = report;
+  const { tables, source, target, sequences, ...rest } = report;
   const sideLine = (s: SideStatus) => `${s.host} ${s.error === null ? 'reachable' : `${s.reachable ? 'could not be read' : 'UNREACHABLE'}: ${s.error}`}`;
   const lines = [`${'subscription'.padEnd(32)} ${report.subscription}`, `${'source'.padEnd(32)} ${sideLine(source)}`, `${'target'.padEnd(32)} ${sideLine(target)}`];
   for (const [k, v] of Object.entries(rest)) if (k !== 'subscription') lines.push(`${k.padEnd(32)} ${v ?? '-'}`);
@@ -350,6 +359,13 @@ function renderText(report: StatusReport): string {
       );
       if (t.last_error !== null) lines.push(`  last error (${t.last_error_at ?? 'time unknown'}): ${t.last_error}`);
     }
+  }
+  if (sequences && sequences.length > 0) {
+    lines.push('', `${'sequence'.padEnd(32)} ${'source last'.padStart(14)} ${'target next'.padStart(14)} ${'ahead by'.padStart(9)}`);
+    for (const q of sequences)
+      lines.push(
+        `${q.sequence.slice(0, 32).padEnd(32)} ${(q.source_last_value ?? '-').padStart(14)} ${(q.target_next_value ?? '-').padStart(14)} ${String(q.ahead_by ?? '-').padStart(9)}${q.synced === false ? '  BEHIND' : ''}`,
+      );
   }
   return `${lines.join('\n')}\n`;
 }

@@ -144,6 +144,12 @@ const fileSchema = z
     ready_max_lag_mb: range(0, 1_000_000).default(16),
     max_retained_wal_mb: range(0, 100_000_000).default(0),
     slot_check_interval: seconds.default(10),
+    // Migration: sequences copied to the target (migrate/sequences.ts), and the pg_dump of schema copy.
+    sequences: oneOf(['sync', 'off']).default('sync'),
+    sequence_interval: seconds.default(30),
+    sequence_margin: int(0, 1_000_000_000).default(1000),
+    sequence_names: z.union([text(), z.array(text())], { error: (iss) => `${showValue(iss.input)} is not a sequence name or a list of them` }).default([]),
+    pg_dump: text().min(1).optional(),
     log_level: oneOf(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   })
   .strict();
@@ -210,6 +216,15 @@ export interface Config {
   /** Retained WAL on the publisher above this is warned about (service/slot-guard.ts); 0: never. */
   maxRetainedWalBytes: number;
   slotCheckIntervalMs: number;
+  /** `sync`: the published tables' sequences are copied to the target while streaming and at cutover (migrate/sequences.ts). */
+  sequences: 'sync' | 'off';
+  sequenceIntervalMs: number;
+  /** Increments the target's sequences are set ahead of the source's. */
+  sequenceMargin: number;
+  /** Sequences synced besides the tables' own (schema.name). */
+  sequenceNames: readonly { schema: string; name: string }[];
+  /** The pg_dump of `pgsub schema` (migrate/pgdump.ts); null: the first on PATH. */
+  pgDump: string | null;
 }
 
 export const CONFIG_KEYS = Object.keys(fileSchema.shape) as (keyof FileConfig)[];
@@ -360,6 +375,11 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
     readyMaxLagBytes: Math.round(c.ready_max_lag_mb * 1024 * 1024),
     maxRetainedWalBytes: Math.round(c.max_retained_wal_mb * 1024 * 1024),
     slotCheckIntervalMs: c.slot_check_interval * 1000,
+    sequences: c.sequences,
+    sequenceIntervalMs: c.sequence_interval * 1000,
+    sequenceMargin: c.sequence_margin,
+    sequenceNames: Object.freeze(sequenceNames(c.sequence_names)),
+    pgDump: c.pg_dump ?? null,
     retryMinDelayMs: c.retry_min_delay * 1000,
     retryMaxDelayMs: c.retry_max_delay * 1000,
     maxInFlight: c.max_in_flight,
@@ -381,6 +401,17 @@ function validate(raw: Record<string, unknown>, origins: Record<string, string>,
   Object.freeze(config.target);
   Object.freeze(config.publications);
   return Object.freeze(config);
+}
+
+/** `schema.name` entries (a comma-separated string from PGSUB_SEQUENCE_NAMES); a name without a schema is refused. */
+function sequenceNames(value: string | string[]): { schema: string; name: string }[] {
+  const names = (Array.isArray(value) ? value : value.split(',')).map((s) => s.trim()).filter(Boolean);
+  return names.map((n) => {
+    const dot = n.indexOf('.');
+    if (dot <= 0 || dot === n.length - 1)
+      throw new ConfigError(`invalid configuration: sequence_names: give sequences as schema.name, not ${JSON.stringify(n)}`, { key: 'sequence_names' });
+    return { schema: n.slice(0, dot), name: n.slice(dot + 1) };
+  });
 }
 
 function conflictConfig(c: FileConfig['conflicts']): ConflictConfig {

@@ -36,6 +36,7 @@ import { ProgressLog, type CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
 import type { SlotHealth } from './metrics.js';
 import { checkTablePrivileges, OwnConnections } from './preflight.js';
+import { startSequenceSync } from '../migrate/sequences.js';
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
 const SLOT_BUSY_RETRY_MS = 1000;
@@ -371,9 +372,12 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     maxRetainedBytes: config.maxRetainedWalBytes,
     onLost: (err) => fail(err),
   });
+  // The published tables' sequences follow the stream to the target (sequences: sync).
+  const sequenceSync = startSequenceSync(config, log);
   const finished = done
     .finally(async () => {
       progressLog.stop();
+      await sequenceSync.stop();
       await slotGuard.stop();
       return launcher.stop();
     })

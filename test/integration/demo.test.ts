@@ -1,6 +1,6 @@
 /**
- * `pgsub demo` (small), as a child process: it replicates and says the target equals the
- * source; run as root it copies the server binaries to a directory of its own under /tmp
+ * `pgsub demo` (small), as a child process: it migrates (preflight, schema copy, copy,
+ * streaming, the fenced cutover) and says the target equals the source; run as root it copies the server binaries to a directory of its own under /tmp
  * and removes it when it ends — after success and after a failure (a target major that is
  * not installed, while the publisher's copy is made and its server starts). The shared
  * /tmp/pgsub-pgbin of the test runs is left alone.
@@ -43,9 +43,11 @@ function leftovers(): string[] {
 test('the demo replicates, then removes the binaries it copied', async () => {
   const before = leftovers();
   const sharedBefore = fs.existsSync(SHARED_BIN_ROOT) ? fs.readdirSync(SHARED_BIN_ROOT).sort() : null;
-  const r = await demo(['--publisher', '16', '--target', '18', '--transactions', '200', '--clients', '2']);
+  const r = await demo(['--publisher', '14', '--target', '18', '--transactions', '200', '--clients', '2']);
   assert.equal(r.code, 0, r.output.slice(-3000));
   assert.match(r.output, /target equals source ✔/);
+  assert.match(r.output, /cutover done: demo at \S+, write downtime \d+\.\d+ s/);
+  assert.match(r.output, /\d+ write\(s\) refused after the fence/);
   if (isRoot) {
     assert.ok(r.dir, `the demo names its binaries directory:\n${r.output.slice(0, 1000)}`);
     assert.ok(r.sawServerBinary, 'the servers ran from it');

@@ -232,3 +232,27 @@ test('startup warnings: a published table without a replica identity, and one wi
   assert.deepEqual(about('public.inserts_only'), []);
   await stop(p);
 });
+
+for (const [name, extra] of [
+  ['defaults', {}],
+  ['binary, no batches', { PGSUB_BINARY: 'true', PGSUB_BATCH_ROWS: '1' }],
+] as const) {
+  test(`GENERATED ALWAYS identity columns on the target take the source's values: copied, inserted, updated one by one and in runs, deleted (${name})`, async () => {
+    const db = `ident${Object.keys(extra).length}`;
+    // The schema as pg_dump gives it to the target: the identity column ALWAYS on both sides.
+    const schema = `CREATE TABLE public.orders (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, n int GENERATED ALWAYS AS IDENTITY (START 100) UNIQUE, v text);`;
+    await database(db, `${schema} INSERT INTO public.orders (v) SELECT 'c' || g FROM generate_series(1, 5) g; CREATE PUBLICATION pub FOR TABLE public.orders;`, schema);
+    const p = start(db, db, extra);
+    await p.waitForLog('streaming started');
+    await publisher.query(`INSERT INTO public.orders (v) VALUES ('one')`, [], db);
+    await publisher.query(`INSERT INTO public.orders (v) SELECT 's' || g FROM generate_series(1, 50) g`, [], db);
+    await publisher.query(`UPDATE public.orders SET v = 'u1' WHERE id = 2`, [], db);
+    // A run of updates in one transaction: the batched path (UPDATE of many rows at once).
+    await publisher.query(`UPDATE public.orders SET v = v || '!' WHERE id > 10`, [], db);
+    await publisher.query(`DELETE FROM public.orders WHERE id IN (3, 4)`, [], db);
+    await waitForCatchUp(publisher, db, db);
+    await equal(db, ['public.orders'], p);
+    assert.equal(await count(db, 'public.orders'), 54);
+    await stop(p);
+  });
+}

@@ -17,6 +17,7 @@ interface ColumnSpec {
   type?: string;
   key?: boolean;
   equality?: boolean;
+  always?: boolean;
 }
 
 function relation(spec: { schema?: string; name: string; identity: ReplicaIdentity; relkind?: 'r' | 'p'; columns: ColumnSpec[] }): MappedRelation {
@@ -35,6 +36,7 @@ function relation(spec: { schema?: string; name: string; identity: ReplicaIdenti
     typeName: c.type ?? '"pg_catalog"."text"',
     generated: false,
     hasEquality: c.equality ?? true,
+    identityAlways: c.always ?? false,
   }));
   return {
     remote,
@@ -74,6 +76,40 @@ describe('statements', () => {
     const s = insertStatement(orders, [t('1'), t('2'), t("x'); DROP TABLE y; --")]);
     assert.equal(s.text, `INSERT INTO "app"."orders" ("region", "id", "note") VALUES ($1::${INT4}, $2::${INT8}, $3::${TEXT})`);
     assert.deepEqual(s.params, ['1', '2', "x'); DROP TABLE y; --"]);
+  });
+
+  test('GENERATED ALWAYS identity: INSERT overrides it with the sent value, UPDATE leaves it alone', () => {
+    const users = relation({
+      name: 'users',
+      identity: 'default',
+      columns: [
+        { name: 'id', type: INT8, key: true, always: true },
+        { name: 'name', type: TEXT },
+      ],
+    });
+    assert.equal(insertStatement(users, [t('7'), t('a')]).text, `INSERT INTO "app"."users" ("id", "name") OVERRIDING SYSTEM VALUE VALUES ($1::${INT8}, $2::${TEXT})`);
+    assert.match(
+      insertManyStatement(users, [
+        [t('7'), t('a')],
+        [t('8'), t('b')],
+      ]).text,
+      /^INSERT INTO "app"."users" \("id", "name"\) OVERRIDING SYSTEM VALUE VALUES \(/,
+    );
+    const u = updateStatement(users, undefined, undefined, [t('7'), t('b')]);
+    assert.equal(u.text, `UPDATE ONLY "app"."users" SET "name" = $1::${TEXT} WHERE "id" = $2::${INT8}`);
+    assert.deepEqual(u.params, ['b', '7']);
+    assert.doesNotMatch(
+      updateManyStatement(
+        users,
+        [
+          [t('7'), t('b')],
+          [t('8'), t('c')],
+        ],
+        [0, 1],
+        null,
+      ).text,
+      /SET "id"/,
+    );
   });
 
   test('multi-row INSERT: parameters numbered row by row, text cached per row count, capped by the protocol', () => {

@@ -30,6 +30,8 @@ export interface TargetColumn {
   /** Schema-qualified, quoted type name for casts ("pg_catalog"."int8"); search_path is empty. */
   typeName: string;
   generated: boolean;
+  /** GENERATED ALWAYS AS IDENTITY: an INSERT gives it with OVERRIDING SYSTEM VALUE, an UPDATE leaves it (it cannot change). */
+  identityAlways?: boolean;
   /**
    * The type has the equality operator native's tuples_equal looks up (a default btree or
    * hash opclass, element/field types included). Only computed for REPLICA IDENTITY FULL

@@ -163,12 +163,13 @@ export class RelationMap {
       relkind: string;
       rls: string;
       arraytype: string | null;
+      always: string;
     }>(
       conn,
-      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype'],
+      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype', 'always'],
       `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
               (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls,
-              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype
+              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype, (a.attidentity = 'a')::text AS always
          FROM pg_catalog.pg_class c
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -191,6 +192,7 @@ export class RelationMap {
           generated: r.generated === 'true',
           hasEquality: true,
           arrayType: r.arraytype === 'true',
+          identityAlways: r.always === 'true',
         });
       }
     }

@@ -164,6 +164,9 @@ export function target(rel: MappedRelation): string {
   return rel.relkind === 'p' ? rel.qualifiedName : `ONLY ${rel.qualifiedName}`;
 }
 
+/** The source's value of a GENERATED ALWAYS identity column is taken as sent, as native's apply does. */
+const overriding = (rel: MappedRelation) => (rel.targetColumns.some((c) => c.identityAlways) ? 'OVERRIDING SYSTEM VALUE ' : '');
+
 export function insertStatement(rel: MappedRelation, tuple: Tuple): Statement {
   checkWidth(rel, tuple);
   if (rel.reshape) return reshapedInsert(rel, rel.reshape, tuple);
@@ -171,7 +174,7 @@ export function insertStatement(rel: MappedRelation, tuple: Tuple): Statement {
     if (rel.targetColumns.length === 0) return `INSERT INTO ${rel.qualifiedName} DEFAULT VALUES`;
     const cols = rel.targetColumns.map((_, i) => column(rel, i)).join(', ');
     const values = rel.targetColumns.map((_, i) => param(rel, i, i + 1)).join(', ');
-    return `INSERT INTO ${rel.qualifiedName} (${cols}) VALUES (${values})`;
+    return `INSERT INTO ${rel.qualifiedName} (${cols}) ${overriding(rel)}VALUES (${values})`;
   });
   const params = new Params(rel);
   for (let i = 0; i < tuple.length; i++) params.add(tuple, i);
@@ -197,7 +200,7 @@ export function insertManyStatement(rel: MappedRelation, tuples: Tuple[]): State
   const text = cached(rel, `I${tuples.length}`, () => {
     const cols = rel.targetColumns.map((_, i) => column(rel, i)).join(', ');
     const rows = tuples.map((_, r) => `(${rel.targetColumns.map((_, i) => param(rel, i, r * width + i + 1)).join(', ')})`);
-    return `INSERT INTO ${rel.qualifiedName} (${cols}) VALUES ${rows.join(', ')}`;
+    return `INSERT INTO ${rel.qualifiedName} (${cols}) ${overriding(rel)}VALUES ${rows.join(', ')}`;
   });
   const params = new Params(rel);
   for (const tuple of tuples) {
@@ -372,12 +375,12 @@ export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | un
   const loc = locator(rel, 'UPDATE', oldKind, oldTuple, newTuple);
   if (rel.reshape) return reshapedUpdate(rel, rel.reshape, loc, newTuple, detect);
   // Unchanged TOAST columns ('u') are left as they are in the target.
-  const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
+  const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' || rel.targetColumns[i]!.identityAlways ? [] : [i]));
   const shape = `U${setIndexes.join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
   const text = cached(rel, shape, () => {
     // Every sent value unchanged (FULL identity, only toasted columns): native still
     // updates the row to itself, firing its triggers; an empty SET is not SQL.
-    const first = rel.targetColumns[0]!.name;
+    const first = (rel.targetColumns.find((c) => !c.identityAlways) ?? rel.targetColumns[0]!).name;
     const sets = setIndexes.length > 0 ? setIndexes.map((i, n) => `${column(rel, i)} = ${param(rel, i, n + 1)}`).join(', ') : `${quoteIdent(first)} = ${quoteIdent(first)}`;
     const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, setIndexes.length + 1)}`;
     return detect ? detecting(rel, loc, plain, setIndexes.length + 1, 'update', detect) : plain;
@@ -394,8 +397,9 @@ export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | un
  * FROM with two matches for one row would apply only one). With detection, a count short
  * of the row count raises update_missing, and the careful path finds which row it was.
  */
-export function updateManyStatement(rel: MappedRelation, tuples: Tuple[], setIndexes: number[], detect: Detect | null): Statement {
+export function updateManyStatement(rel: MappedRelation, tuples: Tuple[], sent: number[], detect: Detect | null): Statement {
   if (tuples.length === 1) return updateStatement(rel, undefined, undefined, tuples[0]!, detect);
+  const setIndexes = sent.filter((i) => !rel.targetColumns[i]!.identityAlways);
   const columns = [...setIndexes, ...rel.keyIndexes];
   const width = columns.length;
   const text = cached(rel, `UM${tuples.length}|${setIndexes.join(',')}${detect ? '|d' : ''}`, () => {

@@ -218,15 +218,18 @@ export function batchUpdate(
   // Usually every column is sent: one shared column list per relation, no per-row strings.
   let setIndexes: number[];
   let shape: string;
+  // A GENERATED ALWAYS identity column cannot be SET (428C9): it is left as it is, as in statements.ts.
   if (newTuple.some((v) => v.kind === 'unchanged')) {
-    setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
+    setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' || rel.targetColumns[i]!.identityAlways ? [] : [i]));
     shape = `${setIndexes.join(',')}${detect ? '|d' : ''}`;
   } else {
     let all = ALL_COLUMNS.get(rel);
-    if (!all) ALL_COLUMNS.set(rel, (all = newTuple.map((_, i) => i)));
+    if (!all) ALL_COLUMNS.set(rel, (all = newTuple.flatMap((_, i) => (rel.targetColumns[i]!.identityAlways ? [] : [i]))));
     setIndexes = all;
     shape = detect ? '*|d' : '*';
   }
+  // Nothing to set (every sent column unchanged or an identity): the one-row path updates the row to itself.
+  if (setIndexes.length === 0) return false;
   return add(state, 'update', relationId, rel, shape, setIndexes, detect, xact.xid, newTuple, key);
 }
 

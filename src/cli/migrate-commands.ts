@@ -1,0 +1,137 @@
+/**
+ * The migration commands of `pgsub` (issue 20): `preflight` (is this pair ready; exit 0
+ * ready, 1 blockers), `schema copy` (the published tables' schema from pg_dump, in two
+ * steps), `schema diff` (source and target side by side; exit 1 with differences) and
+ * `cutover` (cutover.ts). The work lives in src/migrate/; this file parses options, prints
+ * the human or JSON form and maps typed errors to exit codes: a PgsubError's own exitCode
+ * (2 for what the operator must fix before trying again, 1 for a step that failed), with
+ * one line on stderr naming the code and what to do.
+ */
+import type { Command } from 'commander';
+import { loadConfig } from '../config/config.js';
+import { ConfigError, PgsubError } from '../errors.js';
+import { preflight, renderPreflight } from '../migrate/preflight.js';
+import { copySchema, type SchemaStep } from '../migrate/schema.js';
+import { diffSchema, renderDiff } from '../migrate/schema-diff.js';
+import { checkTablePrivileges } from '../service/preflight.js';
+import { createLogger } from '../log.js';
+import { renderCutover, runCutover } from './cutover.js';
+
+/** Runs a command body; a PgsubError ends it with its own exit code and one line on stderr. */
+export async function withExitCode(body: () => Promise<number>): Promise<void> {
+  try {
+    process.exitCode = await body();
+  } catch (err) {
+    if (!(err instanceof PgsubError)) throw err;
+    process.stderr.write(`pgsub: ${err.code}: ${err.message}\n`);
+    process.exitCode = err.exitCode === 1 ? 1 : 2;
+  }
+}
+
+const positive = (name: string, value: string): number => {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n <= 0) throw new ConfigError(`${name} must be a positive number, not ${JSON.stringify(value)}`, { key: name });
+  return n;
+};
+
+export function registerMigrationCommands(program: Command): void {
+  program
+    .command('cutover')
+    .description(
+      'switch to the target: lag check, write fence, wait until the running service applied the fence LSN, sequences, row counts, optionally replication back; any failure lifts the fence',
+    )
+    .option('-c, --config <file...>', 'config file(s); several subscriptions of one source database are drained to the same fence')
+    .option('--fence <how>', 'read-only (the source database read-only, other sessions terminated) | none (you fenced the application yourself)', 'read-only')
+    .option('--max-lag-mb <n>', 'start only when the target is at most this far behind', '16')
+    .option('--lag-timeout <seconds>', 'how long to wait for the lag to come under --max-lag-mb', '60')
+    .option('--timeout <seconds>', 'how long to wait, fenced, for the service to apply the fence LSN', '60')
+    .option('--reverse', 'set up replication from the new primary back to the old one (origin = none)')
+    .option('--reverse-config <file>', "where to write the reverse subscription's config", 'pgsub-reverse.yaml')
+    .option('--json', 'print the summary as JSON')
+    .action((opts: { config?: string[]; fence: string; maxLagMb: string; lagTimeout: string; timeout: string; reverse?: boolean; reverseConfig: string; json?: boolean }) =>
+      withExitCode(async () => {
+        if (opts.fence !== 'read-only' && opts.fence !== 'none')
+          throw new ConfigError(`cutover: --fence must be read-only or none, not ${JSON.stringify(opts.fence)}`, { key: 'fence' });
+        const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file }));
+        const log = createLogger(configs[0]!.logLevel, process.stderr as never);
+        const say = opts.json ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
+        say(`pgsub cutover: ${configs.map((c) => c.subscription).join(', ')}, fence ${opts.fence}`);
+        const report = await runCutover(
+          configs,
+          {
+            fence: opts.fence,
+            maxLagBytes: Math.round(Number(opts.maxLagMb) * 1024 * 1024),
+            lagTimeoutMs: positive('--lag-timeout', opts.lagTimeout) * 1000,
+            applyTimeoutMs: positive('--timeout', opts.timeout) * 1000,
+            reverse: Boolean(opts.reverse),
+            reverseConfigFile: opts.reverse ? opts.reverseConfig : null,
+          },
+          say,
+          log,
+        );
+        process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderCutover(report));
+        return 0;
+      }),
+    );
+
+  program
+    .command('preflight')
+    .description('check the source, the target and the version pair before a migration (read-only; exit 0 ready, 1 blockers)')
+    .option('-c, --config <file>', 'YAML or JSON config file')
+    .option('--json', 'print JSON')
+    .option('--copy-rate-mb <n>', 'copy rate the estimate assumes, MB/s', '50')
+    .option('--long-transaction <seconds>', 'report transactions open longer than this', '60')
+    .action((opts: { config?: string; json?: boolean; copyRateMb: string; longTransaction: string }) =>
+      withExitCode(async () => {
+        const config = loadConfig({ file: opts.config });
+        const report = await preflight(config, {
+          copyRateMb: positive('--copy-rate-mb', opts.copyRateMb),
+          longTransactionSeconds: positive('--long-transaction', opts.longTransaction),
+          checkTablePrivileges,
+        });
+        process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderPreflight(report));
+        return report.ready ? 0 : 1;
+      }),
+    );
+
+  const schema = program.command('schema').description("the published tables' schema: copy it to the target from pg_dump, or compare both sides");
+  schema
+    .command('copy')
+    .description(
+      'create the published tables on the target from pg_dump --schema-only of the source (step tables before pgsub run; step post-data, foreign keys and triggers, once every table is ready)',
+    )
+    .option('-c, --config <file>', 'YAML or JSON config file')
+    .option('--step <step>', 'tables | post-data', 'tables')
+    .option('--force', 'tables: drop and re-create published tables the target has already; post-data: run before the initial copy finished')
+    .option('--print', 'print the SQL instead of running it')
+    .option('--pg-dump <path>', 'the pg_dump to use (default: config pg_dump, else the first on PATH)')
+    .option('--json', 'print JSON')
+    .action((opts: { config?: string; step: string; force?: boolean; print?: boolean; pgDump?: string; json?: boolean }) =>
+      withExitCode(async () => {
+        if (opts.step !== 'tables' && opts.step !== 'post-data')
+          throw new ConfigError(`schema copy: --step must be tables or post-data, not ${JSON.stringify(opts.step)}`, { key: 'step' });
+        const config = loadConfig({ file: opts.config });
+        const say = opts.json || opts.print ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
+        const report = await copySchema(config, { step: opts.step as SchemaStep, force: Boolean(opts.force), print: Boolean(opts.print), pgDump: opts.pgDump ?? null }, say);
+        if (opts.print) process.stdout.write(report.sql ?? '');
+        else if (opts.json) {
+          const entry = (e: { type: string; schema: string | null; name: string }) => ({ type: e.type, schema: e.schema, name: e.name });
+          process.stdout.write(`${JSON.stringify({ ...report, applied: report.applied.map(entry), alreadyPresent: report.alreadyPresent.map(entry) }, null, 2)}\n`);
+        }
+        return 0;
+      }),
+    );
+  schema
+    .command('diff')
+    .description('the published tables on the source and the target side by side, differences listed (exit 1 when they differ)')
+    .option('-c, --config <file>', 'YAML or JSON config file')
+    .option('--json', 'print JSON')
+    .action((opts: { config?: string; json?: boolean }) =>
+      withExitCode(async () => {
+        const config = loadConfig({ file: opts.config });
+        const diff = await diffSchema(config);
+        process.stdout.write(opts.json ? `${JSON.stringify(diff, null, 2)}\n` : renderDiff(diff));
+        return diff.differences === 0 ? 0 : 1;
+      }),
+    );
+}
