@@ -110,6 +110,7 @@ export async function commitGroup(state: ApplyState): Promise<void> {
     changes: 0,
     syncTouched: new Set(),
     alreadyPrepared: false,
+    skip: false,
   };
   // commitTarget counts the group's transactions; this empty one adds none.
   await commitTarget(state, xact, group.endLsn, group.commitTime, { kind: 'commit' }, 0);
