@@ -11,7 +11,7 @@ import path from 'node:path';
 import YAML from 'yaml';
 import { z } from 'zod';
 import { ConfigError, NotImplementedError } from '../errors.js';
-import { describeIssue, didYouMean, showValue } from './issues.js';
+import { describeIssue, didYouMean, parseJsonString, showValue } from './issues.js';
 import { parseConninfo, type ConnInfo } from './conninfo.js';
 import { mappingKeysAt, mappingSchema, NO_MAPPING, unbuiltKey, type MappingConfig } from './mapping.js';
 import { ALLOWED, CONFLICT_TYPES, NATIVE_DEFAULTS, POLICIES, type ConflictConfig, type ConflictType, type PolicySet } from '../conflict/types.js';
@@ -68,14 +68,7 @@ const policySet = z
   });
 /** `conflicts:` — a JSON string when it comes from PGSUB_CONFLICTS. */
 const conflictsSchema = z.preprocess(
-  (v) => {
-    if (typeof v !== 'string') return v;
-    try {
-      return JSON.parse(v) as unknown;
-    } catch {
-      return v;
-    }
-  },
+  parseJsonString,
   z
     .object({
       detect: boolish.default(true),

@@ -94,3 +94,13 @@ export function describeIssue(issue: z.core.$ZodIssue, ctx: IssueContext): strin
   if (issue.code === 'too_small' && issue.origin === 'array') return `${key}: must hold at least ${String(issue.minimum)} value${Number(issue.minimum) === 1 ? '' : 's'}${from}`;
   return `${key || '(config)'}: ${issue.message}${from}`;
 }
+
+/** A structured key given as a JSON string (from a PGSUB_* variable) is parsed; anything else is left to the schema. */
+export function parseJsonString(v: unknown): unknown {
+  if (typeof v !== 'string') return v;
+  try {
+    return JSON.parse(v) as unknown;
+  } catch {
+    return v;
+  }
+}

@@ -7,7 +7,7 @@
  * name, so no option is ever silently ignored.
  */
 import { z } from 'zod';
-import { showValue } from './issues.js';
+import { parseJsonString, showValue } from './issues.js';
 
 const name = z.string({ error: (iss) => `${showValue(iss.input)} is not a name` }).min(1);
 const expr = z.string({ error: (iss) => `${showValue(iss.input)} is not an SQL expression` }).min(1);
@@ -35,14 +35,7 @@ const schemaRule = z
   .strict();
 
 export const mappingSchema = z.preprocess(
-  (v) => {
-    if (typeof v !== 'string') return v;
-    try {
-      return JSON.parse(v) as unknown;
-    } catch {
-      return v;
-    }
-  },
+  parseJsonString,
   z
     .object({
       schemas: z.record(z.string(), schemaRule).default({}),

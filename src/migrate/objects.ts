@@ -75,28 +75,25 @@ export async function readColumns(db: Db, rels: readonly Rel[]): Promise<Map<str
 }
 
 /** Partitions (and inheritance children) under the given relations, at any depth, excluding the relations themselves. */
-export async function readDescendants(db: Db, rels: readonly Rel[]): Promise<Rel[]> {
-  const rows = await db.query<Row>(
-    `WITH RECURSIVE tree(oid) AS (
-        SELECT c.oid FROM ${NAMED}
-        UNION
-        SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid)
-     SELECT n.nspname::text AS schema, c.relname::text AS rel
-       FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-      ORDER BY 1, 2`,
-    [relationsParam(rels)],
-  );
-  const named = new Set(rels.map(relName));
-  return rows.map((r) => ({ schema: r.schema!, table: r.rel! })).filter((r) => !named.has(relName(r)));
+export function readDescendants(db: Db, rels: readonly Rel[]): Promise<Rel[]> {
+  return readInheritance(db, rels, 'down');
 }
 
 /** Partitioned tables (and inheritance parents) above the given relations, at any depth: a published partition needs them to exist. */
-export async function readAncestors(db: Db, rels: readonly Rel[]): Promise<Rel[]> {
+export function readAncestors(db: Db, rels: readonly Rel[]): Promise<Rel[]> {
+  return readInheritance(db, rels, 'up');
+}
+
+async function readInheritance(db: Db, rels: readonly Rel[], direction: 'up' | 'down'): Promise<Rel[]> {
+  const step =
+    direction === 'down'
+      ? 'SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent = tree.oid'
+      : 'SELECT i.inhparent FROM pg_catalog.pg_inherits i JOIN tree ON i.inhrelid = tree.oid';
   const rows = await db.query<Row>(
     `WITH RECURSIVE tree(oid) AS (
         SELECT c.oid FROM ${NAMED}
         UNION
-        SELECT i.inhparent FROM pg_catalog.pg_inherits i JOIN tree ON i.inhrelid = tree.oid)
+        ${step})
      SELECT n.nspname::text AS schema, c.relname::text AS rel
        FROM tree JOIN pg_catalog.pg_class c ON c.oid = tree.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
       ORDER BY 1, 2`,
