@@ -98,6 +98,20 @@ describe('statements', () => {
     const u = updateStatement(users, undefined, undefined, [t('7'), t('b')]);
     assert.equal(u.text, `UPDATE ONLY "app"."users" SET "name" = $1::${TEXT} WHERE "id" = $2::${INT8}`);
     assert.deepEqual(u.params, ['b', '7']);
+    // Reshaped (a computed column): the same two rules in the statements over the row subquery.
+    const shaped = {
+      ...users,
+      statements: new Map(),
+      paramColumns: new Map(),
+      reshape: {
+        direct: [true, true],
+        rowTypes: [INT8, TEXT],
+        computed: [{ column: { name: 'lname', typeOid: 25, typeName: TEXT, generated: false, hasEquality: true }, expr: 'lower("name")', uses: [1] }],
+      },
+    } as MappedRelation;
+    assert.match(insertStatement(shaped, [t('7'), t('A')]).text, /^INSERT INTO "app"\."users" \("id", "name", "lname"\) OVERRIDING SYSTEM VALUE SELECT /);
+    const su = updateStatement(shaped, undefined, undefined, [t('7'), t('B')]).text;
+    assert.match(su, /^UPDATE ONLY "app"\."users" SET \("name", "lname"\) = \(SELECT /, su);
     assert.doesNotMatch(
       updateManyStatement(
         users,

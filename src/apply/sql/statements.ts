@@ -243,7 +243,7 @@ function reshapedInsert(rel: MappedRelation, reshape: Reshape, tuple: Tuple): St
     const cols = [...direct.map((i) => column(rel, i)), ...reshape.computed.map((c) => quoteIdent(c.column.name))];
     if (cols.length === 0) return `INSERT INTO ${rel.qualifiedName} DEFAULT VALUES`;
     const values = [...direct.map((i) => rowValue(rel, reshape, i)), ...reshape.computed.map((c) => `(${c.expr})`)];
-    return `INSERT INTO ${rel.qualifiedName} (${cols.join(', ')}) SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)}`;
+    return `INSERT INTO ${rel.qualifiedName} (${cols.join(', ')}) ${overriding(rel)}SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)}`;
   });
   const params = new Params(rel);
   for (const i of inRow) params.add(tuple, i);
@@ -256,7 +256,8 @@ function reshapedInsert(rel: MappedRelation, reshape: Reshape, tuple: Tuple): St
  */
 function reshapedUpdate(rel: MappedRelation, reshape: Reshape, loc: Locator, newTuple: Tuple, detect: Detect | null): Statement {
   const sent = (i: number) => newTuple[i]!.kind !== 'unchanged';
-  const direct = reshape.direct.flatMap((d, i) => (d && sent(i) ? [i] : []));
+  // A GENERATED ALWAYS identity column is never SET (428C9), as in updateStatement.
+  const direct = reshape.direct.flatMap((d, i) => (d && sent(i) && !rel.targetColumns[i]!.identityAlways ? [i] : []));
   const computed = reshape.computed.filter((c) => c.uses.every(sent));
   const inRow = rowColumns(direct, computed);
   const shape = `RU${newTuple.map((v) => (v.kind === 'unchanged' ? 'u' : '')).join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
