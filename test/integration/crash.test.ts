@@ -11,6 +11,9 @@
  * a backlog of 4,000 more one-row transactions is then applied while the target itself fails
  * commits at random — a deferred constraint trigger, ENABLE ALWAYS, raises at COMMIT for
  * about one ledger row in 1,000 until a flag is cleared — each into its own database.
+ * One more run applies through a mapping (docs/mapping.md): the tables retargeted into
+ * another schema, columns renamed, computed columns filled by expressions — the reshaped
+ * statements, one per change — checked against the source read through the mapping.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -29,8 +32,8 @@ import {
   type PgsubProcess,
 } from '../harness/index.js';
 
-// npm test runs two of the runs (the defaults, and the fastest configuration with target
-// commit failures) on half the work; npm run test:faults runs all five in full.
+// npm test runs three of the runs (the defaults, the fastest configuration with target
+// commit failures, and the mapping) on half the work; npm run test:faults runs all in full.
 const FULL = process.env.PGSUB_FAULTS === 'full';
 const SEED = Number(process.env.PGSUB_CRASH_SEED ?? Date.now() % 100_000);
 const CLIENTS = 4;
@@ -44,7 +47,22 @@ const FAULT_RATE = 6 / FAULT_BACKLOG;
 let publisher: Cluster;
 let target: Cluster;
 const children: PgsubProcess[] = [];
-const RUNS = [
+/** The mapped run's target: the ledger tables retargeted, renamed and with computed columns. */
+const MAPPED_SCHEMA = `
+  CREATE SCHEMA books;
+  CREATE TABLE books.entries (client_id int NOT NULL, seq int NOT NULL, amount int NOT NULL, memo text, amount_x2 int);
+  CREATE TABLE books.balances (id int PRIMARY KEY, bal bigint NOT NULL, touched int NOT NULL DEFAULT 0, bal_neg bigint);
+  CREATE TABLE books.tags (client int, seq int, tag text, PRIMARY KEY (client, seq));
+  INSERT INTO books.balances SELECT g, 0, 0, 0 FROM generate_series(1, 100) g;`;
+const MAPPING = JSON.stringify({
+  tables: {
+    'app.ledger': { target: 'books.entries', columns: { client: 'client_id', note: 'memo' }, computed: { amount_x2: 'amount * 2' } },
+    'app.accounts': { target: 'books.balances', columns: { balance: 'bal' }, computed: { bal_neg: '-balance' } },
+    'app.tags': { target: 'books.tags' },
+  },
+});
+
+const RUNS: { name: string; sub: string; db: string; env: Record<string, string>; faults?: boolean; mapped?: boolean }[] = [
   { name: 'defaults', sub: 'crash', db: 'crash', env: {} as Record<string, string> },
   { name: 'fastest configuration', sub: 'crashfast', db: 'crashfast', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off' } as Record<string, string> },
   // Lanes commit in source order from several connections; small groups keep them all busy after each restart.
@@ -72,6 +90,7 @@ const RUNS = [
     >,
     faults: true,
   },
+  { name: 'mapping', sub: 'crashmap', db: 'crashmap', env: { PGSUB_BINARY: 'true', PGSUB_SYNCHRONOUS_COMMIT: 'off', PGSUB_MAPPING: MAPPING }, mapped: true },
 ];
 
 /** Fails a target commit for about FAULT_RATE of ledger rows while public.fault says so. */
@@ -85,7 +104,7 @@ const FAULTS = `
   CREATE CONSTRAINT TRIGGER ledger_flaky AFTER INSERT ON app.ledger DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION app.flaky();
   ALTER TABLE app.ledger ENABLE ALWAYS TRIGGER ledger_flaky;`;
 
-const SELECTED = RUNS.filter((r) => FULL || r.sub === 'crash' || r.sub === 'crashfault');
+const SELECTED = RUNS.filter((r) => FULL || r.sub === 'crash' || r.sub === 'crashfault' || r.sub === 'crashmap');
 
 before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'crash-pub' }), startCluster({ major: 18, name: 'crash-tgt' })]);
@@ -93,7 +112,7 @@ before(async () => {
     await publisher.createDatabase(run.db);
     await target.createDatabase(run.db);
     await publisher.query(`${LEDGER_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`, [], run.db);
-    await target.query(LEDGER_SCHEMA, [], run.db);
+    await target.query(run.mapped ? MAPPED_SCHEMA : LEDGER_SCHEMA, [], run.db);
     if (run.faults) await target.query(FAULTS, [], run.db);
   }
 });
@@ -103,6 +122,27 @@ after(async () => {
   await publisher?.stop();
   await target?.stop();
 });
+
+/** checkLedger through the mapping: the source read with the mapping's expressions against the target's tables. */
+async function checkMappedLedger(db: string): Promise<{ sourceRows: number; targetRows: number; duplicates: unknown[]; equal: boolean }> {
+  const read = (c: Cluster, sql: string) => c.query<{ n: number; ledger: string; accounts: string; tags: string }>(sql, [], db);
+  const [src] = await read(
+    publisher,
+    `SELECT (SELECT count(*)::int FROM app.ledger) AS n,
+            (SELECT md5(string_agg(format('%s|%s|%s|%s|%s', client, seq, amount, note, amount * 2), ',' ORDER BY client, seq)) FROM app.ledger) AS ledger,
+            (SELECT md5(string_agg(format('%s|%s|%s|%s', id, balance, touched, -balance), ',' ORDER BY id)) FROM app.accounts) AS accounts,
+            (SELECT md5(string_agg(format('%s|%s|%s', client, seq, tag), ',' ORDER BY client, seq)) FROM app.tags) AS tags`,
+  );
+  const [dst] = await read(
+    target,
+    `SELECT (SELECT count(*)::int FROM books.entries) AS n,
+            (SELECT md5(string_agg(format('%s|%s|%s|%s|%s', client_id, seq, amount, memo, amount_x2), ',' ORDER BY client_id, seq)) FROM books.entries) AS ledger,
+            (SELECT md5(string_agg(format('%s|%s|%s|%s', id, bal, touched, bal_neg), ',' ORDER BY id)) FROM books.balances) AS accounts,
+            (SELECT md5(string_agg(format('%s|%s|%s', client, seq, tag), ',' ORDER BY client, seq)) FROM books.tags) AS tags`,
+  );
+  const duplicates = await target.query(`SELECT client_id, seq, count(*)::int AS n FROM books.entries GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 5`, [], db);
+  return { sourceRows: src!.n, targetRows: dst!.n, duplicates, equal: src!.ledger === dst!.ledger && src!.accounts === dst!.accounts && src!.tags === dst!.tags };
+}
 
 async function originLsn(sub: string, db: string): Promise<bigint | null> {
   const rows = await target.query<{ lsn: string }>(`SELECT remote_lsn::text AS lsn FROM pgsub.origin WHERE subscription = $1`, [sub], db).catch(() => []);
@@ -214,7 +254,7 @@ for (const run of SELECTED) {
     assert.deepEqual(violations, [], 'the slot confirmed a position the target had not committed');
     assert.ok(samples > 50, `only ${samples} samples of the flush invariant`);
 
-    const ledger = await checkLedger(publisher, run.db, target, run.db);
+    const ledger = run.mapped ? await checkMappedLedger(run.db) : await checkLedger(publisher, run.db, target, run.db);
     assert.equal(ledger.sourceRows, expected);
     assert.deepEqual(ledger.duplicates, [], 'duplicated transactions in the target');
     assert.equal(ledger.targetRows, ledger.sourceRows, 'lost transactions in the target');
