@@ -58,7 +58,11 @@ export function mapTable(t: PublishedTable, rule: TableRule | null): PublishedTa
   if (!rule) return t;
   const columns = t.columns.filter((c) => !rule.excluded.has(c) && !rule.computed.has(rule.renames.get(c) ?? c));
   const unsupported =
-    rule.computed.size > 0 ? `mapping.tables.${rule.source}: the initial copy of a table with computed columns is not built yet (set copy_data: false and load it yourself)` : null;
+    rule.computed.size > 0
+      ? `mapping.tables.${rule.source}: the initial copy of a table with computed columns is not built yet (set copy_data: false and load it yourself)`
+      : rule.rows.filter !== undefined || rule.rows.discriminator !== undefined
+        ? `mapping.tables.${rule.source}: the initial copy of a table with a filter or a discriminator is not built yet (set copy_data: false and load it yourself)`
+        : null;
   return { ...t, columns, target: { schema: rule.targetSchema, table: rule.targetTable, columns: columns.map((c) => rule.renames.get(c) ?? c), unsupported } };
 }
 
