@@ -9,9 +9,15 @@
  * a DELETE only if its old row passes; an UPDATE whose old and new rows both pass is an
  * UPDATE, old passes and new fails a DELETE, old fails and new passes an INSERT of the
  * new row, neither is skipped. An UPDATE that did not send an old row (its identity
- * unchanged) is decided by the new row alone, as pgoutput does. The verdicts of an
- * UPDATE or DELETE are asked of the target in one query (both rows at once), after the
- * pipeline drained: one round trip per such change on a filtered table.
+ * unchanged) is decided by the new row alone, as pgoutput does.
+ *
+ * Where the verdict is taken: with conflict detection on (the default), a DELETE and an
+ * UPDATE without an old row carry the filter as a condition of their own statement
+ * (statements.ts filterGuard), which also keeps a filtered-out change from counting as a
+ * missing row — no round trip. An UPDATE with an old row (its identity changed), every
+ * change on the careful path, and detection off (where a statement's row count would not
+ * tell filtered from missing) ask the target for the verdicts first, in one query for the
+ * old and the new row, after the pipeline drained: one round trip per such change.
  */
 import { ApplyError } from '../../errors.js';
 import type { Tuple, UpdateMessage } from '../../protocol/messages.js';
@@ -49,7 +55,9 @@ export async function rowsInsert(state: ApplyState, xact: RemoteTransaction, rel
 }
 
 export async function rowsUpdate(state: ApplyState, xact: RemoteTransaction, rel: MappedRelation, m: UpdateMessage): Promise<void> {
-  if (rel.reshape!.rows!.filter) {
+  // No old row (identity unchanged): only UPDATE or nothing, decided by the UPDATE itself (guard).
+  const guard = rel.reshape!.rows!.filter !== null && !m.oldTuple && !state.mode.careful && detect(state) !== null;
+  if (rel.reshape!.rows!.filter && !guard) {
     const rows = filterRows(rel, m.oldTuple, m.newTuple);
     const [oldPasses, newPasses] = m.oldTuple ? await verdicts(state, rel, [rows.old, rows.new]) : [...(await verdicts(state, rel, [rows.new])), undefined];
     const passes = newPasses ?? oldPasses;
@@ -70,7 +78,7 @@ export async function rowsUpdate(state: ApplyState, xact: RemoteTransaction, rel
   if (state.session.groupTransactions > 1) noteRowWrite(state, m.relationId, m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null);
   await flushForChange(state, m.relationId, rel);
   const d = detect(state);
-  if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
+  if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d, guard));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
       state.session.counters.updateMissing++;
@@ -89,13 +97,15 @@ export async function rowsDelete(
   filtered = false,
 ): Promise<void> {
   const rows = rel.reshape!.rows!;
-  if (!filtered && rows.filter && !(await verdicts(state, rel, [oldTuple]))[0]) return;
+  const d = detect(state);
+  // With detection on, the DELETE checks the filter itself (guard): no round trip.
+  const guard = !filtered && rows.filter !== null && !state.mode.careful && d !== null;
+  if (!filtered && !guard && rows.filter && !(await verdicts(state, rel, [oldTuple]))[0]) return;
   if (state.mode.careful) return carefulDelete(state, xact, rel, oldKind, oldTuple);
   await flushForChange(state, relationId, rel);
-  const d = detect(state);
   const stmt = rows.softDelete
-    ? softDeleteStatement(rel, rows.softDelete, locator(rel, 'DELETE', oldKind, oldTuple, undefined), xact.commitTime, xact.finalLsn, d)
-    : deleteStatement(rel, oldKind, oldTuple, d);
+    ? softDeleteStatement(rel, rows.softDelete, locator(rel, 'DELETE', oldKind, oldTuple, undefined), xact.commitTime, xact.finalLsn, d, guard)
+    : deleteStatement(rel, oldKind, oldTuple, d, guard);
   if (d) return sendStatement(state, stmt);
   await sendStatement(state, stmt, (count) => {
     if (count === 0) {

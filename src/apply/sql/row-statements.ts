@@ -14,10 +14,12 @@ import type { Reshape } from './mapping.js';
 import type { MappedRelation } from './relmap.js';
 import type { RowPlan } from './rows.js';
 import {
+  addFilterParams,
   addLocatorParams,
   cached,
   column,
   detecting,
+  locatorParamCount,
   Params,
   rowColumns,
   rowSubquery,
@@ -83,15 +85,19 @@ function addSoftParams(params: Params, soft: SoftDelete, commitTime: bigint, lsn
 }
 
 /** A DELETE as the soft delete's UPDATE of the located row. */
-export function softDeleteStatement(rel: MappedRelation, soft: SoftDelete, loc: Locator, commitTime: bigint, lsn: Lsn, detect: Detect | null): Statement {
-  const text = cached(rel, `SD|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`, () => {
+export function softDeleteStatement(rel: MappedRelation, soft: SoftDelete, loc: Locator, commitTime: bigint, lsn: Lsn, detect: Detect | null, guard = false): Statement {
+  const text = cached(rel, `SD|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}${guard ? '|g' : ''}`, () => {
     const { sets, count } = softSets(soft, 1);
-    const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, count + 1)}`;
-    return detect ? detecting(rel, loc, plain, count + 1, 'update', detect) : plain;
+    const cond = guard
+      ? `(SELECT (${rel.reshape!.rows!.filter!.expr}) IS TRUE FROM ${rowSubquery(rel, rel.reshape!, rel.reshape!.rows!.filter!.uses, count + 1 + locatorParamCount(loc))})`
+      : null;
+    const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, count + 1)}${cond ? ` AND ${cond}` : ''}`;
+    return detect ? detecting(rel, loc, plain, count + 1, 'update', detect, cond) : plain;
   });
   const params = new Params(rel);
   addSoftParams(params, soft, commitTime, lsn, rel);
   addLocatorParams(params, loc);
+  if (guard) addFilterParams(params, rel, loc);
   return params.statement(text);
 }
 

@@ -284,26 +284,46 @@ export function softDeleted(soft: NonNullable<NonNullable<Reshape['rows']>['soft
  * UPDATE of a reshaped relation: the sent direct columns, and the computed columns all of
  * whose inputs were sent (an unchanged TOASTed input leaves an immutable result as it is).
  */
-function reshapedUpdate(rel: MappedRelation, reshape: Reshape, loc: Locator, newTuple: Tuple, detect: Detect | null): Statement {
+function reshapedUpdate(rel: MappedRelation, reshape: Reshape, loc: Locator, newTuple: Tuple, detect: Detect | null, guard: boolean): Statement {
   const sent = (i: number) => newTuple[i]!.kind !== 'unchanged';
   // A GENERATED ALWAYS identity column is never SET (428C9), as in updateStatement.
   const direct = reshape.direct.flatMap((d, i) => (d && sent(i) && !rel.targetColumns[i]!.identityAlways ? [i] : []));
   const computed = reshape.computed.filter((c) => c.uses.every(sent));
   const inRow = rowColumns(direct, computed);
-  const shape = `RU${newTuple.map((v) => (v.kind === 'unchanged' ? 'u' : '')).join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
+  const shape = `RU${newTuple.map((v) => (v.kind === 'unchanged' ? 'u' : '')).join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}${guard ? '|g' : ''}`;
   const text = cached(rel, shape, () => {
     const cols = [...direct.map((i) => column(rel, i)), ...computed.map((c) => quoteIdent(c.column.name))];
     const values = [...direct.map((i) => rowValue(rel, reshape, i)), ...computed.map((c) => `(${c.expr})`)];
     const first = quoteIdent(rel.targetColumns[reshape.direct.indexOf(true)]!.name);
     const sets = cols.length > 0 ? `(${cols.join(', ')}) = (SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)})` : `${first} = ${first}`;
     const firstLoc = cols.length > 0 ? inRow.length + 1 : 1;
-    const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, firstLoc)}`;
-    return detect ? detecting(rel, loc, plain, firstLoc, 'update', detect) : plain;
+    const cond = guard ? filterGuard(rel, loc, firstLoc + locatorParamCount(loc)) : null;
+    const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, firstLoc)}${cond ? ` AND ${cond}` : ''}`;
+    return detect ? detecting(rel, loc, plain, firstLoc, 'update', detect, cond) : plain;
   });
   const params = new Params(rel);
   if (direct.length + computed.length > 0) for (const i of inRow) params.add(newTuple, i);
   addLocatorParams(params, loc);
+  if (guard) addFilterParams(params, rel, loc);
   return params.statement(text);
+}
+
+/**
+ * The mapping's row filter over the located row's tuple, as a condition the statement
+ * carries (handlers/rows.ts decides when): a filtered-out change then changes nothing and
+ * is no conflict. Its parameters follow the locator's, from `firstParam`.
+ */
+function filterGuard(rel: MappedRelation, loc: Locator, firstParam: number): string {
+  const filter = rel.reshape!.rows!.filter!;
+  return `(SELECT (${filter.expr}) IS TRUE FROM ${rowSubquery(rel, rel.reshape!, filter.uses, firstParam)})`;
+}
+
+export function addFilterParams(params: Params, rel: MappedRelation, loc: Locator): void {
+  for (const i of rel.reshape!.rows!.filter!.uses) params.add(loc.tuple, i);
+}
+
+export function locatorParamCount(loc: Locator): number {
+  return loc.indexes.length - loc.nulls.size;
 }
 
 /**
@@ -424,10 +444,12 @@ export interface Detect {
 }
 
 /** `stmt` wrapped so that a missing row or a foreign last writer aborts the transaction. */
-export function detecting(rel: MappedRelation, loc: Locator, stmt: string, firstLocParam: number, kind: 'update' | 'delete', detect: Detect): string {
-  const missing = `WHEN NOT EXISTS (SELECT FROM pgsub_changed) THEN "pgsub"."conflict"('${kind}_missing')`;
+export function detecting(rel: MappedRelation, loc: Locator, stmt: string, firstLocParam: number, kind: 'update' | 'delete', detect: Detect, guard: string | null = null): string {
+  // A guard (the mapping's row filter) that fails means the change was not for this table: no conflict.
+  const only = guard ? `${guard} AND ` : '';
+  const missing = `WHEN ${only}NOT EXISTS (SELECT FROM pgsub_changed) THEN "pgsub"."conflict"('${kind}_missing')`;
   if (detect.originId === null) return `WITH pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} END`;
-  const differs = `WHEN EXISTS (SELECT FROM pgsub_changed WHERE r <> ${detect.originId}) THEN "pgsub"."conflict"('${kind}_origin_differs')`;
+  const differs = `WHEN ${only}EXISTS (SELECT FROM pgsub_changed WHERE r <> ${detect.originId}) THEN "pgsub"."conflict"('${kind}_origin_differs')`;
   // The last writer of the row as it was: DELETE returns the old row itself, UPDATE names it
   // on PostgreSQL 18; no extra probe either way.
   if (kind === 'delete') return `WITH pgsub_changed AS (${stmt} RETURNING (pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident AS r) SELECT CASE ${missing} ${differs} END`;
@@ -439,10 +461,18 @@ export function detecting(rel: MappedRelation, loc: Locator, stmt: string, first
   return `WITH pgsub_before AS (${before}), pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} ${differs.replace('pgsub_changed WHERE', 'pgsub_before WHERE')} END`;
 }
 
-export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null = null): Statement {
+/** `guard`: the statement itself checks the mapping's row filter over the located row's tuple (filterGuard). */
+export function updateStatement(
+  rel: MappedRelation,
+  oldKind: 'key' | 'old' | undefined,
+  oldTuple: Tuple | undefined,
+  newTuple: Tuple,
+  detect: Detect | null = null,
+  guard = false,
+): Statement {
   checkWidth(rel, newTuple);
   const loc = locator(rel, 'UPDATE', oldKind, oldTuple, newTuple);
-  if (rel.reshape) return reshapedUpdate(rel, rel.reshape, loc, newTuple, detect);
+  if (rel.reshape) return reshapedUpdate(rel, rel.reshape, loc, newTuple, detect, guard);
   // Unchanged TOAST columns ('u') are left as they are in the target.
   const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' || rel.targetColumns[i]!.identityAlways ? [] : [i]));
   const shape = `U${setIndexes.join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
@@ -488,14 +518,16 @@ export function updateManyStatement(rel: MappedRelation, tuples: Tuple[], sent: 
   return params.statement(text);
 }
 
-export function deleteStatement(rel: MappedRelation, oldKind: 'key' | 'old', oldTuple: Tuple, detect: Detect | null = null): Statement {
+export function deleteStatement(rel: MappedRelation, oldKind: 'key' | 'old', oldTuple: Tuple, detect: Detect | null = null, guard = false): Statement {
   const loc = locator(rel, 'DELETE', oldKind, oldTuple, undefined);
-  const text = cached(rel, `D|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`, () => {
-    const plain = `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)}`;
-    return detect ? detecting(rel, loc, plain, 1, 'delete', detect) : plain;
+  const text = cached(rel, `D|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}${guard ? '|g' : ''}`, () => {
+    const cond = guard ? filterGuard(rel, loc, 1 + locatorParamCount(loc)) : null;
+    const plain = `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)}${cond ? ` AND ${cond}` : ''}`;
+    return detect ? detecting(rel, loc, plain, 1, 'delete', detect, cond) : plain;
   });
   const params = new Params(rel);
   addLocatorParams(params, loc);
+  if (guard) addFilterParams(params, rel, loc);
   return params.statement(text);
 }
 
