@@ -19,6 +19,7 @@ import {
   cached,
   column,
   detecting,
+  filterGuard,
   locatorParamCount,
   Params,
   rowColumns,
@@ -88,9 +89,7 @@ function addSoftParams(params: Params, soft: SoftDelete, commitTime: bigint, lsn
 export function softDeleteStatement(rel: MappedRelation, soft: SoftDelete, loc: Locator, commitTime: bigint, lsn: Lsn, detect: Detect | null, guard = false): Statement {
   const text = cached(rel, `SD|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}${guard ? '|g' : ''}`, () => {
     const { sets, count } = softSets(soft, 1);
-    const cond = guard
-      ? `(SELECT (${rel.reshape!.rows!.filter!.expr}) IS TRUE FROM ${rowSubquery(rel, rel.reshape!, rel.reshape!.rows!.filter!.uses, count + 1 + locatorParamCount(loc))})`
-      : null;
+    const cond = guard ? filterGuard(rel, count + 1 + locatorParamCount(loc)) : null;
     const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, count + 1)}${cond ? ` AND ${cond}` : ''}`;
     return detect ? detecting(rel, loc, plain, count + 1, 'update', detect, cond) : plain;
   });

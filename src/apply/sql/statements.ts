@@ -297,7 +297,7 @@ function reshapedUpdate(rel: MappedRelation, reshape: Reshape, loc: Locator, new
     const first = quoteIdent(rel.targetColumns[reshape.direct.indexOf(true)]!.name);
     const sets = cols.length > 0 ? `(${cols.join(', ')}) = (SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)})` : `${first} = ${first}`;
     const firstLoc = cols.length > 0 ? inRow.length + 1 : 1;
-    const cond = guard ? filterGuard(rel, loc, firstLoc + locatorParamCount(loc)) : null;
+    const cond = guard ? filterGuard(rel, firstLoc + locatorParamCount(loc)) : null;
     const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, firstLoc)}${cond ? ` AND ${cond}` : ''}`;
     return detect ? detecting(rel, loc, plain, firstLoc, 'update', detect, cond) : plain;
   });
@@ -313,7 +313,7 @@ function reshapedUpdate(rel: MappedRelation, reshape: Reshape, loc: Locator, new
  * carries (handlers/rows.ts decides when): a filtered-out change then changes nothing and
  * is no conflict. Its parameters follow the locator's, from `firstParam`.
  */
-function filterGuard(rel: MappedRelation, loc: Locator, firstParam: number): string {
+export function filterGuard(rel: MappedRelation, firstParam: number): string {
   const filter = rel.reshape!.rows!.filter!;
   return `(SELECT (${filter.expr}) IS TRUE FROM ${rowSubquery(rel, rel.reshape!, filter.uses, firstParam)})`;
 }
@@ -521,7 +521,7 @@ export function updateManyStatement(rel: MappedRelation, tuples: Tuple[], sent: 
 export function deleteStatement(rel: MappedRelation, oldKind: 'key' | 'old', oldTuple: Tuple, detect: Detect | null = null, guard = false): Statement {
   const loc = locator(rel, 'DELETE', oldKind, oldTuple, undefined);
   const text = cached(rel, `D|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}${guard ? '|g' : ''}`, () => {
-    const cond = guard ? filterGuard(rel, loc, 1 + locatorParamCount(loc)) : null;
+    const cond = guard ? filterGuard(rel, 1 + locatorParamCount(loc)) : null;
     const plain = `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)}${cond ? ` AND ${cond}` : ''}`;
     return detect ? detecting(rel, loc, plain, 1, 'delete', detect, cond) : plain;
   });
