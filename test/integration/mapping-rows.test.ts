@@ -9,6 +9,7 @@
  *  - many-to-one: two shards into one target with a discriminator, a per-shard
  *    TRUNCATE, and a cross-shard key conflict — `error` stops naming it, then
  *    apply_remote and keep_local resolve it, logged with the remote and target names;
+ *  - the initial copy of a filtered table (the filter pushed down to the publisher);
  *  - PG18 → PG18 in text mode, conflict detection off: a filter combined with soft delete;
  *  - every new key's mistakes, each a clear PGSUB_MAPPING_INVALID naming table, column, reason.
  */
@@ -36,6 +37,9 @@ const PUBLISHER = `
   CREATE TABLE r.orders_2025 (id int PRIMARY KEY, amount int);
   CREATE PUBLICATION pub FOR TABLE r.items, r.accounts, r.docs, r.notes, r.logs;
   CREATE PUBLICATION pub_orders FOR TABLE r.orders_2024, r.orders_2025;
+  CREATE TABLE r.seeded (region text, id int, qty int, PRIMARY KEY (region, id));
+  INSERT INTO r.seeded SELECT CASE WHEN g % 3 = 0 THEN 'eu' ELSE 'us' END, g, g FROM generate_series(1, 300) g;
+  CREATE PUBLICATION pub_seed FOR TABLE r.seeded;
 `;
 const TARGET = `
   CREATE SCHEMA r;
@@ -48,10 +52,12 @@ const TARGET = `
   CREATE TABLE r.notes (id int PRIMARY KEY, body text, gone boolean DEFAULT false);
   CREATE TABLE r.logs (id int PRIMARY KEY, body text, removed_at timestamptz);
   CREATE TABLE sales.orders (shard text NOT NULL, id int PRIMARY KEY, amount int);
+  CREATE TABLE r.seeded (region text, id int, qty int, PRIMARY KEY (region, id));
 `;
 const MAPPING = {
   tables: {
     'r.items': { filter: `region = 'eu'` },
+    'r.seeded': { filter: `region = 'eu'` },
     'r.accounts': { target: 'acct.accounts', computed: { tenant: `split_part(code, '-', 1)` }, key: ['tenant', 'code'] },
     'r.docs': { soft_delete: { flag: 'deleted', at: 'deleted_at', lsn: 'deleted_lsn' }, truncate: 'soft_delete' },
     'r.notes': { soft_delete: 'gone', truncate: 'ignore' },
@@ -114,6 +120,8 @@ before(async () => {
     startRunner(config('rows18', tgt.url('src18'), tgt.url('dst18'), 'pub18', { binary: false, mapping: pg18, conflicts: { detect: false } }), createLogger('warn', destination)),
   );
   orders = ordersRunner({});
+  // The initial copy of a filtered table: the filter is pushed down to the publisher's COPY (SELECT …).
+  runners.push(startRunner(config('rowsseed', pub14.url('src'), tgt.url('dst'), 'pub_seed', { copy_data: true }), createLogger('warn', destination)));
   await waitFor(async () => (await slotConfirmedLsn(pub14, 'rows')) !== null && (await slotConfirmedLsn(pub14, 'orders')) !== null, { timeoutMs: 30_000, what: 'the slots' });
   await waitFor(async () => (await slotConfirmedLsn(tgt, 'rows18')) !== null, { timeoutMs: 30_000, what: 'the PG18 slot' });
 });
@@ -163,6 +171,14 @@ test('row filter on an identity column: inserts and deletes filtered, the four U
     [],
   );
   assert.deepEqual(await dst(`SELECT conflict_type FROM pgsub.conflict_log WHERE subscription = 'rows'`), []);
+  assert.deepEqual(errors, []);
+});
+
+test('the initial copy of a filtered table copies only the rows that pass, then streams filtered', async () => {
+  await waitFor(async () => (await dst(`SELECT state FROM pgsub.subscription_rel WHERE subscription = 'rowsseed'`))[0]?.state === 'r', { timeoutMs: 30_000, what: 'the copy' });
+  await src(`INSERT INTO r.seeded VALUES ('eu', 1000, 1), ('us', 1001, 1)`);
+  await caughtUp('rowsseed');
+  assert.deepEqual(await dst(`SELECT count(*)::int AS n, count(*) FILTER (WHERE region = 'eu')::int AS eu, max(id) AS top FROM r.seeded`), [{ n: 101, eu: 101, top: 1000 }]);
   assert.deepEqual(errors, []);
 });
 
