@@ -13,9 +13,31 @@ const name = z.string({ error: (iss) => `${showValue(iss.input)} is not a name` 
 const expr = z.string({ error: (iss) => `${showValue(iss.input)} is not an SQL expression` }).min(1);
 
 /** Designed in docs/mapping.md, not built yet: refused by rejectUnbuilt with PGSUB_NOT_IMPLEMENTED. */
-export const UNBUILT_KEYS = ['key', 'filter', 'soft_delete', 'truncate', 'discriminator', 'drift'] as const;
+export const UNBUILT_KEYS = ['drift'] as const;
 
 const unbuilt = Object.fromEntries(UNBUILT_KEYS.map((k) => [k, z.unknown().optional()])) as Record<(typeof UNBUILT_KEYS)[number], z.ZodOptional<z.ZodUnknown>>;
+
+/**
+ * Row semantics (docs/mapping.md "Rows"): accepted on a table rule and on a schema rule
+ * (every table of the schema), a table's own value winning. Checked against the relation
+ * and the target in apply/sql/rows.ts.
+ */
+const rowKeys = {
+  key: z.array(name).min(1).optional(),
+  filter: expr.optional(),
+  soft_delete: z
+    .union([
+      name,
+      z
+        .object({ flag: name.optional(), at: name.optional(), lsn: name.optional() })
+        .strict()
+        .refine((v) => v.flag !== undefined || v.at !== undefined || v.lsn !== undefined, { message: 'soft_delete names at least one of flag, at, lsn' }),
+    ])
+    .optional(),
+  truncate: z.enum(['truncate', 'soft_delete', 'ignore']).optional(),
+  discriminator: z.union([name, z.object({ column: name, value: z.string().optional() }).strict()]).optional(),
+};
+const ROW_KEYS = Object.keys(rowKeys);
 
 const tableRule = z
   .object({
@@ -23,6 +45,7 @@ const tableRule = z
     columns: z.record(z.string(), name.nullable()).optional(),
     exclude: z.array(name).optional(),
     computed: z.record(z.string(), expr).optional(),
+    ...rowKeys,
     ...unbuilt,
   })
   .strict();
@@ -30,6 +53,7 @@ const tableRule = z
 const schemaRule = z
   .object({
     target: name.regex(/^[^.]+$/, { message: 'a schema rule names a target schema' }).optional(),
+    ...rowKeys,
     ...unbuilt,
   })
   .strict();
@@ -56,8 +80,8 @@ export type MappingInput = z.infer<typeof mappingSchema>;
 /** The keys each level of `mapping:` accepts, for "did you mean" (config.ts keysAt). */
 export function mappingKeysAt(at: readonly PropertyKey[]): readonly string[] {
   if (at.length === 1) return ['schemas', 'tables'];
-  if (at.length === 3 && at[1] === 'schemas') return ['target', ...UNBUILT_KEYS];
-  return ['target', 'columns', 'exclude', 'computed', ...UNBUILT_KEYS];
+  if (at.length === 3 && at[1] === 'schemas') return ['target', ...ROW_KEYS, ...UNBUILT_KEYS];
+  return ['target', 'columns', 'exclude', 'computed', ...ROW_KEYS, ...UNBUILT_KEYS];
 }
 
 /** One source table's rule, merged from its schema's and its own. */
@@ -72,10 +96,27 @@ export interface TableRule {
   excluded: ReadonlySet<string>;
   /** Target column → SQL expression over the remote row. */
   computed: ReadonlyMap<string, string>;
+  /** Row semantics (apply/sql/rows.ts); absent keys: native behaviour. */
+  rows: RowRule;
 }
 
+/** The row-semantics keys of a rule, merged (a table's own over its schema's). */
+export interface RowRule {
+  /** Target columns that locate a row for UPDATE/DELETE; absent: the replica identity. */
+  key?: readonly string[];
+  /** Predicate over the remote row, PostgreSQL 15 publication semantics. */
+  filter?: string;
+  /** DELETE as an UPDATE of these target columns. */
+  softDelete?: { flag?: string; at?: string; lsn?: string };
+  truncate: 'truncate' | 'soft_delete' | 'ignore';
+  /** Many-to-one: the target column naming the source; value defaults to `schema.table`. */
+  discriminator?: { column: string; value: string };
+}
+
+type RowInput = z.infer<typeof schemaRule>;
+
 export interface MappingConfig {
-  readonly schemas: Readonly<Record<string, { target?: string }>>;
+  readonly schemas: Readonly<Record<string, RowInput>>;
   readonly tables: Readonly<Record<string, z.infer<typeof tableRule>>>;
 }
 
@@ -122,5 +163,24 @@ export function ruleFor(m: MappingConfig, schema: string, table: string): TableR
     if (to === null) excluded.add(from);
     else renames.set(from, to);
   }
-  return { source: `${schema}.${table}`, targetSchema, targetTable, renames, excluded, computed: new Map(Object.entries(t?.computed ?? {})) };
+  const rows = rowRule(t ?? {}, s ?? {}, `${schema}.${table}`);
+  return { source: `${schema}.${table}`, targetSchema, targetTable, renames, excluded, computed: new Map(Object.entries(t?.computed ?? {})), rows };
+}
+
+function rowRule(t: RowInput, s: RowInput, source: string): RowRule {
+  const out: RowRule = { truncate: t.truncate ?? s.truncate ?? 'truncate' };
+  const key = t.key ?? s.key;
+  if (key) out.key = key;
+  const filter = t.filter ?? s.filter;
+  if (filter) out.filter = filter;
+  const soft = t.soft_delete ?? s.soft_delete;
+  if (soft) out.softDelete = typeof soft === 'string' ? { flag: soft } : soft;
+  const d = t.discriminator ?? s.discriminator;
+  if (d) out.discriminator = typeof d === 'string' ? { column: d, value: source } : { column: d.column, value: d.value ?? source };
+  return out;
+}
+
+/** Whether a rule asks for any row semantics (then its statements are built per change). */
+export function hasRowRules(r: RowRule): boolean {
+  return r.key !== undefined || r.filter !== undefined || r.softDelete !== undefined || r.truncate !== 'truncate' || r.discriminator !== undefined;
 }

@@ -58,8 +58,16 @@ export function mapTable(t: PublishedTable, rule: TableRule | null): PublishedTa
   if (!rule) return t;
   const columns = t.columns.filter((c) => !rule.excluded.has(c) && !rule.computed.has(rule.renames.get(c) ?? c));
   const unsupported =
-    rule.computed.size > 0 ? `mapping.tables.${rule.source}: the initial copy of a table with computed columns is not built yet (set copy_data: false and load it yourself)` : null;
-  return { ...t, columns, target: { schema: rule.targetSchema, table: rule.targetTable, columns: columns.map((c) => rule.renames.get(c) ?? c), unsupported } };
+    rule.computed.size > 0
+      ? `mapping.tables.${rule.source}: the initial copy of a table with computed columns is not built yet (set copy_data: false and load it yourself)`
+      : rule.rows.discriminator !== undefined
+        ? `mapping.tables.${rule.source}: the initial copy of a table with a discriminator is not built yet (set copy_data: false and load it yourself)`
+        : null;
+  // The mapping's row filter reads the remote row by the publisher's names: the copy pushes
+  // it down to the publisher's SELECT, as native's copy does with publication row filters.
+  const filter = rule.rows.filter;
+  const rowFilter = filter === undefined ? t.rowFilter : t.rowFilter ? `(${t.rowFilter}) AND (${filter})` : `(${filter})`;
+  return { ...t, columns, rowFilter, target: { schema: rule.targetSchema, table: rule.targetTable, columns: columns.map((c) => rule.renames.get(c) ?? c), unsupported } };
 }
 
 export async function listPublishedTables(replication: ReplicationConnection, publications: string[]): Promise<PublishedTable[]> {

@@ -542,15 +542,40 @@ describe('mapping', () => {
       renames: new Map(),
       excluded: new Set(),
       computed: new Map(),
+      rows: { truncate: 'truncate' },
     });
     assert.equal(ruleFor(c.mapping, 'other', 'orders'), null);
+  });
+  test('row semantics merge a table rule over its schema rule, with shorthands', () => {
+    const c = load({
+      ...base,
+      overrides: {
+        mapping: {
+          schemas: { shop: { filter: `region = 'eu'`, soft_delete: 'deleted', discriminator: 'src' } },
+          tables: { 'shop.a': { key: ['src', 'id'], truncate: 'ignore' }, 'shop.b': { soft_delete: { at: 'gone_at' }, discriminator: { column: 'src', value: 'b' } } },
+        },
+      },
+    });
+    assert.deepEqual(ruleFor(c.mapping, 'shop', 'a')!.rows, {
+      truncate: 'ignore',
+      key: ['src', 'id'],
+      filter: `region = 'eu'`,
+      softDelete: { flag: 'deleted' },
+      discriminator: { column: 'src', value: 'shop.a' },
+    });
+    assert.deepEqual(ruleFor(c.mapping, 'shop', 'b')!.rows, {
+      truncate: 'truncate',
+      filter: `region = 'eu'`,
+      softDelete: { at: 'gone_at' },
+      discriminator: { column: 'src', value: 'b' },
+    });
   });
   test('a bad rule names its key; a designed but unbuilt key is refused by name', () => {
     assertConfigError(() => load({ ...base, overrides: { mapping: { tables: { customers: {} } } } }), /mapping\.tables\.customers.*schema\.table/);
     assertConfigError(() => load({ ...base, overrides: { mapping: { tables: { 's.t': { colums: {} } } } } }), /unknown key colums.*columns/);
     assert.throws(
-      () => load({ ...base, overrides: { mapping: { tables: { 's.t': { filter: 'a > 1' } } } } }),
-      (err: unknown) => err instanceof NotImplementedError && err.context.key === 'mapping.tables.s.t.filter',
+      () => load({ ...base, overrides: { mapping: { tables: { 's.t': { drift: 'stop' } } } } }),
+      (err: unknown) => err instanceof NotImplementedError && err.context.key === 'mapping.tables.s.t.drift',
     );
   });
   test('PGSUB_MAPPING takes JSON', () => {

@@ -277,4 +277,54 @@ describe('statements', () => {
     assert.deepEqual(insertStatement(orders, [t('1'), t('2'), { kind: 'binary', value: Buffer.from('x') }]).params, ['1', '2', Buffer.from('x')]);
     assert.throws(() => updateStatement(orders, undefined, undefined, [t('1'), UNCHANGED, t('n')]), /unchanged TOAST value.*"id"/);
   });
+
+  test('mapping row semantics: rows located by the key with a computed column, the filter as a guard, the soft delete revive', () => {
+    const base = relation({
+      name: 'accounts',
+      identity: 'default',
+      columns: [
+        { name: 'code', type: TEXT, key: true },
+        { name: 'name', type: TEXT },
+      ],
+    });
+    const col = (name: string, typeName = TEXT, typeOid = 25) => ({ name, typeOid, typeName, generated: false, hasEquality: true });
+    const tenant = { column: col('tenant'), expr: `split_part(code, '-', 1)`, uses: [0] };
+    const rel = {
+      ...base,
+      reshape: {
+        direct: [true, true],
+        rowTypes: [TEXT, TEXT],
+        computed: [tenant],
+        rows: {
+          key: [
+            { column: tenant.column, remote: null, expr: tenant.expr, uses: [0] },
+            { column: base.targetColumns[0]!, remote: 0, expr: null, uses: [0] },
+          ],
+          keyNames: ['tenant', 'code'],
+          filter: { expr: `code <> 'x'`, uses: [0] },
+          softDelete: { flag: col('deleted', '"pg_catalog"."bool"', 16), at: null, lsn: null },
+          truncate: 'truncate',
+          discriminator: null,
+        },
+      },
+    } as MappedRelation;
+    const key = `"tenant" = (SELECT CAST((split_part(code, '-', 1)) AS ${TEXT}) FROM (SELECT $1::${TEXT} AS "code") AS r) AND "code" = $1::${TEXT}`;
+    const d = deleteStatement(rel, 'key', [t('a-1'), { kind: 'null' }]);
+    assert.equal(d.text, `DELETE FROM ONLY "app"."accounts" WHERE ${key}`);
+    assert.deepEqual(d.params, ['a-1']);
+    const g = deleteStatement(rel, 'key', [t('a-1'), { kind: 'null' }], null, true);
+    assert.equal(g.text, `DELETE FROM ONLY "app"."accounts" WHERE ${key} AND (SELECT (code <> 'x') IS TRUE FROM (SELECT $2::${TEXT} AS "code") AS r)`);
+    assert.deepEqual(g.params, ['a-1', 'a-1']);
+    // Detection: a row the guard filters out is not missing.
+    assert.match(
+      deleteStatement(rel, 'key', [t('a-1'), { kind: 'null' }], { originId: null, returningOld: true }, true).text,
+      /WHEN \(SELECT \(code <> 'x'\) IS TRUE .*\) AND NOT EXISTS/,
+    );
+    const i = insertStatement(rel, [t('a-1'), t('n')]).text;
+    assert.match(
+      i,
+      /FROM r WHERE \(code <> 'x'\) IS TRUE ON CONFLICT \("tenant", "code"\) DO UPDATE SET "code" = EXCLUDED\."code", "name" = EXCLUDED\."name", "tenant" = EXCLUDED\."tenant", "deleted" = false WHERE "pgsub_row"\."deleted" IS TRUE/,
+    );
+    assert.match(i, /NOT EXISTS \(SELECT FROM pgsub_changed\) AND EXISTS \(SELECT FROM r WHERE .*\) THEN "pgsub"\."conflict"\('insert_exists'\)/);
+  });
 });

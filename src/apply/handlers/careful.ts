@@ -24,6 +24,7 @@ import type { Tuple } from '../../protocol/messages.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../sql/statements.js';
+import { reshapedHitsStatement, reshapedRowUpdate, softDeleteRow } from '../sql/row-statements.js';
 import { queryRows } from '../../target/connect.js';
 import { quoteIdent } from '../../quote.js';
 import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from '../../conflict/report.js';
@@ -41,6 +42,8 @@ interface UniqueIndex {
   name: string;
   /** Remote column indexes of the key columns; null: not searchable (expressions, predicate, column not published). */
   columns: number[] | null;
+  /** Target column names of the key columns (a reshaped relation is searched by them); null: not searchable. */
+  names: string[] | null;
   nullsNotDistinct: boolean;
 }
 
@@ -86,7 +89,7 @@ async function uniqueIndexes(state: ApplyState, rel: MappedRelation): Promise<Un
     const names = JSON.parse(r.cols ?? '[]') as string[];
     const cols = names.map((n) => byName.get(n));
     const usable = r.simple === 'true' && names.length > 0 && cols.every((c) => c !== undefined);
-    return { name: r.name, columns: usable ? (cols as number[]) : null, nullsNotDistinct: r.nnd === 'true' };
+    return { name: r.name, columns: usable ? (cols as number[]) : null, names: r.simple === 'true' && names.length > 0 ? names : null, nullsNotDistinct: r.nnd === 'true' };
   });
   uniqueIndexCache.set(rel, indexes);
   return indexes;
@@ -102,6 +105,19 @@ interface Hits {
 /** Local rows that `tuple`'s values collide with, per unique index; `except` is the row being updated. */
 async function uniqueHits(state: ApplyState, rel: MappedRelation, tuple: Tuple, except: LocalRow | null): Promise<Hits> {
   const indexes = await uniqueIndexes(state, rel);
+  if (rel.reshape) {
+    // The target's values are the mapped ones (renamed, computed, a discriminator): searched by target names.
+    const built = reshapedHitsStatement(
+      rel,
+      rel.reshape,
+      indexes.map((x) => ({ name: x.name, columns: x.names, nullsNotDistinct: x.nullsNotDistinct })),
+      tuple,
+      localColumns(state),
+      except,
+    );
+    if (!built) return { indexes: [], rows: [] };
+    return collect(await run(state, built.statement), built.names);
+  }
   const params = new Params(rel);
   const parts: string[] = [];
   const names: string[] = [];
@@ -125,7 +141,11 @@ async function uniqueHits(state: ApplyState, rel: MappedRelation, tuple: Tuple, 
     names.push(index.name);
   }
   if (parts.length === 0) return { indexes: [], rows: [] };
-  const rows = await run(state, params.statement(parts.join(' UNION ALL ')));
+  return collect(await run(state, params.statement(parts.join(' UNION ALL '))), names);
+}
+
+/** Rows of a hits query (index position, then the local row) as Hits. */
+function collect(rows: unknown[][], names: readonly string[]): Hits {
   const hit = new Set<number>();
   const distinct = new Map<string, LocalRow>();
   for (const r of rows) {
@@ -158,6 +178,7 @@ async function locate(
 }
 
 function rowUpdate(rel: MappedRelation, tuple: Tuple, row: LocalRow): Statement {
+  if (rel.reshape) return reshapedRowUpdate(rel, rel.reshape, tuple, row.reloid, row.tid, false);
   const setIndexes = tuple.flatMap((v, i) => (v.kind === 'unchanged' ? [] : [i]));
   const first = rel.targetColumns[0]!.name;
   const sets = setIndexes.length > 0 ? setIndexes.map((i, n) => `${column(rel, i)} = ${param(rel, i, n + 1)}`).join(', ') : `${quoteIdent(first)} = ${quoteIdent(first)}`;
@@ -199,9 +220,19 @@ async function decide(state: ApplyState, xact: RemoteTransaction, rel: MappedRel
     policy: override ?? policy,
     detail: seen.detail,
   };
-  const fields = { conflict: seen.type, table: rel.displayName, xid: xact.xid, finishLsn: formatLsn(xact.finalLsn), policy: record.policy, key: seen.key };
+  // A mapped relation's record names the target table too (the log's relation is the publisher's name).
+  if (rel.rule) record.detail = `${seen.detail ? `${seen.detail}; ` : ''}target ${rel.qualifiedName}`;
+  const fields = {
+    conflict: seen.type,
+    table: rel.displayName,
+    ...(rel.rule ? { target: rel.qualifiedName } : {}),
+    xid: xact.xid,
+    finishLsn: formatLsn(xact.finalLsn),
+    policy: record.policy,
+    key: seen.key,
+  };
   if (policy === 'error') {
-    throw new ApplyConflictError(seen.type, `conflict detected on relation "${rel.displayName}": conflict=${seen.type}${seen.detail ? ` (${seen.detail})` : ''}`, record, {
+    throw new ApplyConflictError(seen.type, `conflict detected on relation "${rel.displayName}": conflict=${seen.type}${record.detail ? ` (${record.detail})` : ''}`, record, {
       relation: rel.displayName,
       remoteXid: xact.xid,
       finishLsn: formatLsn(xact.finalLsn),
@@ -310,5 +341,6 @@ export async function carefulDelete(state: ApplyState, xact: RemoteTransaction, 
     });
     if (policy !== 'apply_remote') return;
   }
-  await run(state, rowDelete(rel, row));
+  const soft = rel.reshape?.rows?.softDelete;
+  await run(state, soft ? softDeleteRow(rel, soft, row.reloid, row.tid, xact.commitTime, xact.finalLsn) : rowDelete(rel, row));
 }

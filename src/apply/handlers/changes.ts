@@ -9,21 +9,15 @@ import type { DeleteMessage, InsertMessage, TruncateMessage, UpdateMessage } fro
 import { carefulDelete, carefulInsert, carefulUpdate } from './careful.js';
 import type { ApplyState } from '../txn/apply-state.js';
 import type { MappedRelation } from '../sql/relmap.js';
-import { deleteStatement, insertStatement, truncateStatement, updateStatement, type Detect } from '../sql/statements.js';
+import { deleteStatement, insertStatement, truncateStatement, updateStatement } from '../sql/statements.js';
+import { detect } from './detect-option.js';
+import { hasRowSemantics, rowsDelete, rowsInsert, rowsTruncate, rowsUpdate } from './rows.js';
 import { insertsCopyAsSent } from '../sql/copy-messages.js';
 import { INSERT_TUPLE_OFFSET, peekRelationId } from '../../protocol/peek.js';
 import { batchInsert, batchInsertMessage, batchUpdate, flushForChange, noteRowWrite, rowKey } from '../txn/batch.js';
 import { applies, changeTarget, requireTransaction, sendStatement } from '../txn/transaction.js';
 
-const DETECT = new WeakMap<ApplyState, Detect | null>();
-
-/** Detection on the pipelined path: statements that abort the transaction on a conflict (conflict/detect.ts). */
-export function detect(state: ApplyState): Detect | null {
-  // Constant for a session: one object, not one per change (this runs per row).
-  let d = DETECT.get(state);
-  if (d === undefined) DETECT.set(state, (d = state.session.conflicts.detect ? { originId: state.session.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null));
-  return d;
-}
+export { detect } from './detect-option.js';
 
 /**
  * The transaction a batchable change joins without any waiting: the target transaction is
@@ -69,6 +63,8 @@ export async function insertChange(state: ApplyState, m: InsertMessage): Promise
   const xact = await changeTarget(state, 'INSERT', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  // A mapping's row semantics (filter, soft delete…): rows.ts.
+  if (hasRowSemantics(rel)) return rowsInsert(state, xact, rel, m.relationId, m.newTuple);
   if (state.mode.careful) return carefulInsert(state, xact, rel, m.newTuple);
   // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
   if (state.session.batchRows > 1 && !rel.ordered) return batchInsert(state, xact, m.relationId, rel, m.newTuple);
@@ -96,6 +92,7 @@ export async function updateChange(state: ApplyState, m: UpdateMessage): Promise
   const xact = await changeTarget(state, 'UPDATE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (hasRowSemantics(rel)) return rowsUpdate(state, xact, rel, m);
   if (state.mode.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
   const key = m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null;
   const d = detect(state);
@@ -120,6 +117,7 @@ export async function onDelete(state: ApplyState, m: DeleteMessage): Promise<voi
   const xact = await changeTarget(state, 'DELETE', m.relationId);
   if (!xact) return;
   const rel = await state.relations.resolve(state.conn, m.relationId);
+  if (hasRowSemantics(rel)) return rowsDelete(state, xact, rel, m.relationId, m.oldKind, m.oldTuple);
   if (state.mode.careful) return carefulDelete(state, xact, rel, m.oldKind, m.oldTuple);
   await flushForChange(state, m.relationId, rel);
   const d = detect(state);
@@ -138,5 +136,7 @@ export async function onTruncate(state: ApplyState, m: TruncateMessage): Promise
   if (ids.length === 0 || !(await changeTarget(state, 'TRUNCATE', ids[0]!))) return;
   const rels = [];
   for (const id of ids) rels.push(await state.relations.resolve(state.conn, id));
+  // Mapped relations with a TRUNCATE policy or a discriminator: rows.ts.
+  if (rels.some(hasRowSemantics)) return rowsTruncate(state, state.tx.xact!, rels, m.restartIdentity);
   await sendStatement(state, truncateStatement(rels, m.restartIdentity));
 }

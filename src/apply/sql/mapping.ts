@@ -20,9 +20,9 @@
  * (two_phase) and a failed probe would abort the apply transaction.
  */
 import { MappingError, SchemaMismatchError } from '../../errors.js';
-import type { TableRule } from '../../config/mapping.js';
+import { hasRowRules, type RowRule, type TableRule } from '../../config/mapping.js';
 import type { RelationMessage } from '../../protocol/messages.js';
-import { quoteIdent } from '../../quote.js';
+import { quoteIdent, quoteLiteral } from '../../quote.js';
 
 export interface TargetColumn {
   name: string;
@@ -54,6 +54,31 @@ export interface Reshape {
   rowTypes: (string | null)[];
   /** Target columns filled by expressions over `r`, with the remote column indexes each uses. */
   computed: { column: TargetColumn; expr: string; uses: number[] }[];
+  /** Row semantics (key, filter, soft delete, discriminator; rows.ts); absent: none. */
+  rows?: RowPlan;
+}
+
+/** One target key column and where its value comes from. */
+export interface KeyTerm {
+  column: TargetColumn;
+  /** Remote column index written directly into it; null: an expression. */
+  remote: number | null;
+  /** Expression over `r` (computed or discriminator); null: direct. */
+  expr: string | null;
+  /** Remote column indexes the value reads. */
+  uses: number[];
+}
+
+/** Row semantics compiled by rows.ts (compileRows), which also explains them. */
+export interface RowPlan {
+  /** Locate rows by these target columns (a key override or a discriminator); null: by the replica identity as sent. */
+  key: KeyTerm[] | null;
+  /** The target columns of the key, for ON CONFLICT and messages. */
+  keyNames: string[];
+  filter: { expr: string; uses: number[] } | null;
+  softDelete: { flag: TargetColumn | null; at: TargetColumn | null; lsn: TargetColumn | null } | null;
+  truncate: RowRule['truncate'];
+  discriminator: { column: TargetColumn; value: string } | null;
 }
 
 export interface MatchedColumns {
@@ -96,7 +121,16 @@ export function matchColumns(remote: RelationMessage, byName: Map<string, Target
       });
     }
   }
-  const direct = remote.columns.map((c) => !rule.excluded.has(c.name) && !rule.computed.has(rule.renames.get(c.name) ?? c.name));
+  // A discriminator is a computed column of a constant (the config's value, as a literal like
+  // any expression of the config; never a remote value).
+  const disc = rule.rows.discriminator;
+  const exprs = new Map(rule.computed);
+  if (disc) {
+    if (exprs.has(disc.column)) throw new MappingError(`${where}: discriminator column "${disc.column}" is also a computed column`, { relation: displayName, column: disc.column });
+    exprs.set(disc.column, `CAST(${quoteLiteral(disc.value)} AS ${byName.get(disc.column)?.typeName ?? 'pg_catalog.text'})`);
+  }
+  const rowRules = hasRowRules(rule.rows);
+  const direct = remote.columns.map((c) => !rule.excluded.has(c.name) && !exprs.has(rule.renames.get(c.name) ?? c.name));
   const filled = new Map<string, string>();
   const missing: string[] = [];
   const targetColumns = remote.columns.map((c, i): TargetColumn => {
@@ -127,25 +161,29 @@ export function matchColumns(remote: RelationMessage, byName: Map<string, Target
     targetColumns.filter((_, i) => direct[i]),
     targetName,
   );
-  const keyLost = remote.columns.filter((c, i) => c.isKey && !direct[i]).map((c) => c.name);
+  // With a key override the row is located by the key (rows.ts checks that the identity covers it).
+  const keyLost = rule.rows.key ? [] : remote.columns.filter((c, i) => c.isKey && !direct[i]).map((c) => c.name);
   if (keyLost.length > 0) {
     throw new MappingError(
       `${where}: replica identity ${plural(keyLost.length, 'column')} ${keyLost.map((k) => `"${k}"`).join(', ')} of "${displayName}" must be written as ${keyLost.length > 1 ? 'they are' : 'it is'} (not excluded or computed): the target locates rows by ${keyLost.length > 1 ? 'them' : 'it'}`,
       { relation: displayName, column: keyLost.join(', ') },
     );
   }
-  if (rule.computed.size === 0 && direct.every(Boolean)) return { targetColumns };
+  if (exprs.size === 0 && direct.every(Boolean) && !rowRules) return { targetColumns };
   const computed: Reshape['computed'] = [];
-  for (const [name, expr] of rule.computed) {
+  for (const [name, expr] of exprs) {
     const col = byName.get(name);
-    if (!col) throw new MappingError(`${where}: computed column "${name}" does not exist in "${targetName}"`, { relation: displayName, column: name });
+    const what = disc?.column === name ? 'discriminator' : 'computed';
+    if (!col) throw new MappingError(`${where}: ${what} column "${name}" does not exist in "${targetName}"`, { relation: displayName, column: name });
     if (col.generated) throw new MappingError(`${where}: computed column "${name}" of "${targetName}" is a generated column`, { relation: displayName, column: name });
     const other = filled.get(name);
     if (other !== undefined)
       throw new MappingError(`${where}: target column "${name}" of "${targetName}" is filled by both "${other}" and an expression`, { relation: displayName, column: name });
-    computed.push({ column: { ...col }, expr, uses: expressionColumns(expr, remote) });
+    computed.push({ column: { ...col }, expr, uses: disc?.column === name ? [] : expressionColumns(expr, remote) });
   }
   const used = new Set(computed.flatMap((c) => c.uses));
+  // The filter reads the remote row as sent, like expressions.
+  if (rule.rows.filter) for (const i of expressionColumns(rule.rows.filter, remote)) used.add(i);
   const rowTypes = remote.columns.map((_, i) => (used.has(i) ? '' : direct[i] ? targetColumns[i]!.typeName : null));
   return { targetColumns, reshape: { direct, rowTypes, computed } };
 }
@@ -185,11 +223,16 @@ export function expressionColumns(expr: string, remote: RelationMessage): number
  * of each remote column as the target knows it; null where the target has no such type.
  */
 export async function checkExpressions(probe: Probe, reshape: Reshape, remote: RelationMessage, displayName: string, rule: TableRule): Promise<void> {
-  for (const c of reshape.computed) {
+  const filter = reshape.rows?.filter;
+  const checks = [
+    ...reshape.computed.map((c) => ({ ...c, what: `computed column "${c.column.name}"` })),
+    ...(filter ? [{ column: { name: 'filter', typeName: '"pg_catalog"."bool"' }, expr: filter.expr, uses: filter.uses, what: 'filter' }] : []),
+  ];
+  for (const c of checks) {
     const inputs = c.uses.map((i) => {
       const type = reshape.rowTypes[i];
       if (!type) {
-        throw new MappingError(`mapping.tables.${rule.source}: computed column "${c.column.name}" uses "${remote.columns[i]!.name}", whose type the target does not have`, {
+        throw new MappingError(`mapping.tables.${rule.source}: ${c.what} uses "${remote.columns[i]!.name}", whose type the target does not have`, {
           relation: displayName,
           column: c.column.name,
         });
@@ -208,11 +251,7 @@ export async function checkExpressions(probe: Probe, reshape: Reshape, remote: R
           : e.code === '42703'
             ? `names a column the publisher does not send: ${e.message}`
             : (e.message ?? String(err));
-      throw new MappingError(
-        `mapping.tables.${rule.source}: expression for computed column "${c.column.name}" (${c.expr}) ${reason}`,
-        { relation: displayName, column: c.column.name },
-        { cause: err },
-      );
+      throw new MappingError(`mapping.tables.${rule.source}: expression for ${c.what} (${c.expr}) ${reason}`, { relation: displayName, column: c.column.name }, { cause: err });
     }
   }
 }

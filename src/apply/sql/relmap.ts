@@ -27,8 +27,9 @@ import { SchemaMismatchError } from '../../errors.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { quoteQualified } from '../../quote.js';
 import { queryRows, type WireConnection } from '../../target/connect.js';
-import { ruleFor, type MappingConfig, type TableRule } from '../../config/mapping.js';
+import { hasRowRules, ruleFor, type MappingConfig, type TableRule } from '../../config/mapping.js';
 import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from './mapping.js';
+import { checkUniqueKey, compileRows } from './rows.js';
 
 export type { TargetColumn } from './mapping.js';
 
@@ -198,6 +199,11 @@ export class RelationMap {
     }
     const { targetColumns, reshape } = matchColumns(remote, byName, displayName, `${target.schema}.${target.table}`, rule);
     if (reshape) await this.reshapeTypes(conn, remote, reshape);
+    // Row semantics (rows.ts): key, filter, soft delete, discriminator.
+    if (reshape && rule && hasRowRules(rule.rows)) {
+      reshape.rows = compileRows(remote, rule, reshape, targetColumns, byName, displayName, `${target.schema}.${target.table}`);
+      await checkUniqueKey(conn, quoteQualified(target.schema, target.table), reshape.rows, displayName, `${target.schema}.${target.table}`, rule);
+    }
     if (reshape && rule && this.options.probe) await checkExpressions(this.options.probe, reshape, remote, displayName, rule);
     if (remote.replicaIdentity === 'full') {
       const equality = await typeEquality(

@@ -215,65 +215,115 @@ export function insertManyStatement(rel: MappedRelation, tuples: Tuple[]): State
  * remote column in `indexes`, under its remote name and of its row type, so that mapped
  * expressions read it by the names the publisher uses. Parameters from `firstParam`.
  */
-function rowSubquery(rel: MappedRelation, reshape: Reshape, indexes: readonly number[], firstParam: number): string {
+export function rowSubquery(rel: MappedRelation, reshape: Reshape, indexes: readonly number[], firstParam: number): string {
+  return `(${rowSelect(rel, reshape, indexes, firstParam)}) AS r`;
+}
+
+/** The SELECT of rowSubquery, for a CTE named r. */
+export function rowSelect(rel: MappedRelation, reshape: Reshape, indexes: readonly number[], firstParam: number): string {
   const cols = indexes.map((i, n) => {
     if (recording !== null) recording[firstParam + n] = i;
     return `$${firstParam + n}::${reshape.rowTypes[i]} AS ${quoteIdent(rel.remote.columns[i]!.name)}`;
   });
-  return `(SELECT ${cols.join(', ')}) AS r`;
+  return `SELECT ${cols.join(', ')}`;
 }
 
 /** A directly written column's value read from `r`, cast when `r` holds it as the remote type. */
-function rowValue(rel: MappedRelation, reshape: Reshape, i: number): string {
+export function rowValue(rel: MappedRelation, reshape: Reshape, i: number): string {
   const value = `r.${quoteIdent(rel.remote.columns[i]!.name)}`;
   const type = rel.targetColumns[i]!.typeName;
   return reshape.rowTypes[i] === type ? value : `CAST(${value} AS ${type})`;
 }
 
 /** Remote columns `r` needs: the written ones and the inputs of the computed ones. */
-function rowColumns(direct: readonly number[], computed: Reshape['computed']): number[] {
+export function rowColumns(direct: readonly number[], computed: Reshape['computed']): number[] {
   const need = new Set([...direct, ...computed.flatMap((c) => c.uses)]);
   return [...need].sort((a, b) => a - b);
 }
 
 function reshapedInsert(rel: MappedRelation, reshape: Reshape, tuple: Tuple): Statement {
   const direct = reshape.direct.flatMap((d, i) => (d ? [i] : []));
-  const inRow = rowColumns(direct, reshape.computed);
+  const rows = reshape.rows;
+  const filter = rows?.filter ?? null;
+  const inRow = rowColumns([...direct, ...(filter?.uses ?? [])], reshape.computed);
   const text = cached(rel, 'RI', () => {
     const cols = [...direct.map((i) => column(rel, i)), ...reshape.computed.map((c) => quoteIdent(c.column.name))];
     if (cols.length === 0) return `INSERT INTO ${rel.qualifiedName} DEFAULT VALUES`;
     const values = [...direct.map((i) => rowValue(rel, reshape, i)), ...reshape.computed.map((c) => `(${c.expr})`)];
-    return `INSERT INTO ${rel.qualifiedName} (${cols.join(', ')}) ${overriding(rel)}SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)}`;
+    // The row filter (rows.ts): a row that does not pass is not inserted (PostgreSQL 15's pgoutput_row_filter).
+    const where = filter ? ` WHERE (${filter.expr}) IS TRUE` : '';
+    const soft = rows?.softDelete;
+    if (!soft) return `INSERT INTO ${rel.qualifiedName} (${cols.join(', ')}) ${overriding(rel)}SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)}${where}`;
+    // Soft delete: an INSERT of a key whose row is marked deleted revives it; a live row
+    // with that key is insert_exists, as a plain INSERT's unique violation would be.
+    const settable = [...direct.filter((i) => !rel.targetColumns[i]!.identityAlways).map((i) => column(rel, i)), ...reshape.computed.map((c) => quoteIdent(c.column.name))];
+    const sets = [
+      ...settable.map((c) => `${c} = EXCLUDED.${c}`),
+      ...(soft.flag ? [`${quoteIdent(soft.flag.name)} = false`] : []),
+      ...(soft.at ? [`${quoteIdent(soft.at.name)} = NULL`] : []),
+      ...(soft.lsn ? [`${quoteIdent(soft.lsn.name)} = NULL`] : []),
+    ];
+    const insert =
+      `INSERT INTO ${rel.qualifiedName} AS "pgsub_row" (${cols.join(', ')}) ${overriding(rel)}SELECT ${values.join(', ')} FROM r${where} ` +
+      `ON CONFLICT (${rows!.keyNames.map(quoteIdent).join(', ')}) DO UPDATE SET ${sets.join(', ')} WHERE ${softDeleted(soft, '"pgsub_row".')} RETURNING 1`;
+    const passes = filter ? ` AND EXISTS (SELECT FROM r${where})` : '';
+    return `WITH r AS (${rowSelect(rel, reshape, inRow, 1)}), pgsub_changed AS (${insert}) SELECT CASE WHEN NOT EXISTS (SELECT FROM pgsub_changed)${passes} THEN "pgsub"."conflict"('insert_exists') END`;
   });
   const params = new Params(rel);
   for (const i of inRow) params.add(tuple, i);
   return params.statement(text);
 }
 
+/** The condition of a soft-deleted row (rows.ts): its flag set, else its timestamp or LSN. */
+export function softDeleted(soft: NonNullable<NonNullable<Reshape['rows']>['softDelete']>, prefix: string): string {
+  if (soft.flag) return `${prefix}${quoteIdent(soft.flag.name)} IS TRUE`;
+  return `${prefix}${quoteIdent((soft.at ?? soft.lsn)!.name)} IS NOT NULL`;
+}
+
 /**
  * UPDATE of a reshaped relation: the sent direct columns, and the computed columns all of
  * whose inputs were sent (an unchanged TOASTed input leaves an immutable result as it is).
  */
-function reshapedUpdate(rel: MappedRelation, reshape: Reshape, loc: Locator, newTuple: Tuple, detect: Detect | null): Statement {
+function reshapedUpdate(rel: MappedRelation, reshape: Reshape, loc: Locator, newTuple: Tuple, detect: Detect | null, guard: boolean): Statement {
   const sent = (i: number) => newTuple[i]!.kind !== 'unchanged';
   // A GENERATED ALWAYS identity column is never SET (428C9), as in updateStatement.
   const direct = reshape.direct.flatMap((d, i) => (d && sent(i) && !rel.targetColumns[i]!.identityAlways ? [i] : []));
   const computed = reshape.computed.filter((c) => c.uses.every(sent));
   const inRow = rowColumns(direct, computed);
-  const shape = `RU${newTuple.map((v) => (v.kind === 'unchanged' ? 'u' : '')).join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
+  const shape = `RU${newTuple.map((v) => (v.kind === 'unchanged' ? 'u' : '')).join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}${guard ? '|g' : ''}`;
   const text = cached(rel, shape, () => {
     const cols = [...direct.map((i) => column(rel, i)), ...computed.map((c) => quoteIdent(c.column.name))];
     const values = [...direct.map((i) => rowValue(rel, reshape, i)), ...computed.map((c) => `(${c.expr})`)];
     const first = quoteIdent(rel.targetColumns[reshape.direct.indexOf(true)]!.name);
     const sets = cols.length > 0 ? `(${cols.join(', ')}) = (SELECT ${values.join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)})` : `${first} = ${first}`;
     const firstLoc = cols.length > 0 ? inRow.length + 1 : 1;
-    const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, firstLoc)}`;
-    return detect ? detecting(rel, loc, plain, firstLoc, 'update', detect) : plain;
+    const cond = guard ? filterGuard(rel, firstLoc + locatorParamCount(loc)) : null;
+    const plain = `UPDATE ${target(rel)} SET ${sets} WHERE ${whereClause(rel, loc, firstLoc)}${cond ? ` AND ${cond}` : ''}`;
+    return detect ? detecting(rel, loc, plain, firstLoc, 'update', detect, cond) : plain;
   });
   const params = new Params(rel);
   if (direct.length + computed.length > 0) for (const i of inRow) params.add(newTuple, i);
   addLocatorParams(params, loc);
+  if (guard) addFilterParams(params, rel, loc);
   return params.statement(text);
+}
+
+/**
+ * The mapping's row filter over the located row's tuple, as a condition the statement
+ * carries (handlers/rows.ts decides when): a filtered-out change then changes nothing and
+ * is no conflict. Its parameters follow the locator's, from `firstParam`.
+ */
+export function filterGuard(rel: MappedRelation, firstParam: number): string {
+  const filter = rel.reshape!.rows!.filter!;
+  return `(SELECT (${filter.expr}) IS TRUE FROM ${rowSubquery(rel, rel.reshape!, filter.uses, firstParam)})`;
+}
+
+export function addFilterParams(params: Params, rel: MappedRelation, loc: Locator): void {
+  for (const i of rel.reshape!.rows!.filter!.uses) params.add(loc.tuple, i);
+}
+
+export function locatorParamCount(loc: Locator): number {
+  return loc.indexes.length - loc.nulls.size;
 }
 
 /**
@@ -286,9 +336,21 @@ export interface Locator {
   nulls: Set<number>;
   tuple: Tuple;
   full: boolean;
+  /** Located by the mapping's key (rows.ts RowPlan.key); `indexes` are the remote columns its values read. */
+  keyed?: boolean;
 }
 
 export function locator(rel: MappedRelation, what: 'UPDATE' | 'DELETE', oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple | undefined): Locator {
+  const key = rel.reshape?.rows?.key;
+  if (key) {
+    // A key override or a discriminator: the key's values over the old row (the identity
+    // covers them, rows.ts), or over the new row when the key did not change.
+    const tuple = oldTuple ?? newTuple;
+    if (!tuple) throw new ApplyError(`${what} on "${rel.displayName}" carries no key`, { relation: rel.displayName, command: what });
+    checkWidth(rel, tuple);
+    const indexes = [...new Set(key.flatMap((k) => k.uses))].sort((a, b) => a - b);
+    return { shape: 'M', indexes, nulls: new Set(), tuple, full: false, keyed: true };
+  }
   if (oldKind === 'old' && oldTuple) {
     checkWidth(rel, oldTuple);
     // Unchanged TOAST values in the old row cannot be compared; the others still pin the row.
@@ -333,6 +395,7 @@ function fullCondition(rel: MappedRelation, index: number, n: number): string {
 }
 
 export function whereClause(rel: MappedRelation, loc: Locator, firstParam: number): string {
+  if (loc.keyed) return keyedWhere(rel, loc, firstParam);
   let n = firstParam;
   if (!loc.full) return loc.indexes.map((i) => `${column(rel, i)} = ${param(rel, i, n++)}`).join(' AND ');
   const conds = loc.indexes.map((i) => (loc.nulls.has(i) ? `${column(rel, i)} IS NULL` : fullCondition(rel, i, n++)));
@@ -341,6 +404,31 @@ export function whereClause(rel: MappedRelation, loc: Locator, firstParam: numbe
   // only unique within one table, so in a partitioned target the partition is pinned too.
   if (rel.relkind === 'p') return `(tableoid, ctid) = (SELECT tableoid, ctid FROM ${target(rel)} WHERE ${match} LIMIT 1)`;
   return `ctid = (SELECT ctid FROM ${target(rel)} WHERE ${match} LIMIT 1)`;
+}
+
+/**
+ * The mapping's key (rows.ts): `col = $n` for a directly written column, the expression
+ * over the row subquery for a computed one (an uncorrelated subquery, computed once, so an
+ * index on the column still serves). Parameter n is loc.indexes[n - firstParam] in every
+ * place it appears, always with the same type.
+ */
+function keyedWhere(rel: MappedRelation, loc: Locator, firstParam: number): string {
+  const reshape = rel.reshape!;
+  const number = new Map(loc.indexes.map((i, k) => [i, firstParam + k]));
+  for (const [i, n] of number) noteParam(n, i);
+  return reshape
+    .rows!.key!.map((k) => {
+      const col = quoteIdent(k.column.name);
+      if (k.remote !== null) {
+        const p = `$${number.get(k.remote)}::${reshape.rowTypes[k.remote]}`;
+        return `${col} = ${reshape.rowTypes[k.remote] === k.column.typeName ? p : `CAST(${p} AS ${k.column.typeName})`}`;
+      }
+      const value = `CAST((${k.expr}) AS ${k.column.typeName})`;
+      if (k.uses.length === 0) return `${col} = ${value}`;
+      const row = k.uses.map((i) => `$${number.get(i)}::${reshape.rowTypes[i]} AS ${quoteIdent(rel.remote.columns[i]!.name)}`).join(', ');
+      return `${col} = (SELECT ${value} FROM (SELECT ${row}) AS r)`;
+    })
+    .join(' AND ');
 }
 
 /**
@@ -356,10 +444,12 @@ export interface Detect {
 }
 
 /** `stmt` wrapped so that a missing row or a foreign last writer aborts the transaction. */
-function detecting(rel: MappedRelation, loc: Locator, stmt: string, firstLocParam: number, kind: 'update' | 'delete', detect: Detect): string {
-  const missing = `WHEN NOT EXISTS (SELECT FROM pgsub_changed) THEN "pgsub"."conflict"('${kind}_missing')`;
+export function detecting(rel: MappedRelation, loc: Locator, stmt: string, firstLocParam: number, kind: 'update' | 'delete', detect: Detect, guard: string | null = null): string {
+  // A guard (the mapping's row filter) that fails means the change was not for this table: no conflict.
+  const only = guard ? `${guard} AND ` : '';
+  const missing = `WHEN ${only}NOT EXISTS (SELECT FROM pgsub_changed) THEN "pgsub"."conflict"('${kind}_missing')`;
   if (detect.originId === null) return `WITH pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} END`;
-  const differs = `WHEN EXISTS (SELECT FROM pgsub_changed WHERE r <> ${detect.originId}) THEN "pgsub"."conflict"('${kind}_origin_differs')`;
+  const differs = `WHEN ${only}EXISTS (SELECT FROM pgsub_changed WHERE r <> ${detect.originId}) THEN "pgsub"."conflict"('${kind}_origin_differs')`;
   // The last writer of the row as it was: DELETE returns the old row itself, UPDATE names it
   // on PostgreSQL 18; no extra probe either way.
   if (kind === 'delete') return `WITH pgsub_changed AS (${stmt} RETURNING (pg_catalog.pg_xact_commit_timestamp_origin(xmin)).roident AS r) SELECT CASE ${missing} ${differs} END`;
@@ -371,10 +461,18 @@ function detecting(rel: MappedRelation, loc: Locator, stmt: string, firstLocPara
   return `WITH pgsub_before AS (${before}), pgsub_changed AS (${stmt} RETURNING 1) SELECT CASE ${missing} ${differs.replace('pgsub_changed WHERE', 'pgsub_before WHERE')} END`;
 }
 
-export function updateStatement(rel: MappedRelation, oldKind: 'key' | 'old' | undefined, oldTuple: Tuple | undefined, newTuple: Tuple, detect: Detect | null = null): Statement {
+/** `guard`: the statement itself checks the mapping's row filter over the located row's tuple (filterGuard). */
+export function updateStatement(
+  rel: MappedRelation,
+  oldKind: 'key' | 'old' | undefined,
+  oldTuple: Tuple | undefined,
+  newTuple: Tuple,
+  detect: Detect | null = null,
+  guard = false,
+): Statement {
   checkWidth(rel, newTuple);
   const loc = locator(rel, 'UPDATE', oldKind, oldTuple, newTuple);
-  if (rel.reshape) return reshapedUpdate(rel, rel.reshape, loc, newTuple, detect);
+  if (rel.reshape) return reshapedUpdate(rel, rel.reshape, loc, newTuple, detect, guard);
   // Unchanged TOAST columns ('u') are left as they are in the target.
   const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' || rel.targetColumns[i]!.identityAlways ? [] : [i]));
   const shape = `U${setIndexes.join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`;
@@ -420,14 +518,16 @@ export function updateManyStatement(rel: MappedRelation, tuples: Tuple[], sent: 
   return params.statement(text);
 }
 
-export function deleteStatement(rel: MappedRelation, oldKind: 'key' | 'old', oldTuple: Tuple, detect: Detect | null = null): Statement {
+export function deleteStatement(rel: MappedRelation, oldKind: 'key' | 'old', oldTuple: Tuple, detect: Detect | null = null, guard = false): Statement {
   const loc = locator(rel, 'DELETE', oldKind, oldTuple, undefined);
-  const text = cached(rel, `D|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}`, () => {
-    const plain = `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)}`;
-    return detect ? detecting(rel, loc, plain, 1, 'delete', detect) : plain;
+  const text = cached(rel, `D|${loc.shape}${detect ? `|d${detect.originId ?? ''}` : ''}${guard ? '|g' : ''}`, () => {
+    const cond = guard ? filterGuard(rel, 1 + locatorParamCount(loc)) : null;
+    const plain = `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)}${cond ? ` AND ${cond}` : ''}`;
+    return detect ? detecting(rel, loc, plain, 1, 'delete', detect, cond) : plain;
   });
   const params = new Params(rel);
   addLocatorParams(params, loc);
+  if (guard) addFilterParams(params, rel, loc);
   return params.statement(text);
 }
 
