@@ -4,7 +4,10 @@
  * connection while the source transaction is still open, a prepared transaction committed
  * and one rolled back), and apply lanes (apply_workers = 4) on a backlog. The mapped
  * tables retarget, rename, exclude and compute; the target must end equal to the source
- * read through the mapping, every transaction once.
+ * read through the mapping, every transaction once. Then the operator's commands on a
+ * mapped subscription: a conflict on a reshaped table skipped with `pgsub skip --lsn`, a
+ * renamed table copied again with `pgsub resync`, and a mapped table added to the
+ * publication picked up by `pgsub refresh` and copied into its target name.
  */
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -15,14 +18,25 @@ import { connect, spawnPgsub, startCluster, waitFor, waitForCatchUp, type Cluste
 
 const SOURCE = `CREATE SCHEMA app;
   CREATE TABLE app.items (id int PRIMARY KEY, v text, n int, secret text);
-  CREATE TABLE app.plain (id int PRIMARY KEY, label text);`;
+  CREATE TABLE app.plain (id int PRIMARY KEY, label text);
+  CREATE TABLE app.later (id int PRIMARY KEY, what text);
+  CREATE TABLE app.flt (id int PRIMARY KEY, v text);
+  CREATE TABLE app.shard_a (id int PRIMARY KEY, v int);
+  CREATE TABLE app.shard_b (id int PRIMARY KEY, v int);`;
 const TARGET = `CREATE SCHEMA mirror;
   CREATE TABLE mirror.things (id int PRIMARY KEY, body text, n int, n_plus int, v_len int);
-  CREATE TABLE mirror.plain_renamed (id int PRIMARY KEY, title text);`;
+  CREATE TABLE mirror.plain_renamed (id int PRIMARY KEY, title text);
+  CREATE TABLE mirror.later_renamed (id int PRIMARY KEY, note text);
+  CREATE TABLE mirror.flt (id int PRIMARY KEY, v text, gone boolean NOT NULL DEFAULT false);
+  CREATE TABLE mirror.orders (shard text, id int, v int, PRIMARY KEY (shard, id));`;
 const MAPPING = JSON.stringify({
   tables: {
     'app.items': { target: 'mirror.things', columns: { v: 'body' }, exclude: ['secret'], computed: { n_plus: 'n + 1', v_len: 'pg_catalog.length(v)' } },
     'app.plain': { target: 'mirror.plain_renamed', columns: { label: 'title' } },
+    'app.later': { target: 'mirror.later_renamed', columns: { what: 'note' } },
+    'app.flt': { target: 'mirror.flt', filter: 'id % 3 <> 0', soft_delete: 'gone' },
+    'app.shard_a': { target: 'mirror.orders', discriminator: { column: 'shard', value: 'a' }, key: ['shard', 'id'] },
+    'app.shard_b': { target: 'mirror.orders', discriminator: { column: 'shard', value: 'b' }, key: ['shard', 'id'] },
   },
 });
 
@@ -38,7 +52,11 @@ before(async () => {
   ]);
   await publisher.createDatabase('src');
   await target.createDatabase('dst');
-  await publisher.query(`${SOURCE} CREATE PUBLICATION pub FOR TABLE app.items, app.plain;`, [], 'src');
+  await publisher.query(
+    `${SOURCE} CREATE PUBLICATION pub FOR TABLE app.items, app.plain, app.flt, app.shard_a, app.shard_b; CREATE PUBLICATION pubops FOR TABLE app.items, app.plain;`,
+    [],
+    'src',
+  );
   await target.query(TARGET, [], 'dst');
 });
 
@@ -120,7 +138,10 @@ test('streaming = parallel and two_phase with a mapping: applied while open, pre
     );
     await c.query(`SAVEPOINT s1; UPDATE app.items SET n = -n WHERE id <= 100; ROLLBACK TO SAVEPOINT s1;
                    UPDATE app.items SET v = 'upd' WHERE id BETWEEN 200 AND 299; DELETE FROM app.items WHERE id > 2900;
-                   INSERT INTO app.plain SELECT g, 'p' || g FROM generate_series(1, 50) g`);
+                   INSERT INTO app.plain SELECT g, 'p' || g FROM generate_series(1, 50) g;
+                   INSERT INTO app.flt SELECT g, 'f' FROM generate_series(1, 3000) g;
+                   DELETE FROM app.flt WHERE id <= 300;
+                   UPDATE app.flt SET id = id + 10000 WHERE id BETWEEN 301 AND 330`);
     await c.query('COMMIT');
     await c.query(`BEGIN; UPDATE app.items SET n = n * 10 WHERE id <= 10; INSERT INTO app.plain VALUES (100, 'prepared'); PREPARE TRANSACTION 'mapgid1'`);
     await c.query(`BEGIN; DELETE FROM app.items WHERE id BETWEEN 1001 AND 2000; UPDATE app.plain SET label = 'gone'; PREPARE TRANSACTION 'mapgid2'`);
@@ -139,8 +160,25 @@ test('streaming = parallel and two_phase with a mapping: applied while open, pre
   const out = await stop();
   assert.ok(out.includes('"msg":"parallel transaction finished"'), out.slice(-3000));
   assert.equal((await target.query(`SELECT count(*)::int AS n FROM mirror.things WHERE n_plus = n + 1 AND v_len = length(body)`, [], 'dst'))[0].n, 2900);
-  await publisher.query(`SELECT pg_drop_replication_slot('mapp'); TRUNCATE app.items, app.plain`, [], 'src');
-  await target.query(`TRUNCATE mirror.things, mirror.plain_renamed`, [], 'dst');
+  // The filter (id % 3 <> 0) with a soft delete, streamed: live rows are the source's that
+  // pass; deleted ones that had passed are marked gone, and so is each row an UPDATE of its
+  // key moved out of the filter (old passes, new fails: a DELETE).
+  const [flt] = await target.query(
+    `SELECT (SELECT string_agg(id::text, ',' ORDER BY id) FROM mirror.flt WHERE NOT gone) AS live,
+            (SELECT string_agg(id::text, ',' ORDER BY id) FROM mirror.flt WHERE gone) AS gone`,
+    [],
+    'dst',
+  );
+  const [want] = await publisher.query(
+    `SELECT (SELECT string_agg(id::text, ',' ORDER BY id) FROM app.flt WHERE id % 3 <> 0) AS live,
+            (SELECT string_agg(g::text, ',' ORDER BY g) FROM generate_series(1, 330) g
+              WHERE g % 3 <> 0 AND (g <= 300 OR (g + 10000) % 3 = 0)) AS gone`,
+    [],
+    'src',
+  );
+  assert.deepEqual(flt, want);
+  await publisher.query(`SELECT pg_drop_replication_slot('mapp'); TRUNCATE app.items, app.plain, app.flt`, [], 'src');
+  await target.query(`TRUNCATE mirror.things, mirror.plain_renamed, mirror.flt`, [], 'dst');
 });
 
 test('apply lanes (apply_workers = 4) on a backlog of mapped transactions: equal, each once', async () => {
@@ -156,6 +194,9 @@ test('apply lanes (apply_workers = 4) on a backlog of mapped transactions: equal
     if (i % 10 === 0) s.push(`UPDATE app.items SET n = n + 1, v = v || '+' WHERE id = ${i - 5}`);
     if (i % 17 === 0) s.push(`DELETE FROM app.items WHERE id = ${i - 3}`);
     if (i % 23 === 0) s.push(`UPDATE app.plain SET id = id + 100000 WHERE id = ${i - 2}`);
+    // Two shards into one table (discriminator): the same ids in both, updated and deleted.
+    s.push(`INSERT INTO app.${i % 2 ? 'shard_a' : 'shard_b'} VALUES (${i >> 1}, ${i})`);
+    if (i % 9 === 0) s.push(`UPDATE app.shard_a SET v = v + 1 WHERE id = ${(i >> 1) - 2}`, `DELETE FROM app.shard_b WHERE id = ${(i >> 1) - 3}`);
     txs.push(`BEGIN; ${s.join('; ')}; COMMIT;`);
   }
   await publisher.query(txs.join('\n'), [], 'src');
@@ -163,6 +204,64 @@ test('apply lanes (apply_workers = 4) on a backlog of mapped transactions: equal
   await waitForCatchUp(publisher, 'src', 'mapl', 120_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
   const out = await stop();
   await assertMappedEqual();
+  const shards = async (c: Cluster, db: string, sql: string) => (await c.query(sql, [], db))[0].s as string;
+  assert.equal(
+    await shards(target, 'dst', `SELECT string_agg(format('%s|%s|%s', shard, id, v), ',' ORDER BY shard, id) AS s FROM mirror.orders`),
+    await shards(
+      publisher,
+      'src',
+      `SELECT string_agg(format('%s|%s|%s', s, id, v), ',' ORDER BY s, id) AS s FROM (SELECT 'a' AS s, * FROM app.shard_a UNION ALL SELECT 'b', * FROM app.shard_b) u`,
+    ),
+  );
   assert.equal((await applied('mapl')) - before, 1200);
   assert.ok(out.includes('apply lanes stopped'), out.slice(-3000));
+});
+
+test('skip, resync and refresh on a mapped subscription', async () => {
+  await publisher.query(`TRUNCATE app.items, app.plain; INSERT INTO app.plain SELECT g, 'p' || g FROM generate_series(1, 500) g`, [], 'src');
+  await target.query(`TRUNCATE mirror.things, mirror.plain_renamed; INSERT INTO mirror.things VALUES (7, 'local', 0, 0, 0)`, [], 'dst');
+  const env = (sub: string) => ({ PGSUB_PUBLICATION: 'pubops', PGSUB_COPY_DATA: 'true', PGSUB_REFRESH_INTERVAL: '3600', PGSUB_SUBSCRIPTION: sub });
+  start('mapo', env('mapo'));
+  await child!.waitForLog('streaming started');
+  await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM mirror.plain_renamed`, [], 'dst'))[0].n === 500, {
+    timeoutMs: 60_000,
+    what: 'the copy of app.plain',
+  });
+  const cli = async (args: string[]) => {
+    const p = spawnPgsub(
+      { PGSUB_SOURCE: publisher.url('src'), PGSUB_TARGET: target.url('dst'), PGSUB_SUBSCRIPTION: 'mapo', PGSUB_PUBLICATION: 'pubops', PGSUB_MAPPING: MAPPING },
+      args,
+    );
+    const code = await p.exited;
+    return { code, out: p.output() };
+  };
+  // A remote insert of a key the target already has: insert_exists, policy error, recorded.
+  await publisher.query(`INSERT INTO app.items VALUES (7, 'remote', 1, 's')`, [], 'src');
+  await publisher.query(`INSERT INTO app.items VALUES (8, 'after', 2, 's')`, [], 'src');
+  const failed = async () => (await target.query(`SELECT error_lsn::text AS lsn FROM pgsub.subscription WHERE subscription = 'mapo'`, [], 'dst'))[0]?.lsn as string | null;
+  await waitFor(async () => (await failed()) != null, { timeoutMs: 30_000, what: 'the conflict recorded' });
+  const skip = await cli(['skip', '--lsn', (await failed())!]);
+  assert.equal(skip.code, 0, skip.out);
+  await waitForCatchUp(publisher, 'src', 'mapo');
+  assert.deepEqual(await target.query(`SELECT id, body, n_plus FROM mirror.things ORDER BY id`, [], 'dst'), [
+    { id: 7, body: 'local', n_plus: 0 },
+    { id: 8, body: 'after', n_plus: 3 },
+  ]);
+  // resync copies the renamed table again, into its target name.
+  await target.query(`DELETE FROM mirror.plain_renamed WHERE id <= 100`, [], 'dst');
+  const resync = await cli(['resync', 'app.plain']);
+  assert.equal(resync.code, 0, resync.out);
+  await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM mirror.plain_renamed`, [], 'dst'))[0].n === 500, { timeoutMs: 60_000, what: 'the copy again' });
+  // refresh: a mapped table added to the publication is copied into its target name, then streams.
+  await publisher.query(`INSERT INTO app.later SELECT g, 'w' || g FROM generate_series(1, 300) g; ALTER PUBLICATION pubops ADD TABLE app.later`, [], 'src');
+  const refresh = await cli(['refresh']);
+  assert.equal(refresh.code, 0, refresh.out);
+  await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM mirror.later_renamed`, [], 'dst'))[0].n === 300, {
+    timeoutMs: 60_000,
+    what: 'the added table copied',
+  });
+  await publisher.query(`UPDATE app.later SET what = 'changed' WHERE id = 1`, [], 'src');
+  await waitForCatchUp(publisher, 'src', 'mapo');
+  assert.deepEqual(await target.query(`SELECT note FROM mirror.later_renamed WHERE id = 1`, [], 'dst'), [{ note: 'changed' }]);
+  await stop();
 });

@@ -31,18 +31,18 @@ export class Writers {
   /**
    * The group the change in `raw` by group `seq` must wait for (0: none; seq - 1: all
    * before it), recording `seq` as the writer of what it touches. `ordered`: the target
-   * table has triggers that would see the order of its rows.
+   * table has triggers that would see the order of its rows. `table`: the target table's
+   * key for whole-table writes (lanes.ts tableKey; several source relations may share one).
    */
-  record(seq: number, raw: Buffer, remote: RelationMessage, ordered: boolean): number {
-    const relationId = peekRelationId(raw);
+  record(seq: number, raw: Buffer, remote: RelationMessage, ordered: boolean, table: number = peekRelationId(raw)): number {
     let count = -1;
     if (!ordered) {
       let columns = this.#keyColumns.get(remote);
       if (columns === undefined) this.#keyColumns.set(remote, (columns = keyColumns(remote)));
       count = changeKeys(raw, remote, columns, this.#keys);
     }
-    if (count < 0) return this.wholeTable(seq, relationId);
-    const tableWriter = this.#tables.get(relationId);
+    if (count < 0) return this.wholeTable(seq, table);
+    const tableWriter = this.#tables.get(table);
     let waitFor = tableWriter !== undefined && tableWriter !== seq ? tableWriter : 0;
     const rows = this.#rows;
     for (let i = 0; i < count; i++) {
@@ -55,8 +55,8 @@ export class Writers {
   }
 
   /** A change to a whole table (TRUNCATE, or rows without identity): waits for every group before; later changes to the table wait for it. */
-  wholeTable(seq: number, relationId: number): number {
-    this.#tables.set(relationId, seq);
+  wholeTable(seq: number, table: number): number {
+    this.#tables.set(table, seq);
     return seq - 1;
   }
 }

@@ -119,6 +119,7 @@ export class ApplyLanes {
   readonly #writers = new Writers();
   /** Relations whose target lookup failed: every change waits for all before. */
   #unresolvable = new Set<number>();
+  readonly #targetKeys = new Map<string, number>();
   #lastRoutedLsn: Lsn = ZERO_LSN;
   #headSince = { seq: 0, at: 0 };
   #dependentRun = 0;
@@ -216,7 +217,7 @@ export class ApplyLanes {
       case TAG.TRUNCATE:
         // TRUNCATE names its relations after a count; it waits for everything before and
         // every later change to those tables waits for it.
-        peekTruncateRelationIds(raw, (relationId) => this.#writers.wholeTable(group.seq, relationId));
+        peekTruncateRelationIds(raw, (relationId) => this.#writers.wholeTable(group.seq, this.#tableKey(relationId)));
         group.changes++;
         return this.#pushed(group, raw, group.seq - 1);
       case TAG.ORIGIN:
@@ -364,7 +365,23 @@ export class ApplyLanes {
     } catch {
       return seq - 1; // the lane reports the missing Relation message
     }
-    return this.#writers.record(seq, raw, remote, mapped.ordered);
+    // A mapped relation may share its target table with other source relations (many-to-one):
+    // its changes are ordered against every change to that table, whatever their row keys.
+    if (mapped.rule) return this.#writers.wholeTable(seq, this.#tableKey(relationId));
+    return this.#writers.record(seq, raw, remote, mapped.ordered, this.#tableKey(relationId));
+  }
+
+  /**
+   * The key of a relation's target table for whole-table writes: the relation id while
+   * its target is unknown, else one number per target table (above every OID), so that
+   * source relations mapped into one table wait for each other.
+   */
+  #tableKey(relationId: number): number {
+    const mapped = this.main.relations.cached(relationId);
+    if (mapped === undefined) return relationId;
+    let key = this.#targetKeys.get(mapped.qualifiedName);
+    if (key === undefined) this.#targetKeys.set(mapped.qualifiedName, (key = 2 ** 32 + this.#targetKeys.size));
+    return key;
   }
 
   /** The target table of a relation first seen; the main connection is idle while lanes run. */
