@@ -12,8 +12,9 @@
  * commits at random — a deferred constraint trigger, ENABLE ALWAYS, raises at COMMIT for
  * about one ledger row in 1,000 until a flag is cleared — each into its own database.
  * One more run applies through a mapping (docs/mapping.md): the tables retargeted into
- * another schema, columns renamed, computed columns filled by expressions — the reshaped
- * statements, one per change — checked against the source read through the mapping.
+ * another schema, columns renamed and excluded, computed columns filled by expressions,
+ * and two source tables merged into one with a discriminator in a key override — the
+ * reshaped statements, one per change — checked against the source read through the mapping.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -51,14 +52,20 @@ const children: PgsubProcess[] = [];
 const MAPPED_SCHEMA = `
   CREATE SCHEMA books;
   CREATE TABLE books.entries (client_id int NOT NULL, seq int NOT NULL, amount int NOT NULL, memo text, amount_x2 int);
-  CREATE TABLE books.balances (id int PRIMARY KEY, bal bigint NOT NULL, touched int NOT NULL DEFAULT 0, bal_neg bigint);
-  CREATE TABLE books.tags (client int, seq int, tag text, PRIMARY KEY (client, seq));
-  INSERT INTO books.balances SELECT g, 0, 0, 0 FROM generate_series(1, 100) g;`;
+  CREATE TABLE books.journal (src text, k1 int, k2 int, payload text, PRIMARY KEY (src, k1, k2));
+  INSERT INTO books.journal SELECT 'accounts', g, 0, '0/0' FROM generate_series(1, 100) g;`;
+/** Ledger renamed with a computed column; accounts and tags both into books.journal (many-to-one). */
 const MAPPING = JSON.stringify({
   tables: {
     'app.ledger': { target: 'books.entries', columns: { client: 'client_id', note: 'memo' }, computed: { amount_x2: 'amount * 2' } },
-    'app.accounts': { target: 'books.balances', columns: { balance: 'bal' }, computed: { bal_neg: '-balance' } },
-    'app.tags': { target: 'books.tags' },
+    'app.accounts': {
+      target: 'books.journal',
+      columns: { id: 'k1', balance: null, touched: null },
+      computed: { k2: '0', payload: `balance::text || '/' || touched::text` },
+      discriminator: { column: 'src', value: 'accounts' },
+      key: ['src', 'k1', 'k2'],
+    },
+    'app.tags': { target: 'books.journal', columns: { client: 'k1', seq: 'k2', tag: 'payload' }, discriminator: { column: 'src', value: 'tags' }, key: ['src', 'k1', 'k2'] },
   },
 });
 
@@ -130,15 +137,15 @@ async function checkMappedLedger(db: string): Promise<{ sourceRows: number; targ
     publisher,
     `SELECT (SELECT count(*)::int FROM app.ledger) AS n,
             (SELECT md5(string_agg(format('%s|%s|%s|%s|%s', client, seq, amount, note, amount * 2), ',' ORDER BY client, seq)) FROM app.ledger) AS ledger,
-            (SELECT md5(string_agg(format('%s|%s|%s|%s', id, balance, touched, -balance), ',' ORDER BY id)) FROM app.accounts) AS accounts,
+            (SELECT md5(string_agg(format('%s|%s', id, balance || '/' || touched), ',' ORDER BY id)) FROM app.accounts) AS accounts,
             (SELECT md5(string_agg(format('%s|%s|%s', client, seq, tag), ',' ORDER BY client, seq)) FROM app.tags) AS tags`,
   );
   const [dst] = await read(
     target,
     `SELECT (SELECT count(*)::int FROM books.entries) AS n,
             (SELECT md5(string_agg(format('%s|%s|%s|%s|%s', client_id, seq, amount, memo, amount_x2), ',' ORDER BY client_id, seq)) FROM books.entries) AS ledger,
-            (SELECT md5(string_agg(format('%s|%s|%s|%s', id, bal, touched, bal_neg), ',' ORDER BY id)) FROM books.balances) AS accounts,
-            (SELECT md5(string_agg(format('%s|%s|%s', client, seq, tag), ',' ORDER BY client, seq)) FROM books.tags) AS tags`,
+            (SELECT md5(string_agg(format('%s|%s', k1, payload), ',' ORDER BY k1)) FROM books.journal WHERE src = 'accounts' AND k2 = 0) AS accounts,
+            (SELECT md5(string_agg(format('%s|%s|%s', k1, k2, payload), ',' ORDER BY k1, k2)) FROM books.journal WHERE src = 'tags') AS tags`,
   );
   const duplicates = await target.query(`SELECT client_id, seq, count(*)::int AS n FROM books.entries GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 5`, [], db);
   return { sourceRows: src!.n, targetRows: dst!.n, duplicates, equal: src!.ledger === dst!.ledger && src!.accounts === dst!.accounts && src!.tags === dst!.tags };
