@@ -110,6 +110,16 @@ describe('statements', () => {
       },
     } as MappedRelation;
     assert.match(insertStatement(shaped, [t('7'), t('A')]).text, /^INSERT INTO "app"\."users" \("id", "name", "lname"\) OVERRIDING SYSTEM VALUE SELECT /);
+    // A batch of them: the remote rows as a VALUES list under their remote names, the expression per row.
+    const many = insertManyStatement(shaped, [
+      [t('7'), t('A')],
+      [t('8'), t('B')],
+    ]);
+    assert.equal(
+      many.text,
+      `INSERT INTO "app"."users" ("id", "name", "lname") OVERRIDING SYSTEM VALUE SELECT r."id", r."name", (lower("name")) FROM (VALUES ($1::${INT8}, $2::${TEXT}), ($3::${INT8}, $4::${TEXT})) AS r ("id", "name")`,
+    );
+    assert.deepEqual(many.params, ['7', 'A', '8', 'B']);
     const su = updateStatement(shaped, undefined, undefined, [t('7'), t('B')]).text;
     assert.match(su, /^UPDATE ONLY "app"\."users" SET \("name", "lname"\) = \(SELECT /, su);
     assert.doesNotMatch(

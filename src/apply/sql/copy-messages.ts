@@ -29,6 +29,7 @@ export function insertsCopyAsSent(rel: MappedRelation): boolean {
     const plans = rel.binary?.plans;
     ok =
       width > 0 &&
+      rel.reshape === undefined &&
       rel.targetColumns.length === width &&
       !rel.remote.columns.some((c, i) => c.typeOid === TSQUERY_OID || (parseTypes != null && parseTypes[i] !== 0) || (plans != null && plans[i] != null));
     AS_SENT.set(rel, ok);

@@ -215,9 +215,11 @@ export class RelationMap {
     }
     const mapped: MappedRelation = {
       remote,
-      // A table without columns has only DEFAULT VALUES inserts, one statement each; a
-      // reshaped one is written one statement per change (statements.ts), never batched.
-      ordered: remote.columns.length === 0 || reshape !== undefined || (await firesInReplicaMode(conn, target.schema, target.table)),
+      // A table without columns has only DEFAULT VALUES inserts, one statement each; one
+      // with row rules (filter, soft delete, discriminator, key: rows.ts) is written one
+      // statement per change. A reshaped one without batches its inserts (INSERT … SELECT
+      // over a VALUES list, statements.ts), its updates and deletes one by one.
+      ordered: remote.columns.length === 0 || reshape?.rows !== undefined || (await firesInReplicaMode(conn, target.schema, target.table)),
       rowSecurity: rows[0]!.rls === 'true',
       qualifiedName: quoteQualified(target.schema, target.table),
       displayName,

@@ -196,6 +196,7 @@ export function maxBatchRows(width: number, wanted: number): number {
  */
 export function insertManyStatement(rel: MappedRelation, tuples: Tuple[]): Statement {
   if (tuples.length === 1) return insertStatement(rel, tuples[0]!);
+  if (rel.reshape) return reshapedInsertMany(rel, rel.reshape, tuples);
   const width = rel.targetColumns.length;
   const text = cached(rel, `I${tuples.length}`, () => {
     const cols = rel.targetColumns.map((_, i) => column(rel, i)).join(', ');
@@ -239,6 +240,38 @@ export function rowValue(rel: MappedRelation, reshape: Reshape, i: number): stri
 export function rowColumns(direct: readonly number[], computed: Reshape['computed']): number[] {
   const need = new Set([...direct, ...computed.flatMap((c) => c.uses)]);
   return [...need].sort((a, b) => a - b);
+}
+
+/**
+ * A batch of INSERTs of a reshaped relation without row rules (batch.ts): the remote rows
+ * as a VALUES list `r` under their remote names, the expressions evaluated per row by one
+ * INSERT … SELECT. Texts cached per row count, as insertManyStatement's.
+ */
+function reshapedInsertMany(rel: MappedRelation, reshape: Reshape, tuples: Tuple[]): Statement {
+  const direct = reshape.direct.flatMap((d, i) => (d ? [i] : []));
+  const inRow = rowColumns(direct, reshape.computed);
+  const width = inRow.length;
+  const text = cached(rel, `RI${tuples.length}`, () => {
+    const cols = [...direct.map((i) => column(rel, i)), ...reshape.computed.map((c) => quoteIdent(c.column.name))];
+    const values = [...direct.map((i) => rowValue(rel, reshape, i)), ...reshape.computed.map((c) => `(${c.expr})`)];
+    const rows = tuples.map(
+      (_, r) =>
+        `(${inRow
+          .map((i, n) => {
+            noteParam(r * width + n + 1, i);
+            return `$${r * width + n + 1}::${reshape.rowTypes[i]}`;
+          })
+          .join(', ')})`,
+    );
+    const names = inRow.map((i) => quoteIdent(rel.remote.columns[i]!.name)).join(', ');
+    return `INSERT INTO ${rel.qualifiedName} (${cols.join(', ')}) ${overriding(rel)}SELECT ${values.join(', ')} FROM (VALUES ${rows.join(', ')}) AS r (${names})`;
+  });
+  const params = new Params(rel);
+  for (const tuple of tuples) {
+    checkWidth(rel, tuple);
+    for (const i of inRow) params.add(tuple, i);
+  }
+  return params.statement(text);
 }
 
 function reshapedInsert(rel: MappedRelation, reshape: Reshape, tuple: Tuple): Statement {

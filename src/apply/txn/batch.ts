@@ -210,7 +210,7 @@ export function batchUpdate(
   detect: Detect | null,
   key: string,
 ): Promise<void> | void | false {
-  if (rel.ordered || oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
+  if (rel.ordered || rel.reshape || oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
   for (const i of rel.keyIndexes) {
     const v = newTuple[i];
     if (!v || v.kind === 'null' || v.kind === 'unchanged') return false;
@@ -274,7 +274,8 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
     }
   }
   if (batch.messages.length > 0) batch.tuples = batch.messages.map(insertedTuple);
-  if (batch.kind === 'insert' && state.session.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity) {
+  // A reshaped relation's rows need its expressions: INSERT … SELECT, never COPY.
+  if (batch.kind === 'insert' && state.session.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity && !batch.rel.reshape) {
     const copy = copyInsertStatement(batch.rel, batch.tuples);
     if (copy) return sendCopy(state, copy, batch.tuples.length);
   }
