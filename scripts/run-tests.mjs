@@ -72,7 +72,11 @@ if (files.some((f) => !f.startsWith('test/unit/')) && !process.env.PGSUB_TEST_FR
   env.PGSUB_TEST_BIN = path.join(root, outdir, 'main.js');
 }
 
-const args = ['--import', 'tsx', '--test', '--test-concurrency=1', '--test-timeout=600000', ...nodeFlags, ...files];
+// Two files at a time: integration tests mostly wait on servers (the whole suite used about
+// 40% of two cores run one by one); every file starts its own clusters on free ports.
+// PGSUB_TEST_CONCURRENCY=1 runs them one by one.
+const concurrency = Number(process.env.PGSUB_TEST_CONCURRENCY ?? 2);
+const args = ['--import', 'tsx', '--test', `--test-concurrency=${concurrency}`, '--test-timeout=600000', ...nodeFlags, ...files];
 console.error(`run-tests: ${files.length} file(s): ${files.join(' ')}`);
 const child = spawn(process.execPath, args, { stdio: 'inherit', env });
 for (const sig of ['SIGINT', 'SIGTERM']) {
