@@ -221,6 +221,7 @@ function metricsSource(runner: Runner, config: Config): MetricsSource {
     slot: () => runner.slotHealth(),
     errors: () => ({ apply: runner.applyErrors(), sync: runner.launcher.syncErrors }),
     info: { version: packageVersion(), subscription: config.subscription, slot: config.slotName },
+    lastVerify: () => runner.lastVerify(),
   };
 }
 

@@ -69,7 +69,8 @@ export function verifyChannel(subscription: string): string {
 }
 
 const ROW_COLUMNS =
-  'request_id, mode, state, holder_pid, hold_timeout_ms, bound_lsn::text, slot_lsn::text, snapshot, pause_ms, detail, last_lsn::text, last_result, last_differences::text, last_at::text';
+  'request_id, mode, state, holder_pid, hold_timeout_ms, bound_lsn::text AS bound_lsn, slot_lsn::text AS slot_lsn, snapshot, pause_ms, detail, ' +
+  "last_lsn::text AS last_lsn, last_result, last_differences::text AS last_differences, pg_catalog.to_json(last_at) #>> '{}' AS last_at";
 
 export async function readVerifyRow(query: Query, subscription: string): Promise<VerifyRow | null> {
   const rows = await query(`SELECT ${ROW_COLUMNS} FROM "pgsub"."verify" WHERE subscription = $1`, [subscription]);

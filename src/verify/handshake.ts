@@ -35,6 +35,8 @@ export interface Held {
   replication: ReplicationConnection;
   /** Time from the request to the answer. */
   handshakeMs: number;
+  /** Where the handshake's time went: to the gate closing, creating the slot (the gate held commits past W meanwhile), to the answer. */
+  steps: { armedMs: number; slotMs: number; answerMs: number };
 }
 
 /** How long the service may take to answer a step of the handshake. */
@@ -71,28 +73,44 @@ export async function openControl(config: Config): Promise<Control> {
   return control;
 }
 
-/** Waits for the row to reach one of `states` (woken by NOTIFY, polled as well). */
+/**
+ * Waits for the row to reach one of `states`: woken by NOTIFY, polled as well. The listener
+ * is in place before the row is read, so an answer arriving with the read is not missed.
+ */
 async function waitFor(control: Control, config: Config, states: readonly VerifyState[], what: string): Promise<VerifyRow> {
   const deadline = Date.now() + ANSWER_MS;
   for (;;) {
-    const row = await readVerifyRow(control.query, config.subscription);
-    if (row && row.request_id === control.requestId) {
-      if (states.includes(row.state)) return row;
-      if (row.state === 'refused') throw new VerifyError(`the service refused the verify hold: ${row.detail ?? 'no reason given'}`);
-      if (row.state === 'abandoned') throw new VerifyError(`the service abandoned the verify hold: ${row.detail ?? 'no reason given'}`);
-    }
-    if (Date.now() > deadline) {
-      throw new VerifyError(`the service did not answer (${what}) within ${ANSWER_MS / 1000} s; is pgsub run streaming for subscription "${config.subscription}"? (pgsub status)`);
-    }
-    await new Promise<void>((resolve) => {
-      const timer = setTimeout(done, 200);
-      function done() {
-        clearTimeout(timer);
-        control.client.removeListener('notification', done);
-        resolve();
+    let wake: () => void = () => {};
+    let notified = false;
+    const onNotification = () => {
+      notified = true;
+      wake();
+    };
+    control.client.on('notification', onNotification);
+    try {
+      const row = await readVerifyRow(control.query, config.subscription);
+      if (row && row.request_id === control.requestId) {
+        if (states.includes(row.state)) return row;
+        if (row.state === 'refused') throw new VerifyError(`the service refused the verify hold: ${row.detail ?? 'no reason given'}`);
+        if (row.state === 'abandoned') throw new VerifyError(`the service abandoned the verify hold: ${row.detail ?? 'no reason given'}`);
       }
-      control.client.once('notification', done);
-    });
+      if (Date.now() > deadline) {
+        throw new VerifyError(
+          `the service did not answer (${what}) within ${ANSWER_MS / 1000} s; is pgsub run streaming for subscription "${config.subscription}"? (pgsub status)`,
+        );
+      }
+      if (!notified) {
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, 100);
+          wake = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+      }
+    } finally {
+      control.client.removeListener('notification', onNotification);
+    }
   }
 }
 
@@ -114,10 +132,13 @@ export async function holdAtLsn(config: Config, control: Control, source: pg.Cli
     );
     await control.query('SELECT pg_catalog.pg_notify($1, $2)', [verifyChannel(config.subscription), 'requested']);
     await waitFor(control, config, ['armed'], 'closing its gate');
+    const armedAt = performance.now();
     // Read after 'armed': every commit the service applied or started is below it.
     const w = parseLsn(String((await source.query('SELECT pg_catalog.pg_current_wal_lsn()::text AS w')).rows[0].w));
     await moveVerifyRow(control.query, config.subscription, control.requestId, ['armed'], 'bounded', { bound_lsn: formatLsn(w) });
+    const slotStarted = performance.now();
     const slot = await replication.createSnapshotSlot(`pgsub_verify_${process.pid}_${control.requestId.slice(0, 8)}`);
+    const slotAt = performance.now();
     await moveVerifyRow(control.query, config.subscription, control.requestId, ['bounded'], 'located', { slot_lsn: formatLsn(slot.consistentPoint) });
     const row = await waitFor(control, config, [mode === 'snapshot' ? 'snapshot' : 'held'], 'holding at the slot position');
     return {
@@ -127,6 +148,7 @@ export async function holdAtLsn(config: Config, control: Control, source: pg.Cli
       pauseMs: row.pause_ms,
       replication,
       handshakeMs: performance.now() - started,
+      steps: { armedMs: round(armedAt - started), slotMs: round(slotAt - slotStarted), answerMs: round(performance.now() - slotAt) },
     };
   } catch (err) {
     await replication.close();
@@ -154,4 +176,8 @@ export async function finish(config: Config, control: Control, lsn: Lsn, result:
     last_differences: differences,
   });
   await control.query(`UPDATE "pgsub"."verify" SET last_at = now() WHERE subscription = $1`, [config.subscription]);
+}
+
+function round(ms: number): number {
+  return Math.round(ms * 10) / 10;
 }

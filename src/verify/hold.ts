@@ -91,6 +91,7 @@ export class VerifyHold implements ApplyHold {
   async start(): Promise<void> {
     try {
       await this.#sql.listen(verifyChannel(this.opts.subscription), () => this.#refresh());
+      await this.#snapshotConnection().unsafe('SELECT 1');
       await this.#read();
     } catch (err) {
       this.opts.log.warn({ err: String(err) }, 'cannot listen for verify requests; pgsub verify will not get an answer');
@@ -170,7 +171,7 @@ export class VerifyHold implements ApplyHold {
 
   #exportSnapshot(): Promise<string> {
     this.#endSnapshot();
-    const sql = (this.#snapshotSql ??= openMaintenance(this.opts.target, `pgsub_${this.opts.subscription}_verify_snapshot`));
+    const sql = this.#snapshotConnection();
     return new Promise<string>((resolve, reject) => {
       sql
         .begin('isolation level repeatable read read only', async (tx) => {
@@ -180,6 +181,11 @@ export class VerifyHold implements ApplyHold {
         })
         .catch(reject);
     });
+  }
+
+  #snapshotConnection(): Sql {
+    this.#snapshotSql ??= openMaintenance(this.opts.target, `pgsub_${this.opts.subscription}_verify_snapshot`);
+    return this.#snapshotSql;
   }
 
   #endSnapshot(): void {
@@ -253,11 +259,12 @@ export class VerifyHold implements ApplyHold {
     // The gate closes before the answer leaves: whatever starts to apply after 'armed' is gated.
     this.#request = { id: row.request_id!, holder: row.holder_pid!, mode: row.mode, timeoutMs: row.hold_timeout_ms, armedAt: Date.now(), blockedMs: 0 };
     this.#phase = 'armed';
-    // Connected now, so the pause at the boundary is a BEGIN and an export, not a connect.
-    if (row.mode === 'snapshot') {
-      this.#snapshotSql ??= openMaintenance(this.opts.target, `pgsub_${this.opts.subscription}_verify_snapshot`);
-      await this.#snapshotSql.unsafe('SELECT 1');
-    }
+    // Connected (since start), so the pause at the boundary is a BEGIN and an export, not a
+    // connect; a connection lost since reconnects now, without delaying the answer.
+    if (row.mode === 'snapshot')
+      void this.#snapshotConnection()
+        .unsafe('SELECT 1')
+        .catch(() => {});
     this.opts.log.info({ request: row.request_id, mode: row.mode }, 'verify: apply gate closed, waiting for the source position');
     if (!(await moveVerifyRow(this.#query, this.opts.subscription, row.request_id!, ['requested'], 'armed'))) this.#open(null);
   }

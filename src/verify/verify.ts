@@ -54,6 +54,8 @@ export interface VerifyResult {
   /** How long the service's apply waited for the target snapshot. */
   pauseMs: number | null;
   handshakeMs: number;
+  /** The handshake's parts (handshake.ts): most of the pause is the slot's creation on the source. */
+  handshakeSteps: { armedMs: number; slotMs: number; answerMs: number };
   elapsedMs: number;
   rows: number;
   tables: TableReport[];
@@ -223,6 +225,7 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
       differences,
       pauseMs: held.pauseMs,
       handshakeMs: Math.round(held.handshakeMs),
+      handshakeSteps: held.steps,
       elapsedMs: 0,
       rows,
       tables: reports,

@@ -15,8 +15,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
-import { spawnPgsub, startCluster, stopAllClusters, waitFor, waitForCatchUp, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { pickPort, spawnPgsub, startCluster, stopAllClusters, waitFor, waitForCatchUp, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
 import { verifyChannel, verifyLockKey } from '../../src/verify/channel.js';
+import { rowText, SESSION_OPTIONS } from '../../src/verify/sql.js';
 
 let pub18: Cluster;
 let pub14: Cluster;
@@ -112,6 +113,7 @@ interface VerifyJson {
   equal: boolean;
   differences: number;
   pauseMs: number;
+  handshakeSteps: { slotMs: number };
   tables: {
     table: string;
     status: string;
@@ -139,7 +141,9 @@ async function verify(publisher: Cluster, sub: string, args: string[] = []): Pro
   return { code, result, output: p.output() };
 }
 
-const pauses: number[] = [];
+const pauses: string[] = [];
+
+let metricsPort = 0;
 
 async function setUp(publisher: Cluster, sub: string): Promise<PgsubProcess> {
   const bin = pgbenchBin();
@@ -161,7 +165,7 @@ async function setUp(publisher: Cluster, sub: string): Promise<PgsubProcess> {
   }
   await publisher.query(`${EXTRA} ${FILL} CREATE PUBLICATION pub FOR TABLE ${TABLES};`, [], 'src');
   await target.query(EXTRA, [], sub);
-  const service = spawnPgsub(env(publisher, sub));
+  const service = spawnPgsub({ ...env(publisher, sub), ...(sub === 'v18' ? { PGSUB_METRICS_LISTEN: `127.0.0.1:${metricsPort}` } : {}) });
   children.push(service);
   await service.waitForLog('streaming started', 120_000);
   await waitFor(async () => (await target.query(`SELECT count(*) = 8 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = $1`, [sub], sub))[0].ok, {
@@ -179,6 +183,7 @@ before(async () => {
     startCluster({ major: 18, name: 'ver-tgt' }),
   ]);
   await Promise.all([pub18.createDatabase('src'), pub14.createDatabase('src')]);
+  metricsPort = await pickPort();
 });
 
 after(async () => {
@@ -192,6 +197,29 @@ const historyCount = async (sub: string) => Number((await target.query(`SELECT c
 
 describe('pgsub verify', () => {
   let service18: PgsubProcess;
+
+  test('the normalised row text agrees across PostgreSQL 14 and 18 and across text forms of one value', async () => {
+    const columns = ['float8', 'float4', 'numeric', 'json', 'timestamptz', 'bytea', 'money'].map((base, i) => ({ name: `c${i}`, base }));
+    const hashOf = async (c: Cluster, values: string[], timezone: string) => {
+      const client = new pg.Client({ connectionString: c.url('src'), options: SESSION_OPTIONS.replace('timezone=UTC', `timezone=${timezone}`) });
+      await client.connect();
+      try {
+        const casts = ['float8', 'float4', 'numeric', 'json', 'timestamptz', 'bytea', 'money'];
+        const select = values.map((v, i) => `${v}::${casts[i]} AS c${i}`).join(', ');
+        // The session's own zone never matters: normalisation reads timestamptz at UTC.
+        const rows = await client.query(`SET lc_monetary = 'C'; SELECT md5(${rowText(columns)}) AS h FROM (SELECT ${select}) AS v`);
+        return (rows as unknown as { rows: { h: string }[] }[])[1]!.rows[0]!.h;
+      } finally {
+        await client.end();
+      }
+    };
+    const a = ["'0.1'", "'-0'", "'1.50'", `'{"a": 1, "b": [1,2]}'`, "'2024-01-02 03:04:05.5+00'", "'\\x00ff'", "'12.30'"];
+    const b = ["'1e-1'", "'0'", "'1.5'", `'{"b":[1, 2],"a":1}'`, "'2024-01-02 05:04:05.5+02'", "'\\x00FF'", "'12.3'"];
+    const h14 = await hashOf(pub14, a, 'UTC');
+    assert.equal(await hashOf(pub18, a, 'Asia/Tokyo'), h14);
+    assert.equal(await hashOf(pub18, b, 'UTC'), h14);
+    assert.notEqual(await hashOf(pub18, [...b.slice(0, 2), "'1.51'", ...b.slice(3)], 'UTC'), h14);
+  });
 
   test('equal under a running pgbench workload: PostgreSQL 18 → 18 and 14 → 18', { timeout: 400_000 }, async () => {
     const [s18, s14] = await Promise.all([setUp(pub18, 'v18'), setUp(pub14, 'v14')]);
@@ -213,13 +241,25 @@ describe('pgsub verify', () => {
       assert.equal(history.status, 'equal');
       assert.ok(v.result.tables.find((t) => t.table === 'public.pgbench_accounts')!.sourceRows === 100000);
       assert.equal(typeof v.result.pauseMs, 'number');
-      pauses.push(v.result.pauseMs);
+      pauses.push(`${sub} ${v.result.pauseMs} (slot ${v.result.handshakeSteps.slotMs})`);
       // The service logged the same pause, and went on applying.
       const logged = await service.waitForLog('verify: target snapshot taken; apply resumed');
       assert.equal(typeof logged.pauseMs, 'number');
       await waitFor(async () => (await historyCount(sub)) > before + 20, { timeoutMs: 30_000, intervalMs: 200, what: `${sub}: rows after the verify` });
-      const status = await target.query(`SELECT last_result, last_lsn::text AS lsn FROM pgsub.verify WHERE subscription = $1`, [sub], sub);
-      assert.deepEqual(status[0], { last_result: 'equal', lsn: v.result.lsn });
+      // pgsub status and the metrics show it.
+      const st = spawnPgsub(env(publisher, sub), ['status', '--json']);
+      let out = '';
+      st.child.stdout!.on('data', (c: Buffer) => (out += c));
+      await st.exited;
+      const status = JSON.parse(out) as Record<string, unknown>;
+      assert.equal(status.last_verify_result, 'equal');
+      assert.equal(status.last_verify_lsn, v.result.lsn);
+      if (sub === 'v18') {
+        await waitFor(async () => /\npgsub_verify_last_equal 1\n/.test(await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text()), {
+          timeoutMs: 10_000,
+          what: 'verify metrics',
+        });
+      }
     }
   });
 
@@ -268,7 +308,7 @@ describe('pgsub verify', () => {
     const again = await verify(pub18, db);
     assert.equal(again.code, 0, again.output);
     assert.ok(again.result!.equal);
-    pauses.push(again.result!.pauseMs);
+    pauses.push(`v18 after repair ${again.result!.pauseMs} (slot ${again.result!.handshakeSteps.slotMs})`);
   });
 
   test('the hold is tied to the verify session; a verify killed with -9 leaves the service applying', { timeout: 200_000 }, async () => {
