@@ -104,9 +104,15 @@ export async function moveVerifyRow(
     where += ` AND state = ANY($${params.length + 1}::text[])`;
     params.push(`{${from.join(',')}}`);
   }
-  const rows = await query(`UPDATE "pgsub"."verify" SET state = $3, updated_at = now()${assignments.map((a) => `, ${a}`).join('')} WHERE ${where} RETURNING 1`, params);
-  await query('SELECT pg_catalog.pg_notify($1, $2)', [verifyChannel(subscription), state]);
-  return rows.length > 0;
+  // One statement, one round trip: the row moves and the other side is woken (at commit) together.
+  params.push(verifyChannel(subscription));
+  const rows = await query(
+    `WITH moved AS (UPDATE "pgsub"."verify" SET state = $3, updated_at = now()${assignments.map((a) => `, ${a}`).join('')} WHERE ${where} RETURNING 1) ` +
+      `SELECT (SELECT pg_catalog.count(*) FROM moved)::pg_catalog.int4 AS moved FROM (SELECT pg_catalog.pg_notify($${params.length}, $3::text)) AS woken`,
+    params,
+  );
+  // A number from pg, its text from the maintenance connection (which passes int4 through).
+  return Number(rows[0]?.moved) > 0;
 }
 
 /** Whether backend `pid` still holds the verify lock of the subscription (the request is alive). */

@@ -235,9 +235,11 @@ export class VerifyHold implements ApplyHold {
     if (row.state === 'bounded' && this.#phase === 'armed' && row.bound_lsn !== null) {
       this.#bound = parseLsn(row.bound_lsn);
       this.#phase = 'bounded';
+      this.opts.log.debug({ bound: row.bound_lsn, sinceArmedMs: Date.now() - request.armedAt }, 'verify: commits below the bound may apply');
     } else if (row.state === 'located' && (this.#phase === 'armed' || this.#phase === 'bounded') && row.slot_lsn !== null) {
       this.#bound = parseLsn(row.slot_lsn);
       this.#phase = 'located';
+      this.opts.log.debug({ lsn: row.slot_lsn, sinceArmedMs: Date.now() - request.armedAt }, 'verify: holding at the slot position');
     } else if (row.state === 'imported') {
       this.#endSnapshot();
       if (request.mode === 'snapshot' && this.#phase === 'idle') this.#request = null;

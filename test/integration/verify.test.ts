@@ -351,5 +351,10 @@ describe('pgsub verify', () => {
       },
     );
     await waitForCatchUp(pub18, 'src', db);
+
+    // No service for the subscription: exit 2, saying what to do.
+    const p2 = spawnPgsub({ ...env(pub18, db), PGSUB_SUBSCRIPTION: 'nosuch' }, ['verify']);
+    assert.equal(await withTimeout(p2.exited, 60_000, 'verify without a service'), 2);
+    assert.match(p2.output(), /PGSUB_VERIFY_REFUSED: no pgsub service is running for subscription "nosuch": start it/);
   });
 });
