@@ -352,6 +352,13 @@ describe('pgsub verify', () => {
     );
     await waitForCatchUp(pub18, 'src', db);
 
+    // A quiet source: no commit comes past L, the service asks the publisher for a position.
+    await workloads[1]!.stop();
+    await waitForCatchUp(pub14, 'src', 'v14');
+    const quiet = await verify(pub14, 'v14');
+    assert.equal(quiet.code, 0, quiet.output);
+    pauses.push(`v14 quiet source ${quiet.result!.pauseMs} (slot ${quiet.result!.handshakeSteps.slotMs})`);
+
     // No service for the subscription: exit 2, saying what to do.
     const p2 = spawnPgsub({ ...env(pub18, db), PGSUB_SUBSCRIPTION: 'nosuch' }, ['verify']);
     assert.equal(await withTimeout(p2.exited, 60_000, 'verify without a service'), 2);
