@@ -91,7 +91,6 @@ export class VerifyHold implements ApplyHold {
   async start(): Promise<void> {
     try {
       await this.#sql.listen(verifyChannel(this.opts.subscription), () => this.#refresh());
-      await this.#snapshotConnection().unsafe('SELECT 1');
       await this.#read();
     } catch (err) {
       this.opts.log.warn({ err: String(err) }, 'cannot listen for verify requests; pgsub verify will not get an answer');
@@ -261,8 +260,8 @@ export class VerifyHold implements ApplyHold {
     // The gate closes before the answer leaves: whatever starts to apply after 'armed' is gated.
     this.#request = { id: row.request_id!, holder: row.holder_pid!, mode: row.mode, timeoutMs: row.hold_timeout_ms, armedAt: Date.now(), blockedMs: 0 };
     this.#phase = 'armed';
-    // Connected (since start), so the pause at the boundary is a BEGIN and an export, not a
-    // connect; a connection lost since reconnects now, without delaying the answer.
+    // Connecting now, without delaying the answer: by the boundary (after the source's slot
+    // is created) the pause is a BEGIN and an export, not a connect.
     if (row.mode === 'snapshot')
       void this.#snapshotConnection()
         .unsafe('SELECT 1')
