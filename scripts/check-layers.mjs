@@ -20,7 +20,7 @@ export const LAYERS = [
   ['apply/handlers', ['src/apply/handlers/']],
   ['apply/run', ['src/apply/run/']],
   ['tablesync', ['src/tablesync/']],
-  ['migrate', ['src/migrate/']],
+  ['migrate, verify', ['src/migrate/', 'src/verify/']],
   ['service', ['src/service/']],
   ['cli', ['src/cli/']],
 ];

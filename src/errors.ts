@@ -285,3 +285,13 @@ export class CutoverError extends PgsubError {
     this.exitCode = code === 'PGSUB_CUTOVER_REFUSED' ? 2 : 1;
   }
 }
+
+/**
+ * `pgsub verify` could not run (exit 2): no service for the subscription, the service
+ * refused the hold (apply lanes, parallel apply) or did not answer, a table it cannot read.
+ */
+export class VerifyError extends PgsubError {
+  readonly code = 'PGSUB_VERIFY_REFUSED';
+  readonly retryable = false;
+  override readonly exitCode = 2;
+}

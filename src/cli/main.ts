@@ -28,6 +28,7 @@ import { migrateTarget } from '../origin/store.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { packageVersion } from './version.js';
 import { registerMigrationCommands } from './migrate-commands.js';
+import { registerVerifyCommand } from './verify-command.js';
 
 const program = new Command();
 // exitOverride before the commands: subcommands inherit it when they are created. A usage
@@ -187,6 +188,7 @@ program
   });
 
 registerMigrationCommands(program);
+registerVerifyCommand(program);
 
 program
   .command('demo')
@@ -219,6 +221,7 @@ function metricsSource(runner: Runner, config: Config): MetricsSource {
     slot: () => runner.slotHealth(),
     errors: () => ({ apply: runner.applyErrors(), sync: runner.launcher.syncErrors }),
     info: { version: packageVersion(), subscription: config.subscription, slot: config.slotName },
+    lastVerify: () => runner.lastVerify(),
   };
 }
 

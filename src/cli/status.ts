@@ -81,6 +81,11 @@ export type StatusReport = {
   last_error_time: string | null;
   last_error_pending: boolean | null;
   apply_error_count: number | null;
+  /** The last `pgsub verify` (docs/verify.md): the LSN both sides were compared at, and what it found. */
+  last_verify_lsn: string | null;
+  last_verify_result: string | null;
+  last_verify_differences: number | null;
+  last_verify_time: string | null;
 } & Conflicts & {
     stats_reset: string | null;
     tables: TableStatus[] | null;
@@ -112,7 +117,15 @@ interface ControlRead {
   errorAt: string | null;
 }
 
+interface VerifyRead {
+  lsn: string | null;
+  result: string | null;
+  differences: number | null;
+  at: string | null;
+}
+
 interface TargetRead {
+  verify: VerifyRead | null;
   origin: OriginRead | null;
   tables: TableStatus[];
   stats: Stats | null;
@@ -183,13 +196,14 @@ async function readSource(config: Config): Promise<SourceRead> {
 async function readTarget(config: Config): Promise<TargetRead> {
   const sql = openMaintenance(withTimeout(config.target), `pgsub_${config.subscription}_status`);
   try {
-    let tables: { origin: boolean; rel: boolean; stats: boolean };
+    let tables: { origin: boolean; rel: boolean; stats: boolean; verify: boolean };
     try {
       // The first statement connects: a failure here is the target being unreachable.
-      const [row] = await sql.unsafe<{ origin: boolean; rel: boolean; stats: boolean }[]>(
+      const [row] = await sql.unsafe<{ origin: boolean; rel: boolean; stats: boolean; verify: boolean }[]>(
         `SELECT pg_catalog.to_regclass('"pgsub"."origin"') IS NOT NULL AS origin,
                 pg_catalog.to_regclass('"pgsub"."subscription_rel"') IS NOT NULL AS rel,
-                pg_catalog.to_regclass('"pgsub"."subscription_stats"') IS NOT NULL AS stats`,
+                pg_catalog.to_regclass('"pgsub"."subscription_stats"') IS NOT NULL AS stats,
+                pg_catalog.to_regclass('"pgsub"."verify"') IS NOT NULL AS verify`,
       );
       tables = row!;
     } catch (err) {
@@ -203,7 +217,8 @@ async function readTarget(config: Config): Promise<TargetRead> {
       }
       const stats = tables.stats ? await loadStats(sql, config.subscription) : null;
       const control = tables.stats ? await readControl(sql, config.subscription) : null;
-      return { origin, tables: rels, stats, control };
+      const verify = tables.verify ? await readVerify(sql, config.subscription) : null;
+      return { origin, tables: rels, stats, control, verify };
     } catch (err) {
       if (err instanceof PgsubError) throw err;
       throw new SideError(true, reason(err));
@@ -269,6 +284,15 @@ async function readTables(sql: Sql, subscription: string): Promise<TableStatus[]
 }
 
 /** The state row without creating it (status is read-only). */
+async function readVerify(sql: Sql, subscription: string): Promise<VerifyRead | null> {
+  const [row] = await sql.unsafe<Record<string, string | null>[]>(
+    `SELECT "last_lsn"::text AS lsn, "last_result" AS result, "last_differences"::text AS differences, ${iso('"last_at"')} AS at FROM "pgsub"."verify" WHERE "subscription" = $1`,
+    [subscription],
+  );
+  if (!row) return null;
+  return { lsn: row.lsn ?? null, result: row.result ?? null, differences: row.differences == null ? null : Number(row.differences), at: row.at ?? null };
+}
+
 async function readControl(sql: Sql, subscription: string): Promise<ControlRead | null> {
   const [row] = await sql.unsafe<Record<string, string | boolean | null>[]>(
     `SELECT "enabled", "disabled_reason", "skip_lsn"::text AS skip_lsn, "error_lsn"::text AS error_lsn, "error_xid"::text AS error_xid,
@@ -336,6 +360,10 @@ function buildReport(config: Config, sourceRead: PromiseSettledResult<SourceRead
     last_error_time: control?.errorAt ?? null,
     last_error_pending: tgt === null ? null : errorLsn !== null && (origin === null || origin.remoteLsn < errorLsn),
     apply_error_count: count(stats?.applyErrorCount),
+    last_verify_lsn: tgt?.verify?.lsn ?? null,
+    last_verify_result: tgt?.verify?.result ?? null,
+    last_verify_differences: tgt?.verify?.differences ?? null,
+    last_verify_time: tgt?.verify?.at ?? null,
     ...conflicts,
     stats_reset: stats?.statsReset ?? null,
     tables: tgt?.tables ?? null,

@@ -189,3 +189,22 @@ export function copyRowBound(m: Buffer, width: number): number {
 
 /** Values up to this many bytes are copied byte by byte. */
 const SMALL_VALUE = 32;
+
+/**
+ * The commit LSN of a message that makes a remote transaction visible on the target: Begin
+ * (its final LSN), Stream Commit ('c': xid, flags, then the commit LSN) and Commit Prepared
+ * ('K': flags, then the commit LSN); null for every other message. For a hold at an LSN
+ * (apply/run/hold.ts): what decides whether applying it crosses the hold.
+ */
+export function peekVisibleCommitLsn(raw: Buffer): Lsn | null {
+  switch (raw[0]) {
+    case TAG.BEGIN:
+      return raw.length >= 9 ? (raw.readBigUInt64BE(1) as Lsn) : null;
+    case 0x63 /* c: Stream Commit */:
+      return raw.length >= 14 ? (raw.readBigUInt64BE(6) as Lsn) : null;
+    case 0x4b /* K: Commit Prepared */:
+      return raw.length >= 10 ? (raw.readBigUInt64BE(2) as Lsn) : null;
+    default:
+      return null;
+  }
+}

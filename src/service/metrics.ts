@@ -41,6 +41,8 @@ export interface MetricsSource {
   slot(): SlotHealth | null;
   errors(): { apply: number; sync: number };
   info: Record<string, string>;
+  /** The last `pgsub verify` of the subscription (verify/hold.ts reads it), if any. */
+  lastVerify?(): { lsn: bigint; result: string; differences: number; at: string } | null;
 }
 
 export interface MetricsServer {
@@ -79,6 +81,14 @@ export function buildRegistry(source: MetricsSource): Registry {
     return pr ? Math.max(0, Number(pr.received - pr.flushed)) : null;
   });
   gauge('pgsub_lag_seconds', 'Age of the last source commit applied while more waits, clock offset corrected; 0 when caught up', () => lagSeconds(source));
+  const v = () => source.lastVerify?.() ?? null;
+  gauge('pgsub_verify_last_lsn', `Source LSN the last pgsub verify compared both sides at, ${LSN_HELP}`, () => num(v()?.lsn));
+  gauge('pgsub_verify_last_equal', 'Whether the last pgsub verify found the target equal to the source (1) or not (0)', () => (v() ? (v()!.result === 'equal' ? 1 : 0) : null));
+  gauge('pgsub_verify_last_differences', 'Rows missing, extra or different the last pgsub verify counted', () => v()?.differences ?? null);
+  gauge('pgsub_verify_last_timestamp_seconds', 'When the last pgsub verify finished, seconds since the epoch', () => {
+    const at = v()?.at;
+    return at ? Date.parse(at) / 1000 : null;
+  });
   gauge('pgsub_clock_offset_seconds', 'Estimated offset of the publisher clock behind this host plus the shortest network delay', () => seconds(p()?.clockOffsetMs ?? null));
 
   new Counter({

@@ -31,6 +31,7 @@ import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
 import { Launcher } from '../tablesync/launcher.js';
 import { ProgressReporter } from '../tablesync/copy-report.js';
 import { SyncStates } from '../tablesync/sync-state.js';
+import { VerifyHold, type VerifyOutcome } from '../verify/hold.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
 import { ProgressLog, type CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
@@ -59,6 +60,8 @@ export interface Runner {
   applyErrors(): number;
   /** The slot's health as last read on the publisher (slot-guard.ts). */
   slotHealth(): SlotHealth | null;
+  /** The last `pgsub verify` of this subscription, as the service last read it. */
+  lastVerify(): VerifyOutcome | null;
 }
 
 /** Waiting is pointless: the slot is held by a walsender that is on its way out (ours, or 55006 at START_REPLICATION). */
@@ -134,11 +137,30 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     onSkipRequested,
   });
   progressLog.start();
+  // `pgsub verify` holds the apply at an LSN through this (verify/hold.ts); apply lanes and
+  // parallel apply commit where its gate does not look, so the request is refused then.
+  const verifyHold = new VerifyHold({
+    target: config.target,
+    subscription: config.subscription,
+    log,
+    refusal:
+      config.applyWorkers > 1
+        ? `apply_workers = ${config.applyWorkers}: the verify hold does not cover apply lanes yet; run the verify with apply_workers = 1`
+        : config.streaming === 'parallel'
+          ? 'streaming = parallel: the verify hold does not cover parallel apply yet; run the verify with streaming = on'
+          : null,
+  });
+  let verifyStarted = false;
   let launcherStarted = false;
   const beforeStreaming = async () => {
     streaming = false;
     await launcher.load();
     await launcher.refresh();
+    // pgsub's schema is migrated by now: the verify row exists.
+    if (!verifyStarted) {
+      verifyStarted = true;
+      await verifyHold.start();
+    }
     // At startup, before any copy: a role that cannot write the tables is a setup error.
     if (!streamedOnce) await checkTablePrivileges(config, sync.all());
     if (!launcherStarted) {
@@ -177,7 +199,9 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     carefulLsn: Lsn | null;
     noGroupUntil: Lsn | null;
     own: OwnConnections;
+    hold: VerifyHold;
   } = {
+    hold: verifyHold,
     own,
     sync,
     beforeStreaming,
@@ -379,6 +403,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       progressLog.stop();
       await sequenceSync.stop();
       await slotGuard.stop();
+      await verifyHold.close();
       return launcher.stop();
     })
     .then(() => {
@@ -396,5 +421,6 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     fail,
     slotHealth: () => slotGuard.health(),
     applyErrors: () => applyErrors,
+    lastVerify: () => verifyHold.last,
   };
 }

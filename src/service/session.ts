@@ -22,6 +22,7 @@ import { Progress } from '../origin/positions.js';
 import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
 import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
 import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/run/loop.js';
+import type { ApplyHold } from '../apply/run/hold.js';
 import { RelationMap } from '../apply/sql/relmap.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { openApplyConnection, openMaintenance, rolledBackOn, runAlone, type Sql, type WireConnection } from '../target/connect.js';
@@ -65,6 +66,8 @@ export interface SessionDeps {
   noGroupUntil?: Lsn | null;
   /** Backends this process opened (preflight.ts): only those are terminated as stale. */
   own: OwnConnections;
+  /** The hold of `pgsub verify` (verify/hold.ts). */
+  hold?: ApplyHold | null;
 }
 
 /**
@@ -255,6 +258,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       originId,
       skipLsn: control.skipLsn,
       carefulLsn: deps.carefulLsn ?? null,
+      hold: deps.hold ?? null,
     });
     if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
     if (config.conflicts.detect)

@@ -128,6 +128,9 @@ async function watchedSocket(info: ConnInfo, timeoutMs: number): Promise<net.Soc
   });
   // What postgres.js names in its errors (it sets these on sockets it connects itself).
   Object.assign(socket, { host: info.host, port: info.port });
+  // postgres.js leaves Nagle on (pg turns it off): a statement written in two pieces (BEGIN
+  // then the query, Parse then Execute) waits for the delayed ACK of the first, ~40 ms.
+  socket.setNoDelay(true);
   let waitingSince: number | null = null;
   const write = socket.write.bind(socket) as (...args: unknown[]) => boolean;
   socket.write = ((...args: unknown[]) => {

@@ -40,6 +40,8 @@ import { Pipeline } from '../../target/pipeline.js';
 import { PipelineAbortedError } from '../../target/wire.js';
 import { annotateTargetError } from '../sql/failure.js';
 import { endTarget, pipelinedCommitSucceeded } from '../txn/commit.js';
+import { peekVisibleCommitLsn } from '../../protocol/peek.js';
+import type { ApplyHold } from './hold.js';
 
 type WorkItem =
   /** A pgoutput message, decoded by the applier: the queue holds bytes only once (no wrapper object per message). */
@@ -127,6 +129,8 @@ export interface ApplyLoopOptions {
   skipLsn: Lsn | null;
   /** Finish LSN of a transaction to apply carefully from its start (after a CarefulReplayError). */
   carefulLsn: Lsn | null;
+  /** A hold at a source LSN (`pgsub verify`, hold.ts); absent: never held. */
+  hold?: ApplyHold | null;
 }
 
 export interface ApplyLoop {
@@ -158,6 +162,7 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
   const pipeline = new Pipeline(opts.maxInFlight);
   const idleRecordIntervalMs = opts.idleRecordIntervalMs ?? 1000;
   const groupTransactions = opts.groupTransactions ?? 1;
+  const hold = opts.hold ?? null;
   let stopping = false;
   let failure: unknown = null;
   let lastFrameAt = Date.now();
@@ -365,6 +370,18 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
       itemsTaken++;
       if (item === undefined || stopping) break;
       const isMessage = item instanceof Uint8Array;
+      if (hold !== null && !decodeContext.inStream && state.tx.xact === null && state.mode.streamXid === null) {
+        const at = isMessage ? peekVisibleCommitLsn(item) : item.kind === 'position' ? item.lsn : null;
+        if (at !== null && hold.blocks(at, !isMessage)) {
+          try {
+            // Every COMMIT answered before the hold looks at the target.
+            await settleTarget(state);
+          } catch (err) {
+            throw groupFailure(err);
+          }
+          if (!stopping) await hold.atBoundary(at);
+        }
+      }
       if (lanes !== null && !decodeContext.inStream && state.mode.streamXid === null) {
         let routed = false;
         try {
@@ -476,6 +493,8 @@ export function startApplyLoop(opts: ApplyLoopOptions): ApplyLoop {
     () => {
       const now = Date.now();
       if (now - lastFeedbackAt >= opts.statusIntervalMs) sendFeedback();
+      // A hold waiting for the position past its LSN: ask, an idle publisher may not say.
+      else if (hold?.wantsPosition() && !pingSent) sendFeedback(true);
       const silentFor = now - lastFrameAt;
       if (!queue.full) {
         if (silentFor >= opts.receiveTimeoutMs) {

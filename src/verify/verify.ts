@@ -1,0 +1,245 @@
+/**
+ * `pgsub verify` (docs/verify.md): is the target the source, at one exact LSN, while both
+ * keep taking writes? The handshake (handshake.ts, hold.ts) gives a source snapshot and a
+ * target snapshot at the same LSN; `parallel` connection pairs import them and compare the
+ * published tables range by range (compare.ts); with `repair`, the rows found different are
+ * re-copied at a second hold (repair.ts). Tables a mapping rule reshapes are reported as not
+ * compared, never skipped silently. The result goes to pgsub.verify for `pgsub status` and
+ * the service's metrics.
+ */
+import type pg from 'pg';
+import type { Config } from '../config/config.js';
+import { ruleFor } from '../config/mapping.js';
+import type { Logger } from '../log.js';
+import { formatLsn } from '../protocol/lsn.js';
+import { ReplicationConnection } from '../protocol/replication.js';
+import { quoteLiteral } from '../quote.js';
+import { listPublishedTables, type PublishedTable } from '../tablesync/catalog.js';
+import { RateLimit, TableComparison, WorkQueue, type ConnectionPair, type TableReport } from './compare.js';
+import { finish, holdAtLsn, imported, openControl } from './handshake.js';
+import { repairDifferences, type RepairReport } from './repair.js';
+import { columnsQuery, parseColumns, qualified, type ColumnInfo, type TableShape } from './sql.js';
+import { openSide, sideConnection } from './connections.js';
+
+export interface VerifyOptions {
+  /** Patterns of schema.table (`*` any run of characters; without a dot: any schema). Empty: every published table. */
+  include: string[];
+  exclude: string[];
+  parallel: number;
+  rateLimit: { perSecond: number; unit: 'rows' | 'bytes' } | null;
+  /** Differences listed per table. */
+  listLimit: number;
+  repair: boolean;
+  holdTimeoutMs: number;
+  log: Logger;
+  onProgress?(p: VerifyProgress): void;
+}
+
+export interface VerifyProgress {
+  rows: number;
+  totalRows: number;
+  rowsPerSecond: number;
+  etaSeconds: number | null;
+  tablesDone: number;
+  tables: number;
+}
+
+export interface VerifyResult {
+  subscription: string;
+  /** The source LSN both snapshots show: every commit before it, none after. */
+  lsn: string;
+  equal: boolean;
+  /** Rows missing, extra or different, over every table (a keyless table that differs counts its count difference, or 1). */
+  differences: number;
+  /** How long the service's apply waited for the target snapshot. */
+  pauseMs: number | null;
+  handshakeMs: number;
+  /** The handshake's parts (handshake.ts): most of the pause is the slot's creation on the source. */
+  handshakeSteps: { armedMs: number; slotMs: number; answerMs: number };
+  elapsedMs: number;
+  rows: number;
+  tables: TableReport[];
+  repair: RepairReport | null;
+}
+
+export function globToRegExp(pattern: string): RegExp {
+  const full = pattern.includes('.') ? pattern : `*.${pattern}`;
+  return new RegExp(`^${full.replace(/[.+?^${}()|[\]\\]/g, '\\$&').replace(/\*/g, '.*')}$`);
+}
+
+export function selectTables<T extends { schema: string; table: string }>(tables: readonly T[], include: readonly string[], exclude: readonly string[]): T[] {
+  const inc = include.map(globToRegExp);
+  const exc = exclude.map(globToRegExp);
+  return tables.filter((t) => {
+    const name = `${t.schema}.${t.table}`;
+    return (inc.length === 0 || inc.some((r) => r.test(name))) && !exc.some((r) => r.test(name));
+  });
+}
+
+async function readColumns(client: pg.Client, versionNum: number, schema: string, table: string): Promise<{ columns: ColumnInfo[]; key: string[] } | null> {
+  const name = qualified({ schema, table });
+  const exists = await client.query({ text: 'SELECT pg_catalog.to_regclass($1) IS NOT NULL', values: [name], rowMode: 'array' });
+  if (exists.rows[0]?.[0] !== true) return null;
+  const rows = await client.query({ text: columnsQuery(versionNum), values: [name], rowMode: 'array' });
+  return parseColumns(rows.rows as (string | null)[][]);
+}
+
+/** The shape both sides are compared by, or why the table is not compared as is. */
+function shapeOf(
+  t: PublishedTable,
+  source: { columns: ColumnInfo[]; key: string[] },
+  target: { columns: ColumnInfo[] } | null,
+): { shape: TableShape } | { status: 'different' | 'not compared'; reason: string } {
+  if (target === null) return { status: 'different', reason: 'missing on the target' };
+  const columns = source.columns.filter((c) => t.columns.includes(c.name));
+  for (const c of columns) {
+    const other = target.columns.find((o) => o.name === c.name);
+    if (!other) return { status: 'different', reason: `shape differs: column ${c.name} is missing on the target` };
+    if (other.type !== c.type && other.base !== c.base)
+      return { status: 'different', reason: `shape differs: column ${c.name} is ${c.type} on the source, ${other.type} on the target` };
+  }
+  const key = source.key.every((k) => columns.some((c) => c.name === k)) ? source.key : [];
+  return { shape: { schema: t.schema, table: t.table, columns, key, rowFilter: t.rowFilter } };
+}
+
+function notCompared(t: { schema: string; table: string }, status: 'different' | 'not compared', reason: string): TableReport {
+  return {
+    table: `${t.schema}.${t.table}`,
+    status,
+    reason,
+    keyed: false,
+    sourceRows: 0,
+    targetRows: 0,
+    missing: 0,
+    extra: 0,
+    different: status === 'different' ? 1 : 0,
+    listed: [],
+    ranges: 0,
+    ms: 0,
+  };
+}
+
+export async function runVerify(config: Config, opts: VerifyOptions): Promise<VerifyResult> {
+  const started = performance.now();
+  const parallel = Math.max(1, Math.floor(opts.parallel));
+  const control = await openControl(config);
+  const clients: pg.Client[] = [];
+  try {
+    const lister = await ReplicationConnection.open(config.source, `pgsub_${config.subscription}_verify_list`);
+    let published: PublishedTable[];
+    let sourceVersion: number;
+    try {
+      published = selectTables(await listPublishedTables(lister, config.publications), opts.include, opts.exclude);
+      sourceVersion = lister.serverVersionNum;
+    } finally {
+      await lister.close();
+    }
+    const app = `pgsub_${config.subscription}_verify`;
+    const sources = await Promise.all(Array.from({ length: parallel }, () => openSide(config.source, app)));
+    clients.push(...sources);
+    const targets = await Promise.all(Array.from({ length: parallel }, () => openSide(config.target, app)));
+    clients.push(...targets);
+    const targetVersion = Number((await targets[0]!.query('SHOW server_version_num')).rows[0].server_version_num);
+
+    const held = await holdAtLsn(config, control, sources[0]!, 'snapshot', opts.holdTimeoutMs);
+    try {
+      const begin = (snapshot: string) => `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`;
+      await Promise.all([...sources.map((c) => c.query(begin(held.sourceSnapshot))), ...targets.map((c) => c.query(begin(held.targetSnapshot!)))]);
+    } finally {
+      // Imported: the slot and the service's exporting transaction are no longer needed.
+      await held.replication.close();
+      await imported(config, control).catch(() => {});
+    }
+    opts.log.info(
+      { lsn: formatLsn(held.lsn), pauseMs: held.pauseMs, handshakeMs: Math.round(held.handshakeMs), tables: published.length },
+      'verify: snapshots taken at the same LSN',
+    );
+
+    const reports: TableReport[] = [];
+    const comparisons: TableComparison[] = [];
+    const limits = {
+      source: opts.rateLimit ? new RateLimit(opts.rateLimit.perSecond, opts.rateLimit.unit) : null,
+      target: opts.rateLimit ? new RateLimit(opts.rateLimit.perSecond, opts.rateLimit.unit) : null,
+    };
+    let rows = 0;
+    let tablesDone = 0;
+    const compareStarted = performance.now();
+    const totalRows = published.reduce((n, t) => n + Math.max(0, t.estimatedRows), 0);
+    const progress = () => {
+      const seconds = (performance.now() - compareStarted) / 1000;
+      const rowsPerSecond = seconds > 0 ? rows / seconds : 0;
+      opts.onProgress?.({
+        rows,
+        totalRows: Math.max(totalRows, rows),
+        rowsPerSecond,
+        etaSeconds: rowsPerSecond > 0 ? Math.max(0, (totalRows - rows) / rowsPerSecond) : null,
+        tablesDone,
+        tables: published.length,
+      });
+    };
+    const queue = new WorkQueue();
+    for (const t of published) {
+      if (ruleFor(config.mapping, t.schema, t.table) !== null) {
+        reports.push(notCompared(t, 'not compared', 'not compared (mapped): a mapping rule reshapes this table; compare it through the mapping by hand'));
+        continue;
+      }
+      const source = await readColumns(sources[0]!, sourceVersion, t.schema, t.table);
+      if (source === null) {
+        reports.push(notCompared(t, 'not compared', 'no longer on the source'));
+        continue;
+      }
+      const shaped = shapeOf(t, source, await readColumns(targets[0]!, targetVersion, t.schema, t.table));
+      if (!('shape' in shaped)) {
+        reports.push(notCompared(t, shaped.status, shaped.reason));
+        continue;
+      }
+      const c = new TableComparison(shaped.shape, t.estimatedRows, {
+        listLimit: opts.listLimit,
+        repairLimit: opts.repair ? 100_000 : 0,
+        limits,
+        onRows: (n) => {
+          rows += n;
+        },
+      });
+      comparisons.push(c);
+      reports.push(c.report);
+      c.start(queue, () => {
+        tablesDone++;
+        progress();
+      });
+    }
+    const ticker = setInterval(progress, 1000);
+    try {
+      await queue.run(sources.map((s, i): ConnectionPair => ({ source: sideConnection(s), target: sideConnection(targets[i]!) })));
+    } finally {
+      clearInterval(ticker);
+    }
+    progress();
+    await Promise.all(clients.map((c) => c.query('COMMIT').catch(() => {})));
+    reports.sort((a, b) => a.table.localeCompare(b.table));
+    const differences = reports.reduce((n, r) => n + r.missing + r.extra + r.different, 0);
+    const result: VerifyResult = {
+      subscription: config.subscription,
+      lsn: formatLsn(held.lsn),
+      equal: differences === 0,
+      differences,
+      pauseMs: held.pauseMs,
+      handshakeMs: Math.round(held.handshakeMs),
+      handshakeSteps: held.steps,
+      elapsedMs: 0,
+      rows,
+      tables: reports,
+      repair: null,
+    };
+    if (opts.repair && differences > 0)
+      result.repair = await repairDifferences(config, control, comparisons, { log: opts.log, holdTimeoutMs: Math.max(opts.holdTimeoutMs, 60_000) });
+    result.elapsedMs = Math.round(performance.now() - started);
+    await finish(config, control, held.lsn, result.equal ? 'equal' : result.repair?.complete ? 'repaired' : 'differences', differences).catch((err) =>
+      opts.log.warn({ err: String(err) }, 'cannot record the verify result'),
+    );
+    return result;
+  } finally {
+    await Promise.all(clients.map((c) => c.end().catch(() => {})));
+    await control.close();
+  }
+}
