@@ -18,6 +18,7 @@ import { superviseService, type Supervisor } from '../service/supervise.js';
 import { startMetricsServer, type MetricsSource } from '../service/metrics.js';
 import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
+import { printPlan } from './plan.js';
 import { openMaintenance, type Sql } from '../target/connect.js';
 import type { Config } from '../config/config.js';
 import { markReadyWithoutCopy, notifyChannel, requestRefresh } from '../tablesync/launcher.js';
@@ -91,6 +92,18 @@ program
   .action(async (opts: { config?: string; json?: boolean }) => {
     const config = loadConfig({ file: opts.config });
     process.exitCode = await printStatus(config, Boolean(opts.json));
+  });
+
+program
+  .command('plan')
+  .description(
+    'print per published table the resolved mapping and the SQL pgsub runs for insert, update, delete, truncate and the initial copy (exit 2: a plan is invalid; docs/mapping.md)',
+  )
+  .option('-c, --config <file>', 'YAML or JSON config file')
+  .option('--json', 'print JSON')
+  .action(async (opts: { config?: string; json?: boolean }) => {
+    const config = loadConfig({ file: opts.config });
+    process.exitCode = await printPlan(config, Boolean(opts.json));
   });
 
 program

@@ -13,7 +13,12 @@ const name = z.string({ error: (iss) => `${showValue(iss.input)} is not a name` 
 const expr = z.string({ error: (iss) => `${showValue(iss.input)} is not an SQL expression` }).min(1);
 
 /** Designed in docs/mapping.md, not built yet: refused by rejectUnbuilt with PGSUB_NOT_IMPLEMENTED. */
-export const UNBUILT_KEYS = ['key', 'filter', 'soft_delete', 'truncate', 'discriminator', 'drift'] as const;
+export const UNBUILT_KEYS = ['key', 'filter', 'soft_delete', 'truncate', 'discriminator'] as const;
+
+/** What a new publisher column does to a mapped table (docs/mapping.md "Schema drift"). */
+export const DRIFT_POLICIES = ['stop', 'ignore', 'add'] as const;
+export type DriftPolicy = (typeof DRIFT_POLICIES)[number];
+const drift = z.enum(DRIFT_POLICIES, { error: (iss) => `${showValue(iss.input)} is not a drift policy (stop, ignore or add)` });
 
 const unbuilt = Object.fromEntries(UNBUILT_KEYS.map((k) => [k, z.unknown().optional()])) as Record<(typeof UNBUILT_KEYS)[number], z.ZodOptional<z.ZodUnknown>>;
 
@@ -23,6 +28,7 @@ const tableRule = z
     columns: z.record(z.string(), name.nullable()).optional(),
     exclude: z.array(name).optional(),
     computed: z.record(z.string(), expr).optional(),
+    drift: drift.optional(),
     ...unbuilt,
   })
   .strict();
@@ -30,6 +36,7 @@ const tableRule = z
 const schemaRule = z
   .object({
     target: name.regex(/^[^.]+$/, { message: 'a schema rule names a target schema' }).optional(),
+    drift: drift.optional(),
     ...unbuilt,
   })
   .strict();
@@ -56,8 +63,8 @@ export type MappingInput = z.infer<typeof mappingSchema>;
 /** The keys each level of `mapping:` accepts, for "did you mean" (config.ts keysAt). */
 export function mappingKeysAt(at: readonly PropertyKey[]): readonly string[] {
   if (at.length === 1) return ['schemas', 'tables'];
-  if (at.length === 3 && at[1] === 'schemas') return ['target', ...UNBUILT_KEYS];
-  return ['target', 'columns', 'exclude', 'computed', ...UNBUILT_KEYS];
+  if (at.length === 3 && at[1] === 'schemas') return ['target', 'drift', ...UNBUILT_KEYS];
+  return ['target', 'columns', 'exclude', 'computed', 'drift', ...UNBUILT_KEYS];
 }
 
 /** One source table's rule, merged from its schema's and its own. */
@@ -72,10 +79,12 @@ export interface TableRule {
   excluded: ReadonlySet<string>;
   /** Target column → SQL expression over the remote row. */
   computed: ReadonlyMap<string, string>;
+  /** A new publisher column: the table's policy, else its schema's, else stop. */
+  drift: DriftPolicy;
 }
 
 export interface MappingConfig {
-  readonly schemas: Readonly<Record<string, { target?: string }>>;
+  readonly schemas: Readonly<Record<string, { target?: string; drift?: DriftPolicy }>>;
   readonly tables: Readonly<Record<string, z.infer<typeof tableRule>>>;
 }
 
@@ -122,5 +131,13 @@ export function ruleFor(m: MappingConfig, schema: string, table: string): TableR
     if (to === null) excluded.add(from);
     else renames.set(from, to);
   }
-  return { source: `${schema}.${table}`, targetSchema, targetTable, renames, excluded, computed: new Map(Object.entries(t?.computed ?? {})) };
+  return {
+    source: `${schema}.${table}`,
+    targetSchema,
+    targetTable,
+    renames,
+    excluded,
+    computed: new Map(Object.entries(t?.computed ?? {})),
+    drift: t?.drift ?? s?.drift ?? 'stop',
+  };
 }

@@ -542,6 +542,7 @@ describe('mapping', () => {
       renames: new Map(),
       excluded: new Set(),
       computed: new Map(),
+      drift: 'stop',
     });
     assert.equal(ruleFor(c.mapping, 'other', 'orders'), null);
   });
@@ -552,6 +553,12 @@ describe('mapping', () => {
       () => load({ ...base, overrides: { mapping: { tables: { 's.t': { filter: 'a > 1' } } } } }),
       (err: unknown) => err instanceof NotImplementedError && err.context.key === 'mapping.tables.s.t.filter',
     );
+  });
+  test('drift: a table policy, else its schema, else stop; anything else is refused', () => {
+    const c = load({ ...base, overrides: { mapping: { schemas: { s: { drift: 'ignore' } }, tables: { 's.t': { drift: 'add' } } } } });
+    assert.equal(ruleFor(c.mapping, 's', 't')?.drift, 'add');
+    assert.equal(ruleFor(c.mapping, 's', 'u')?.drift, 'ignore');
+    assertConfigError(() => load({ ...base, overrides: { mapping: { tables: { 's.t': { drift: 'merge' } } } } }), /"merge" is not a drift policy/);
   });
   test('PGSUB_MAPPING takes JSON', () => {
     const c = load({ env: { ...MINIMAL_ENV, PGSUB_MAPPING: '{"tables": {"s.t": {"target": "u.v"}}}' } });

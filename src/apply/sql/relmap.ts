@@ -23,12 +23,13 @@
  * only when a remote column has a user-defined type (and binary mode is not known to be off).
  */
 import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './binary.js';
-import { SchemaMismatchError } from '../../errors.js';
+import { DriftError, MappingError, SchemaMismatchError } from '../../errors.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
-import { quoteQualified } from '../../quote.js';
+import { quoteIdent, quoteQualified } from '../../quote.js';
 import { queryRows, type WireConnection } from '../../target/connect.js';
 import { ruleFor, type MappingConfig, type TableRule } from '../../config/mapping.js';
 import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from './mapping.js';
+import { detectRename, lossyCast } from './plan-checks.js';
 
 export type { TargetColumn } from './mapping.js';
 
@@ -62,6 +63,8 @@ export interface MappedRelation {
   rule?: TableRule;
   /** Excluded or computed columns: statements are built from this (mapping.ts); absent: the plain builders. */
   reshape?: Reshape;
+  /** Mapped relations: what schema drift changed in the rule (plan-checks.ts). */
+  drift?: DriftOutcome;
 }
 
 export interface BinaryColumns {
@@ -87,17 +90,80 @@ export interface RelationMapOptions {
   mapping?: MappingConfig;
   /** Where computed columns' expressions are checked (mapping.ts); absent: not checked here. */
   probe?: Probe;
+  /**
+   * Checking only (startup check, `pgsub plan`): a column `drift: add` would add is taken
+   * as excluded and recorded in MappedRelation.drift instead of being added.
+   */
+  planOnly?: boolean;
+}
+
+/** What schema drift did to a mapped relation (docs/mapping.md "Schema drift"), for plan and logs. */
+export interface DriftOutcome {
+  /** Remote column names excluded by `drift: ignore` (or to be added, when planning). */
+  ignored: string[];
+  /** Remote column names added to the target by `drift: add` (with their types). */
+  added: { column: string; type: string }[];
+  /** New remote name → the remote name the mapping knew (a recognised rename). */
+  renamed: ReadonlyMap<string, string>;
+}
+
+/** Per target column, what the mapped checks (plan-checks.ts) need beyond TargetColumn. */
+interface TargetExtra {
+  typeMod: number;
+  /** NOT NULL, no default, not identity nor generated: something must fill it. */
+  required: boolean;
+}
+
+/**
+ * Drift bookkeeping of one subscription's mapped relations, kept for the process's life
+ * (a session restarted after an error must still know that a column is new, or renamed):
+ * the last Relation message per relation id, the one before it that differed, and the
+ * renames recognised. Keyed by the mapping config object, which a runner's sessions
+ * share. Not kept across a restart of pgsub: then the first Relation message is taken as
+ * the mapping's starting point (docs/mapping.md).
+ */
+interface RelationMemory {
+  last: Map<number, RelationMessage>;
+  previous: Map<number, RelationMessage>;
+  renamed: Map<number, Map<string, string>>;
+}
+const memories = new WeakMap<MappingConfig, RelationMemory>();
+
+function sameColumns(a: RelationMessage, b: RelationMessage): boolean {
+  return (
+    a.columns.length === b.columns.length &&
+    a.columns.every((c, i) => {
+      const d = b.columns[i]!;
+      return c.name === d.name && c.typeOid === d.typeOid && c.typeModifier === d.typeModifier;
+    })
+  );
 }
 
 export class RelationMap {
   private readonly remote = new Map<number, RelationMessage>();
   private readonly mapped = new Map<number, MappedRelation>();
   private readonly types = new Map<number, { namespace: string; name: string }>();
+  /** What schema drift needs to remember across sessions (see RelationMemory). */
+  private readonly memory: RelationMemory;
+  private get previous() {
+    return this.memory.previous;
+  }
+  private get renamed() {
+    return this.memory.renamed;
+  }
 
   constructor(
     private readonly targetVersionNum: number,
     private readonly options: RelationMapOptions = {},
-  ) {}
+  ) {
+    const key = options.mapping;
+    let memory = key && !options.planOnly ? memories.get(key) : undefined;
+    if (!memory) {
+      memory = { last: new Map(), previous: new Map(), renamed: new Map() };
+      if (key && !options.planOnly) memories.set(key, memory);
+    }
+    this.memory = memory;
+  }
 
   /** A map for another connection of the same subscription (apply lanes, parallel workers): same options, nothing resolved. */
   sibling(): RelationMap {
@@ -105,6 +171,19 @@ export class RelationMap {
   }
 
   onRelation(message: RelationMessage): void {
+    const before = this.memory.last.get(message.relationId);
+    this.memory.last.set(message.relationId, message);
+    if (before && !sameColumns(before, message)) {
+      this.previous.set(message.relationId, before);
+      const rename = detectRename(before, message);
+      if (rename) {
+        const names = this.renamed.get(message.relationId) ?? new Map<string, string>();
+        const original = names.get(rename.from) ?? rename.from;
+        names.delete(rename.from);
+        if (original !== rename.to) names.set(rename.to, original);
+        this.renamed.set(message.relationId, names);
+      }
+    }
     this.remote.set(message.relationId, message);
     this.mapped.delete(message.relationId);
   }
@@ -150,55 +229,21 @@ export class RelationMap {
     // An empty namespace on the wire means pg_catalog (pgoutput's convention).
     const schema = schemaOf(remote);
     const displayName = `${schema}.${remote.name}`;
-    const rule = this.options.mapping ? ruleFor(this.options.mapping, schema, remote.name) : null;
+    const baseRule = this.options.mapping ? ruleFor(this.options.mapping, schema, remote.name) : null;
+    let rule = baseRule ? this.withRenames(relationId, baseRule) : null;
     const target = rule ? { schema: rule.targetSchema, table: rule.targetTable } : { schema, table: remote.name };
-    const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
-    // Catalog rows come back as text: booleans arrive as 't'/'f'.
-    const rows = await queryRows<{
-      attname: string | null;
-      atttypid: string;
-      typnsp: string | null;
-      typname: string | null;
-      generated: string;
-      relkind: string;
-      rls: string;
-      arraytype: string | null;
-      always: string;
-    }>(
-      conn,
-      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype', 'always'],
-      `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
-              (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls,
-              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype, (a.attidentity = 'a')::text AS always
-         FROM pg_catalog.pg_class c
-         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-         LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-         LEFT JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-         LEFT JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
-        WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`,
-      [target.schema, target.table],
-    );
-    if (rows.length === 0) {
-      const named = rule ? `"${target.schema}.${target.table}" (for "${displayName}")` : `"${displayName}"`;
-      throw new SchemaMismatchError(`logical replication target relation ${named} does not exist`, { relation: displayName });
-    }
-    const byName = new Map<string, TargetColumn>();
-    for (const r of rows) {
-      if (r.attname !== null) {
-        byName.set(r.attname, {
-          name: r.attname,
-          typeOid: Number(r.atttypid),
-          typeName: quoteQualified(r.typnsp ?? 'pg_catalog', r.typname ?? 'text'),
-          generated: r.generated === 'true',
-          hasEquality: true,
-          arrayType: r.arraytype === 'true',
-          identityAlways: r.always === 'true',
-        });
-      }
+    let { rows, byName, extra } = await this.readTarget(conn, target, rule, displayName);
+    let drift: DriftOutcome | undefined;
+    if (rule) {
+      const outcome = await this.applyDrift(conn, relationId, remote, rule, byName, target, displayName);
+      rule = outcome.rule;
+      drift = outcome.drift;
+      if (outcome.drift.added.length > 0) ({ rows, byName, extra } = await this.readTarget(conn, target, rule, displayName));
     }
     const { targetColumns, reshape } = matchColumns(remote, byName, displayName, `${target.schema}.${target.table}`, rule);
     if (reshape) await this.reshapeTypes(conn, remote, reshape);
     if (reshape && rule && this.options.probe) await checkExpressions(this.options.probe, reshape, remote, displayName, rule);
+    if (rule) checkMapped(remote, rule, targetColumns, reshape, extra, displayName, `${target.schema}.${target.table}`, this.previous.get(relationId));
     if (remote.replicaIdentity === 'full') {
       const equality = await typeEquality(
         conn,
@@ -223,12 +268,165 @@ export class RelationMap {
     };
     if (rule) mapped.rule = rule;
     if (reshape) mapped.reshape = reshape;
+    if (drift) mapped.drift = drift;
     if (this.options.binary !== false) {
       const binary = await this.binaryColumns(conn, remote, targetColumns);
       if (binary) mapped.binary = binary;
     }
     this.mapped.set(relationId, mapped);
     return mapped;
+  }
+
+  /** The target table's columns (and, for mapped tables, what plan-checks.ts needs of them). */
+  private async readTarget(conn: WireConnection, target: { schema: string; table: string }, rule: TableRule | null, displayName: string) {
+    const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
+    // Catalog rows come back as text: booleans arrive as 't'/'f'.
+    const rows = await queryRows<{
+      attname: string | null;
+      atttypid: string;
+      typnsp: string | null;
+      typname: string | null;
+      generated: string;
+      relkind: string;
+      rls: string;
+      arraytype: string | null;
+      always: string;
+      typmod: string | null;
+      required: string | null;
+    }>(
+      conn,
+      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype', 'always', 'typmod', 'required'],
+      `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
+              (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls,
+              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype, (a.attidentity = 'a')::text AS always,
+              a.atttypmod::text AS typmod, (a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND NOT (${generatedExpr}))::text AS required
+         FROM pg_catalog.pg_class c
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+         LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+         LEFT JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+         LEFT JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
+        WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`,
+      [target.schema, target.table],
+    );
+    if (rows.length === 0) {
+      const named = rule ? `"${target.schema}.${target.table}" (for "${displayName}")` : `"${displayName}"`;
+      throw new SchemaMismatchError(`logical replication target relation ${named} does not exist`, { relation: displayName });
+    }
+    const byName = new Map<string, TargetColumn>();
+    const extra = new Map<string, TargetExtra>();
+    for (const r of rows) {
+      if (r.attname !== null) {
+        byName.set(r.attname, {
+          name: r.attname,
+          typeOid: Number(r.atttypid),
+          typeName: quoteQualified(r.typnsp ?? 'pg_catalog', r.typname ?? 'text'),
+          generated: r.generated === 'true',
+          hasEquality: true,
+          arrayType: r.arraytype === 'true',
+          identityAlways: r.always === 'true',
+        });
+        extra.set(r.attname, { typeMod: Number(r.typmod ?? -1), required: r.required === 'true' });
+      }
+    }
+    return { rows, byName, extra };
+  }
+
+  /** The rule with this relation's recognised renames (plan-checks.ts detectRename): a renamed remote column goes where its old name went. */
+  private withRenames(relationId: number, rule: TableRule): TableRule {
+    const names = this.renamed.get(relationId);
+    if (!names || names.size === 0) return rule;
+    const renames = new Map(rule.renames);
+    const excluded = new Set(rule.excluded);
+    for (const [now, was] of names) {
+      renames.delete(was);
+      if (rule.excluded.has(was)) excluded.add(now);
+      else renames.set(now, rule.renames.get(was) ?? was);
+    }
+    return { ...rule, renames, excluded };
+  }
+
+  /**
+   * Remote columns the target lacks under a mapping rule, by its drift policy: `ignore`
+   * excludes them; `add` adds each to the target with the remote type, on `conn` — the
+   * apply transaction, before the first change that carries it, so the DDL commits with
+   * the data — unless the target lacks the type (then as `stop`); `stop` is a DriftError
+   * for a column new since the previous Relation message (the transaction rolls back and is
+   * retried until the target has it). A column missing at the first Relation message is a
+   * plain mismatch (matchColumns), under `stop`.
+   */
+  private async applyDrift(
+    conn: WireConnection,
+    relationId: number,
+    remote: RelationMessage,
+    rule: TableRule,
+    byName: Map<string, TargetColumn>,
+    target: { schema: string; table: string },
+    displayName: string,
+  ): Promise<{ rule: TableRule; drift: DriftOutcome }> {
+    const drift: DriftOutcome = { ignored: [], added: [], renamed: new Map(this.renamed.get(relationId) ?? []) };
+    const missing = remote.columns.filter((c) => {
+      const to = rule.renames.get(c.name) ?? c.name;
+      return !rule.excluded.has(c.name) && !rule.computed.has(to) && !byName.has(to);
+    });
+    if (missing.length === 0) return { rule, drift };
+    const targetName = quoteQualified(target.schema, target.table);
+    const before = this.previous.get(relationId);
+    const stop = async (reason: string | null) => {
+      const fresh = missing.filter((c) => before && !before.columns.some((b) => b.name === c.name));
+      if (fresh.length === 0) return; // matchColumns reports the mismatch
+      const typed = await Promise.all(fresh.map(async (c) => ({ c, type: await this.remoteTypeName(conn, c) })));
+      const diff = typed.map(({ c, type }) => `+ "${c.name}" ${type ?? `(type oid ${c.typeOid})`}`).join(', ');
+      const fixes = typed.map(({ c, type }) => `ALTER TABLE ${targetName} ADD COLUMN ${quoteIdent(rule.renames.get(c.name) ?? c.name)} ${type ?? '<type>'};`).join(' ');
+      throw new DriftError(
+        `schema drift on "${displayName}": the publisher sends ${plural(fresh.length, 'new column')} ${diff} that "${target.schema}.${target.table}" lacks${reason ? ` (${reason})` : ''}; apply stopped before the first change carrying ${fresh.length > 1 ? 'them' : 'it'} (drift: ${rule.drift}). Fix: ${fixes} or add ${fresh.map((c) => `"${c.name}"`).join(', ')} to mapping.tables.${rule.source}.exclude (or set drift: ignore or add); apply resumes by itself once fixed`,
+        {
+          relation: displayName,
+          column: fresh.map((c) => c.name).join(', '),
+          target: `${target.schema}.${target.table}`,
+          diff: typed.map(({ c, type }) => ({ column: c.name, type, missingOn: `${target.schema}.${target.table}` })),
+          fix: fixes,
+        },
+      );
+    };
+    if (rule.drift === 'stop') {
+      await stop(null);
+      return { rule, drift };
+    }
+    const excluded = new Set(rule.excluded);
+    if (rule.drift === 'ignore' || this.options.planOnly) {
+      for (const c of missing) excluded.add(c.name);
+      drift.ignored.push(...missing.map((c) => c.name));
+      return { rule: { ...rule, excluded }, drift };
+    }
+    for (const c of missing) {
+      const type = await this.remoteTypeName(conn, c);
+      if (type === null) {
+        await stop(`drift: add, and the target has no type ${this.types.get(c.typeOid)?.name ?? `of oid ${c.typeOid}`}`);
+        throw new DriftError(`schema drift on "${displayName}": the target has no type for new column "${c.name}" (drift: add); create the type or the column`, {
+          relation: displayName,
+          column: c.name,
+        });
+      }
+      // IF NOT EXISTS: an apply lane resolves outside the apply transaction (lanes.ts), and a retry may meet a column a commit already added.
+      await conn.execute(`ALTER TABLE ${targetName} ADD COLUMN IF NOT EXISTS ${quoteIdent(rule.renames.get(c.name) ?? c.name)} ${type}`, []);
+      drift.added.push({ column: c.name, type });
+    }
+    return { rule, drift };
+  }
+
+  /** A remote column's type as the target spells it (with its modifier); null when the target has no such type. */
+  private async remoteTypeName(conn: WireConnection, c: RelationMessage['columns'][number]): Promise<string | null> {
+    const named = c.typeOid >= FIRST_GENBKI_OID ? this.types.get(c.typeOid) : undefined;
+    if (c.typeOid >= FIRST_GENBKI_OID && !named) return null;
+    const [row] = await queryRows<{ name: string | null }>(
+      conn,
+      ['name'],
+      named
+        ? `SELECT pg_catalog.format_type(t.oid, $3::pg_catalog.int4) AS name FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = $1 AND t.typname = $2`
+        : `SELECT pg_catalog.format_type(t.oid, $1::pg_catalog.int4) AS name FROM pg_catalog.pg_type t WHERE t.oid = $2::pg_catalog.oid`,
+      named ? [schemaOf(named), named.name, String(c.typeModifier)] : [String(c.typeModifier), String(c.typeOid)],
+    );
+    return row?.name ?? null;
   }
 
   /**
@@ -287,6 +485,54 @@ export class RelationMap {
     const anyParseType = parseTypes.some((t) => t !== 0);
     if (!anyParseType && !plans) return undefined;
     return { parseTypes: anyParseType ? parseTypes : null, plans };
+  }
+}
+
+function plural(n: number, word: string): string {
+  return n > 1 ? `${word}s` : word;
+}
+
+/**
+ * The checks of a mapped relation beyond matchColumns (plan-checks.ts): every target
+ * column that is NOT NULL without a default is filled, and no direct column goes through
+ * a lossy cast. A required column left unfilled because the publisher dropped its source
+ * column says so.
+ */
+function checkMapped(
+  remote: RelationMessage,
+  rule: TableRule,
+  targetColumns: TargetColumn[],
+  reshape: Reshape | undefined,
+  extra: Map<string, TargetExtra>,
+  displayName: string,
+  targetName: string,
+  before: RelationMessage | undefined,
+): void {
+  const where = `mapping.tables.${rule.source}`;
+  const filled = new Set<string>();
+  remote.columns.forEach((c, i) => {
+    if (reshape && !reshape.direct[i]) return;
+    const col = targetColumns[i]!;
+    filled.add(col.name);
+    const x = extra.get(col.name);
+    const lossy = x ? lossyCast(c.typeOid, c.typeModifier, col.typeOid, x.typeMod) : null;
+    if (lossy) {
+      throw new MappingError(
+        `${where}: column "${c.name}" → "${targetName}"."${col.name}" is a lossy cast: ${lossy} (widen the target column, or write the cast yourself as a computed column named "${col.name}")`,
+        { relation: displayName, column: c.name },
+      );
+    }
+  });
+  for (const c of reshape?.computed ?? []) filled.add(c.column.name);
+  for (const [name, x] of extra) {
+    if (!x.required || filled.has(name)) continue;
+    const dropped = before?.columns.find((c) => (rule.renames.get(c.name) ?? c.name) === name && !remote.columns.some((r) => r.name === c.name));
+    throw new MappingError(
+      dropped
+        ? `${where}: the publisher dropped column "${dropped.name}", and target column "${targetName}"."${name}" it filled is NOT NULL without a default, so every new row would fail: give it a default (ALTER TABLE … ALTER COLUMN "${name}" SET DEFAULT …), drop NOT NULL, or fill it with a computed expression`
+        : `${where}: target column "${targetName}"."${name}" is NOT NULL without a default and nothing fills it (map a remote column to it, compute it, or give it a default)`,
+      { relation: displayName, column: name },
+    );
   }
 }
 
