@@ -1,5 +1,5 @@
 /**
- * The `pgsub` command line: `run` (the service), `status`, `refresh`, `resync`, `skip`
+ * The `pgsub` command line: `run` (the service), `status`, `plan` (the mapping's plan and SQL, plan.ts), `refresh`, `resync`, `skip`
  * and `enable` (conflict handling, conflict/control.ts), the migration commands
  * (`preflight`, `schema copy|diff`, `cutover`: migrate-commands.ts), and `demo` (an
  * embedded migration with a sample workload). Startup errors (configuration, and
