@@ -67,8 +67,8 @@ async function describeSource(replication: ReplicationConnection, tables: Publis
   const out: SourceRelation[] = [];
   let id = 0;
   for (const t of tables) {
-    const rows = await replication.sql<{ attname: string; oid: string; typmod: string; typnsp: string; typname: string; typ: string; iskey: string }>(
-      `SELECT a.attname::text AS attname, a.atttypid::int::text AS oid, a.atttypmod::text AS typmod,
+    const rows = await replication.sql<{ relid: string; attname: string; oid: string; typmod: string; typnsp: string; typname: string; typ: string; iskey: string }>(
+      `SELECT c.oid::int8::text AS relid, a.attname::text AS attname, a.atttypid::int::text AS oid, a.atttypmod::text AS typmod,
               bn.nspname::text AS typnsp, bt.typname::text AS typname, pg_catalog.format_type(a.atttypid, a.atttypmod) AS typ,
               (CASE c.relreplident WHEN 'f' THEN true WHEN 'n' THEN false
                     ELSE EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid
@@ -87,7 +87,8 @@ async function describeSource(replication: ReplicationConnection, tables: Publis
       table: t,
       relation: {
         tag: 'relation',
-        relationId: ++id,
+        // The relation OID, as pgoutput's relation id (the drift bookkeeping is keyed by it); a table without columns gets a stand-in.
+        relationId: rows[0] ? Number(rows[0].relid) : -++id,
         namespace: t.schema === 'pg_catalog' ? '' : t.schema,
         name: t.table,
         replicaIdentity: IDENTITY[t.replicaIdentity] ?? 'default',
@@ -160,7 +161,13 @@ export async function buildPlan(config: Config, opts: { onlyMapped: boolean; wit
       source = await openCopyClient(config.source, appName, 'source');
       target = await openCopyClient(config.target, appName, 'target');
     }
-    const map = new RelationMap(conn.serverVersionNum, { binary: config.binary, mapping: config.mapping, probe: rolledBackOn(config.target, appName), planOnly: true });
+    const map = new RelationMap(conn.serverVersionNum, {
+      binary: config.binary,
+      mapping: config.mapping,
+      probe: rolledBackOn(config.target, appName),
+      planOnly: true,
+      subscription: config.subscription,
+    });
     const tables: TablePlan[] = [];
     for (const d of described) {
       for (const u of d.userTypes) map.onType(u.oid, u.namespace, u.name);

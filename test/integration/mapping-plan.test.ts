@@ -115,6 +115,34 @@ async function caughtUp(timeoutMs = 30_000): Promise<void> {
   });
 }
 
+/** The subscription `mp` in this process; a new config each time, as a restarted pgsub has. */
+function startMp(): Runner {
+  const config = loadConfig({
+    env: {},
+    overrides: {
+      subscription: 'mp',
+      source: publisher.url('src'),
+      target: target.url('dst'),
+      publication: 'pub',
+      copy_data: true,
+      binary: true,
+      status_interval: 1,
+      retry_min_delay: 0.2,
+      retry_max_delay: 1,
+      mapping: MAPPING,
+    },
+  });
+  return startRunner(
+    config,
+    createLogger('warn', {
+      write: (line: string) => {
+        logs.push(JSON.parse(line));
+        if (process.env.MAPDEBUG) console.error(line);
+      },
+    }),
+  );
+}
+
 test('startup: every mapping mistake is named with table, column and reason, exit 2 before streaming', async () => {
   const { code, out } = await runCli(env({ PGSUB_PUBLICATION: 'pub_bad', PGSUB_SUBSCRIPTION: 'mp_bad', PGSUB_MAPPING: JSON.stringify(BAD_MAPPING) }), ['run']);
   const line = out.split('\n').find((l) => l.startsWith('pgsub: ')) ?? '';
@@ -178,30 +206,7 @@ test('pgsub plan prints the resolved mapping and the real SQL of each operation 
 });
 
 test('the initial copy of a table with computed columns: rows and values right, then streaming', async () => {
-  const config = loadConfig({
-    env: {},
-    overrides: {
-      subscription: 'mp',
-      source: publisher.url('src'),
-      target: target.url('dst'),
-      publication: 'pub',
-      copy_data: true,
-      binary: true,
-      status_interval: 1,
-      retry_min_delay: 0.2,
-      retry_max_delay: 1,
-      mapping: MAPPING,
-    },
-  });
-  runner = startRunner(
-    config,
-    createLogger('warn', {
-      write: (line: string) => {
-        logs.push(JSON.parse(line));
-        if (process.env.MAPDEBUG) console.error(line);
-      },
-    }),
-  );
+  runner = startMp();
   await waitFor(async () => (await rows(`SELECT count(*)::int AS n FROM pgsub.subscription_rel WHERE subscription = 'mp' AND state = 'r'`))[0]?.n === 3, {
     timeoutMs: 60_000,
     what: 'the initial copy',
@@ -281,6 +286,14 @@ test('drift: ignore drops the new column; add adds it in the apply transaction; 
     { id: 3, title: 'c' },
   ]);
   assert.deepEqual(await rows(`SELECT count(*)::int AS c FROM pg_attribute WHERE attrelid = 'crm.tags_t'::regclass AND attname = 'caption'`), [{ c: 0 }]);
+  // Restarted (a new process's memory): the rename is known from pgsub.relation_columns, so drift: add does not add "caption".
+  runner.stop();
+  await runner.done.catch(() => undefined);
+  runner = startMp();
+  await publisher.query(`INSERT INTO shop.tags VALUES (5, 'e', 5, 8)`, [], 'src');
+  await caughtUp();
+  assert.deepEqual(await rows(`SELECT title FROM crm.tags_t WHERE id = 5`), [{ title: 'e' }]);
+  assert.deepEqual(await rows(`SELECT count(*)::int AS c FROM pg_attribute WHERE attrelid = 'crm.tags_t'::regclass AND attname = 'caption'`), [{ c: 0 }]);
   // A dropped column: its NOT NULL target column without a default is named, and fixed with a default.
   await publisher.query(`ALTER TABLE shop.tags DROP COLUMN n`, [], 'src');
   await publisher.query(`INSERT INTO shop.tags VALUES (4, 'd', 7)`, [], 'src');
@@ -294,4 +307,5 @@ test('drift: ignore drops the new column; add adds it in the apply transaction; 
   await target.query(`ALTER TABLE crm.tags_t ALTER COLUMN n SET DEFAULT -1`, [], 'dst');
   await caughtUp();
   assert.deepEqual(await rows(`SELECT id, title, n, extra FROM crm.tags_t WHERE id = 4`), [{ id: 4, title: 'd', n: -1, extra: 7 }]);
+  assert.deepEqual(await rows(`SELECT count(*)::int AS c FROM crm.tags_t`), [{ c: 5 }]);
 });

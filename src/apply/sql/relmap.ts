@@ -90,9 +90,12 @@ export interface RelationMapOptions {
   mapping?: MappingConfig;
   /** Where computed columns' expressions are checked (mapping.ts); absent: not checked here. */
   probe?: Probe;
+  /** The subscription whose drift bookkeeping is kept in pgsub.relation_columns; absent: in memory only. */
+  subscription?: string;
   /**
    * Checking only (startup check, `pgsub plan`): a column `drift: add` would add is taken
-   * as excluded and recorded in MappedRelation.drift instead of being added.
+   * as excluded and recorded in MappedRelation.drift instead of being added; the drift
+   * bookkeeping is read (renames recognised earlier apply) but not written.
    */
   planOnly?: boolean;
 }
@@ -126,7 +129,20 @@ interface RelationMemory {
   last: Map<number, RelationMessage>;
   previous: Map<number, RelationMessage>;
   renamed: Map<number, Map<string, string>>;
+  /** Read from pgsub.relation_columns (once per process). */
+  loaded: boolean;
 }
+
+type StoredColumn = { name: string; typeOid: number; typeModifier: number };
+const stored = (m: RelationMessage): StoredColumn[] => m.columns.map((c) => ({ name: c.name, typeOid: c.typeOid, typeModifier: c.typeModifier }));
+const fromStored = (id: number, columns: StoredColumn[]): RelationMessage => ({
+  tag: 'relation',
+  relationId: id,
+  namespace: '',
+  name: '',
+  replicaIdentity: 'default',
+  columns: columns.map((c) => ({ ...c, isKey: false })),
+});
 const memories = new WeakMap<MappingConfig, RelationMemory>();
 
 function sameColumns(a: RelationMessage, b: RelationMessage): boolean {
@@ -159,7 +175,7 @@ export class RelationMap {
     const key = options.mapping;
     let memory = key && !options.planOnly ? memories.get(key) : undefined;
     if (!memory) {
-      memory = { last: new Map(), previous: new Map(), renamed: new Map() };
+      memory = { last: new Map(), previous: new Map(), renamed: new Map(), loaded: false };
       if (key && !options.planOnly) memories.set(key, memory);
     }
     this.memory = memory;
@@ -171,19 +187,6 @@ export class RelationMap {
   }
 
   onRelation(message: RelationMessage): void {
-    const before = this.memory.last.get(message.relationId);
-    this.memory.last.set(message.relationId, message);
-    if (before && !sameColumns(before, message)) {
-      this.previous.set(message.relationId, before);
-      const rename = detectRename(before, message);
-      if (rename) {
-        const names = this.renamed.get(message.relationId) ?? new Map<string, string>();
-        const original = names.get(rename.from) ?? rename.from;
-        names.delete(rename.from);
-        if (original !== rename.to) names.set(rename.to, original);
-        this.renamed.set(message.relationId, names);
-      }
-    }
     this.remote.set(message.relationId, message);
     this.mapped.delete(message.relationId);
   }
@@ -230,6 +233,7 @@ export class RelationMap {
     const schema = schemaOf(remote);
     const displayName = `${schema}.${remote.name}`;
     const baseRule = this.options.mapping ? ruleFor(this.options.mapping, schema, remote.name) : null;
+    if (baseRule) await this.observe(conn, relationId, remote);
     let rule = baseRule ? this.withRenames(relationId, baseRule) : null;
     const target = rule ? { schema: rule.targetSchema, table: rule.targetTable } : { schema, table: remote.name };
     let { rows, byName, extra } = await this.readTarget(conn, target, rule, displayName);
@@ -275,6 +279,68 @@ export class RelationMap {
     }
     this.mapped.set(relationId, mapped);
     return mapped;
+  }
+
+  /**
+   * Take a mapped relation's Relation message into the drift bookkeeping (RelationMemory):
+   * against the last one seen, a difference makes that one `previous` and may be a rename
+   * (plan-checks.ts detectRename). With a subscription, the bookkeeping is read from
+   * pgsub.relation_columns once and a change written back on `conn` — in the apply
+   * transaction, so it commits (or not) with the changes that used it.
+   */
+  private async observe(conn: WireConnection, relationId: number, message: RelationMessage): Promise<void> {
+    const subscription = this.options.subscription;
+    if (subscription && !this.memory.loaded) {
+      const rows = await queryRows<{ id: string; columns: string; previous: string | null; renamed: string }>(
+        conn,
+        ['id', 'columns', 'previous', 'renamed'],
+        `SELECT "relation_id"::text, "columns"::text, "previous"::text, "renamed"::text FROM "pgsub"."relation_columns" WHERE "subscription" = $1`,
+        [subscription],
+      ).catch((err: unknown) => {
+        // Planning on a target pgsub has not run on yet (no pgsub schema): nothing is known. The apply path has migrated first.
+        if (this.options.planOnly) return [];
+        throw err;
+      });
+      for (const r of rows) {
+        const id = Number(r.id);
+        if (this.memory.last.has(id)) continue;
+        this.memory.last.set(id, fromStored(id, JSON.parse(r.columns) as StoredColumn[]));
+        if (r.previous) this.memory.previous.set(id, fromStored(id, JSON.parse(r.previous) as StoredColumn[]));
+        const renamed = Object.entries(JSON.parse(r.renamed) as Record<string, string>);
+        if (renamed.length > 0) this.memory.renamed.set(id, new Map(renamed));
+      }
+      this.memory.loaded = true;
+    }
+    const before = this.memory.last.get(relationId);
+    if (before === message) return;
+    this.memory.last.set(relationId, message);
+    if (before && sameColumns(before, message)) return;
+    if (before) {
+      this.previous.set(relationId, before);
+      const rename = detectRename(before, message);
+      if (rename) {
+        const names = this.renamed.get(relationId) ?? new Map<string, string>();
+        const original = names.get(rename.from) ?? rename.from;
+        names.delete(rename.from);
+        if (original !== rename.to) names.set(rename.to, original);
+        this.renamed.set(relationId, names);
+      }
+    }
+    if (!subscription || this.options.planOnly) return;
+    const previous = this.previous.get(relationId);
+    await conn.execute(
+      `INSERT INTO "pgsub"."relation_columns" ("subscription", "relation_id", "columns", "previous", "renamed", "updated_at")
+       VALUES ($1, $2::pg_catalog.int8, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb, $5::pg_catalog.jsonb, pg_catalog.now())
+       ON CONFLICT ("subscription", "relation_id") DO UPDATE
+         SET "columns" = EXCLUDED."columns", "previous" = EXCLUDED."previous", "renamed" = EXCLUDED."renamed", "updated_at" = EXCLUDED."updated_at"`,
+      [
+        subscription,
+        String(relationId),
+        JSON.stringify(stored(message)),
+        previous ? JSON.stringify(stored(previous)) : null,
+        JSON.stringify(Object.fromEntries(this.renamed.get(relationId) ?? [])),
+      ],
+    );
   }
 
   /** The target table's columns (and, for mapped tables, what plan-checks.ts needs of them). */
