@@ -108,11 +108,16 @@ const rows = (sql: string) => target.query(sql, [], 'dst');
 
 async function caughtUp(timeoutMs = 30_000): Promise<void> {
   const end = await currentWalLsn(publisher, 'src');
-  await waitFor(async () => ((await slotConfirmedLsn(publisher, 'mp')) ?? 0n) >= end, {
-    timeoutMs,
-    intervalMs: 100,
-    what: `slot to confirm ${end} (logs: ${JSON.stringify(logs.filter((l) => l.level >= 40).slice(-2))})`,
-  });
+  try {
+    await waitFor(async () => ((await slotConfirmedLsn(publisher, 'mp')) ?? 0n) >= end, { timeoutMs, intervalMs: 100, what: `slot to confirm ${end}` });
+  } catch (err) {
+    const sessions = await target.query(
+      `SELECT application_name, state, wait_event_type, wait_event, left(query, 120) AS query FROM pg_stat_activity WHERE datname = 'dst'`,
+      [],
+      'dst',
+    );
+    throw new Error(`${(err as Error).message}; logs: ${JSON.stringify(logs.slice(-2))}; target sessions: ${JSON.stringify(sessions)}`);
+  }
 }
 
 /** The subscription `mp` in this process; a new config each time, as a restarted pgsub has. */
@@ -134,9 +139,10 @@ function startMp(): Runner {
   });
   return startRunner(
     config,
-    createLogger('warn', {
+    createLogger(process.env.MAPDEBUG ? 'debug' : 'warn', {
       write: (line: string) => {
-        logs.push(JSON.parse(line));
+        const l = JSON.parse(line);
+        if (l.level >= 40) logs.push(l);
         if (process.env.MAPDEBUG) console.error(line);
       },
     }),

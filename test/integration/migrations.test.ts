@@ -59,7 +59,11 @@ test('a first start creates the schema; an up-to-date schema is left alone even 
 
 test('a target behind the newest migration waits for the lock, then gets the missing migration', async () => {
   // As a target last migrated by an older pgsub: the newest migration not applied.
-  await target.query(`DROP TABLE pgsub.relation_columns; DELETE FROM pgsub.schema_migrations WHERE created_at = (SELECT max(created_at) FROM pgsub.schema_migrations)`, undefined, 'dst');
+  await target.query(
+    `DROP TABLE pgsub.relation_columns; DELETE FROM pgsub.schema_migrations WHERE created_at = (SELECT max(created_at) FROM pgsub.schema_migrations)`,
+    undefined,
+    'dst',
+  );
   assert.equal(await applied(), BEHIND);
   const holder = await holdLock();
   let finished = false;

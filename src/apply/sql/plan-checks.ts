@@ -7,7 +7,10 @@
  * published table from the publisher's catalog) and at every Relation message alike.
  * Unmapped tables are never checked here: they keep native's behaviour.
  */
+import type { TableRule } from '../../config/mapping.js';
+import { MappingError } from '../../errors.js';
 import type { RelationMessage } from '../../protocol/messages.js';
+import type { Reshape, TargetColumn } from './mapping.js';
 
 /** Built-in type OIDs (pg_type.dat) the lossy-cast table names. */
 const T = {
@@ -101,4 +104,55 @@ export function detectRename(before: RelationMessage, after: RelationMessage): {
   }
   if (found && before.columns.some((c) => c.name === found!.to)) return null;
   return found;
+}
+
+/** Per target column, what the mapped checks (plan-checks.ts) need beyond TargetColumn. */
+export interface TargetExtra {
+  typeMod: number;
+  /** NOT NULL, no default, not identity nor generated: something must fill it. */
+  required: boolean;
+}
+
+/**
+ * The checks of a mapped relation beyond matchColumns (plan-checks.ts): every target
+ * column that is NOT NULL without a default is filled, and no direct column goes through
+ * a lossy cast. A required column left unfilled because the publisher dropped its source
+ * column says so.
+ */
+export function checkMapped(
+  remote: RelationMessage,
+  rule: TableRule,
+  targetColumns: TargetColumn[],
+  reshape: Reshape | undefined,
+  extra: Map<string, TargetExtra>,
+  displayName: string,
+  targetName: string,
+  before: RelationMessage | undefined,
+): void {
+  const where = `mapping.tables.${rule.source}`;
+  const filled = new Set<string>();
+  remote.columns.forEach((c, i) => {
+    if (reshape && !reshape.direct[i]) return;
+    const col = targetColumns[i]!;
+    filled.add(col.name);
+    const x = extra.get(col.name);
+    const lossy = x ? lossyCast(c.typeOid, c.typeModifier, col.typeOid, x.typeMod) : null;
+    if (lossy) {
+      throw new MappingError(
+        `${where}: column "${c.name}" → "${targetName}"."${col.name}" is a lossy cast: ${lossy} (widen the target column, or write the cast yourself as a computed column named "${col.name}")`,
+        { relation: displayName, column: c.name },
+      );
+    }
+  });
+  for (const c of reshape?.computed ?? []) filled.add(c.column.name);
+  for (const [name, x] of extra) {
+    if (!x.required || filled.has(name)) continue;
+    const dropped = before?.columns.find((c) => (rule.renames.get(c.name) ?? c.name) === name && !remote.columns.some((r) => r.name === c.name));
+    throw new MappingError(
+      dropped
+        ? `${where}: the publisher dropped column "${dropped.name}", and target column "${targetName}"."${name}" it filled is NOT NULL without a default, so every new row would fail: give it a default (ALTER TABLE … ALTER COLUMN "${name}" SET DEFAULT …), drop NOT NULL, or fill it with a computed expression`
+        : `${where}: target column "${targetName}"."${name}" is NOT NULL without a default and nothing fills it (map a remote column to it, compute it, or give it a default)`,
+      { relation: displayName, column: name },
+    );
+  }
 }

@@ -21,15 +21,22 @@
  * composites, ranges of enums or composites, domains over them), the plan to rewrite
  * them to the target's. The catalog rows for that are fetched once per relation, and
  * only when a remote column has a user-defined type (and binary mode is not known to be off).
+ *
+ * A relation with a mapping rule is also checked beyond column matching (plan-checks.ts:
+ * NOT NULL columns nothing fills, lossy casts) and followed through schema drift on the
+ * publisher (drift.ts: new, renamed and dropped columns under the rule's `drift:` policy).
  */
 import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './binary.js';
-import { DriftError, MappingError, SchemaMismatchError } from '../../errors.js';
+import { SchemaMismatchError } from '../../errors.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
-import { quoteIdent, quoteQualified } from '../../quote.js';
+import { quoteQualified } from '../../quote.js';
 import { queryRows, type WireConnection } from '../../target/connect.js';
 import { ruleFor, type MappingConfig, type TableRule } from '../../config/mapping.js';
 import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from './mapping.js';
-import { detectRename, lossyCast } from './plan-checks.js';
+import { checkMapped, type TargetExtra } from './plan-checks.js';
+import { Drift, type DriftOutcome } from './drift.js';
+
+export type { DriftOutcome } from './drift.js';
 
 export type { TargetColumn } from './mapping.js';
 
@@ -100,85 +107,18 @@ export interface RelationMapOptions {
   planOnly?: boolean;
 }
 
-/** What schema drift did to a mapped relation (docs/mapping.md "Schema drift"), for plan and logs. */
-export interface DriftOutcome {
-  /** Remote column names excluded by `drift: ignore` (or to be added, when planning). */
-  ignored: string[];
-  /** Remote column names added to the target by `drift: add` (with their types). */
-  added: { column: string; type: string }[];
-  /** New remote name → the remote name the mapping knew (a recognised rename). */
-  renamed: ReadonlyMap<string, string>;
-}
-
-/** Per target column, what the mapped checks (plan-checks.ts) need beyond TargetColumn. */
-interface TargetExtra {
-  typeMod: number;
-  /** NOT NULL, no default, not identity nor generated: something must fill it. */
-  required: boolean;
-}
-
-/**
- * Drift bookkeeping of one subscription's mapped relations, kept for the process's life
- * (a session restarted after an error must still know that a column is new, or renamed):
- * the last Relation message per relation id, the one before it that differed, and the
- * renames recognised. Keyed by the mapping config object, which a runner's sessions
- * share. Not kept across a restart of pgsub: then the first Relation message is taken as
- * the mapping's starting point (docs/mapping.md).
- */
-interface RelationMemory {
-  last: Map<number, RelationMessage>;
-  previous: Map<number, RelationMessage>;
-  renamed: Map<number, Map<string, string>>;
-  /** Read from pgsub.relation_columns (once per process). */
-  loaded: boolean;
-}
-
-type StoredColumn = { name: string; typeOid: number; typeModifier: number };
-const stored = (m: RelationMessage): StoredColumn[] => m.columns.map((c) => ({ name: c.name, typeOid: c.typeOid, typeModifier: c.typeModifier }));
-const fromStored = (id: number, columns: StoredColumn[]): RelationMessage => ({
-  tag: 'relation',
-  relationId: id,
-  namespace: '',
-  name: '',
-  replicaIdentity: 'default',
-  columns: columns.map((c) => ({ ...c, isKey: false })),
-});
-const memories = new WeakMap<MappingConfig, RelationMemory>();
-
-function sameColumns(a: RelationMessage, b: RelationMessage): boolean {
-  return (
-    a.columns.length === b.columns.length &&
-    a.columns.every((c, i) => {
-      const d = b.columns[i]!;
-      return c.name === d.name && c.typeOid === d.typeOid && c.typeModifier === d.typeModifier;
-    })
-  );
-}
-
 export class RelationMap {
   private readonly remote = new Map<number, RelationMessage>();
   private readonly mapped = new Map<number, MappedRelation>();
   private readonly types = new Map<number, { namespace: string; name: string }>();
-  /** What schema drift needs to remember across sessions (see RelationMemory). */
-  private readonly memory: RelationMemory;
-  private get previous() {
-    return this.memory.previous;
-  }
-  private get renamed() {
-    return this.memory.renamed;
-  }
+  /** Schema drift of mapped relations (drift.ts). */
+  private readonly drift: Drift;
 
   constructor(
     private readonly targetVersionNum: number,
     private readonly options: RelationMapOptions = {},
   ) {
-    const key = options.mapping;
-    let memory = key && !options.planOnly ? memories.get(key) : undefined;
-    if (!memory) {
-      memory = { last: new Map(), previous: new Map(), renamed: new Map(), loaded: false };
-      if (key && !options.planOnly) memories.set(key, memory);
-    }
-    this.memory = memory;
+    this.drift = new Drift(options, this.types);
   }
 
   /** A map for another connection of the same subscription (apply lanes, parallel workers): same options, nothing resolved. */
@@ -233,13 +173,13 @@ export class RelationMap {
     const schema = schemaOf(remote);
     const displayName = `${schema}.${remote.name}`;
     const baseRule = this.options.mapping ? ruleFor(this.options.mapping, schema, remote.name) : null;
-    if (baseRule) await this.observe(conn, relationId, remote);
-    let rule = baseRule ? this.withRenames(relationId, baseRule) : null;
+    if (baseRule) await this.drift.observe(conn, relationId, remote);
+    let rule = baseRule ? this.drift.withRenames(relationId, baseRule) : null;
     const target = rule ? { schema: rule.targetSchema, table: rule.targetTable } : { schema, table: remote.name };
     let { rows, byName, extra } = await this.readTarget(conn, target, rule, displayName);
     let drift: DriftOutcome | undefined;
     if (rule) {
-      const outcome = await this.applyDrift(conn, relationId, remote, rule, byName, target, displayName);
+      const outcome = await this.drift.apply(conn, relationId, remote, rule, byName, target, displayName);
       rule = outcome.rule;
       drift = outcome.drift;
       if (outcome.drift.added.length > 0) ({ rows, byName, extra } = await this.readTarget(conn, target, rule, displayName));
@@ -247,7 +187,7 @@ export class RelationMap {
     const { targetColumns, reshape } = matchColumns(remote, byName, displayName, `${target.schema}.${target.table}`, rule);
     if (reshape) await this.reshapeTypes(conn, remote, reshape);
     if (reshape && rule && this.options.probe) await checkExpressions(this.options.probe, reshape, remote, displayName, rule);
-    if (rule) checkMapped(remote, rule, targetColumns, reshape, extra, displayName, `${target.schema}.${target.table}`, this.previous.get(relationId));
+    if (rule) checkMapped(remote, rule, targetColumns, reshape, extra, displayName, `${target.schema}.${target.table}`, this.drift.previous(relationId));
     if (remote.replicaIdentity === 'full') {
       const equality = await typeEquality(
         conn,
@@ -279,68 +219,6 @@ export class RelationMap {
     }
     this.mapped.set(relationId, mapped);
     return mapped;
-  }
-
-  /**
-   * Take a mapped relation's Relation message into the drift bookkeeping (RelationMemory):
-   * against the last one seen, a difference makes that one `previous` and may be a rename
-   * (plan-checks.ts detectRename). With a subscription, the bookkeeping is read from
-   * pgsub.relation_columns once and a change written back on `conn` — in the apply
-   * transaction, so it commits (or not) with the changes that used it.
-   */
-  private async observe(conn: WireConnection, relationId: number, message: RelationMessage): Promise<void> {
-    const subscription = this.options.subscription;
-    if (subscription && !this.memory.loaded) {
-      const rows = await queryRows<{ id: string; columns: string; previous: string | null; renamed: string }>(
-        conn,
-        ['id', 'columns', 'previous', 'renamed'],
-        `SELECT "relation_id"::text, "columns"::text, "previous"::text, "renamed"::text FROM "pgsub"."relation_columns" WHERE "subscription" = $1`,
-        [subscription],
-      ).catch((err: unknown) => {
-        // Planning on a target pgsub has not run on yet (no pgsub schema): nothing is known. The apply path has migrated first.
-        if (this.options.planOnly) return [];
-        throw err;
-      });
-      for (const r of rows) {
-        const id = Number(r.id);
-        if (this.memory.last.has(id)) continue;
-        this.memory.last.set(id, fromStored(id, JSON.parse(r.columns) as StoredColumn[]));
-        if (r.previous) this.memory.previous.set(id, fromStored(id, JSON.parse(r.previous) as StoredColumn[]));
-        const renamed = Object.entries(JSON.parse(r.renamed) as Record<string, string>);
-        if (renamed.length > 0) this.memory.renamed.set(id, new Map(renamed));
-      }
-      this.memory.loaded = true;
-    }
-    const before = this.memory.last.get(relationId);
-    if (before === message) return;
-    this.memory.last.set(relationId, message);
-    if (before && sameColumns(before, message)) return;
-    if (before) {
-      this.previous.set(relationId, before);
-      const rename = detectRename(before, message);
-      if (rename) {
-        const names = this.renamed.get(relationId) ?? new Map<string, string>();
-        const original = names.get(rename.from) ?? rename.from;
-        names.delete(rename.from);
-        if (original !== rename.to) names.set(rename.to, original);
-        this.renamed.set(relationId, names);
-      }
-    }
-    if (!subscription || this.options.planOnly) return;
-    const previous = this.previous.get(relationId);
-    await conn.execute(
-      `INSERT INTO "pgsub"."relation_columns" ("subscription", "relation_id", "columns", "previous", "renamed", "updated_at")
-       VALUES ($1, $2::pg_catalog.int8, $3::pg_catalog.jsonb, $4::pg_catalog.jsonb, $5::pg_catalog.jsonb, pg_catalog.now())
-       ON CONFLICT ("subscription", "relation_id") DO UPDATE
-         SET "columns" = EXCLUDED."columns", "previous" = EXCLUDED."previous", "renamed" = EXCLUDED."renamed", "updated_at" = EXCLUDED."updated_at"`,
-      [
-        subscription,
-        String(relationId),
-        JSON.stringify(stored(message)),
-        previous ? JSON.stringify(stored(previous)) : null,
-        JSON.stringify(Object.fromEntries(this.renamed.get(relationId) ?? [])),
-      ],
-    );
   }
 
   /** The target table's columns (and, for mapped tables, what plan-checks.ts needs of them). */
@@ -395,104 +273,6 @@ export class RelationMap {
       }
     }
     return { rows, byName, extra };
-  }
-
-  /** The rule with this relation's recognised renames (plan-checks.ts detectRename): a renamed remote column goes where its old name went. */
-  private withRenames(relationId: number, rule: TableRule): TableRule {
-    const names = this.renamed.get(relationId);
-    if (!names || names.size === 0) return rule;
-    const renames = new Map(rule.renames);
-    const excluded = new Set(rule.excluded);
-    for (const [now, was] of names) {
-      renames.delete(was);
-      if (rule.excluded.has(was)) excluded.add(now);
-      else renames.set(now, rule.renames.get(was) ?? was);
-    }
-    return { ...rule, renames, excluded };
-  }
-
-  /**
-   * Remote columns the target lacks under a mapping rule, by its drift policy: `ignore`
-   * excludes them; `add` adds each to the target with the remote type, on `conn` — the
-   * apply transaction, before the first change that carries it, so the DDL commits with
-   * the data — unless the target lacks the type (then as `stop`); `stop` is a DriftError
-   * for a column new since the previous Relation message (the transaction rolls back and is
-   * retried until the target has it). A column missing at the first Relation message is a
-   * plain mismatch (matchColumns), under `stop`.
-   */
-  private async applyDrift(
-    conn: WireConnection,
-    relationId: number,
-    remote: RelationMessage,
-    rule: TableRule,
-    byName: Map<string, TargetColumn>,
-    target: { schema: string; table: string },
-    displayName: string,
-  ): Promise<{ rule: TableRule; drift: DriftOutcome }> {
-    const drift: DriftOutcome = { ignored: [], added: [], renamed: new Map(this.renamed.get(relationId) ?? []) };
-    const missing = remote.columns.filter((c) => {
-      const to = rule.renames.get(c.name) ?? c.name;
-      return !rule.excluded.has(c.name) && !rule.computed.has(to) && !byName.has(to);
-    });
-    if (missing.length === 0) return { rule, drift };
-    const targetName = quoteQualified(target.schema, target.table);
-    const before = this.previous.get(relationId);
-    const stop = async (reason: string | null) => {
-      const fresh = missing.filter((c) => before && !before.columns.some((b) => b.name === c.name));
-      if (fresh.length === 0) return; // matchColumns reports the mismatch
-      const typed = await Promise.all(fresh.map(async (c) => ({ c, type: await this.remoteTypeName(conn, c) })));
-      const diff = typed.map(({ c, type }) => `+ "${c.name}" ${type ?? `(type oid ${c.typeOid})`}`).join(', ');
-      const fixes = typed.map(({ c, type }) => `ALTER TABLE ${targetName} ADD COLUMN ${quoteIdent(rule.renames.get(c.name) ?? c.name)} ${type ?? '<type>'};`).join(' ');
-      throw new DriftError(
-        `schema drift on "${displayName}": the publisher sends ${plural(fresh.length, 'new column')} ${diff} that "${target.schema}.${target.table}" lacks${reason ? ` (${reason})` : ''}; apply stopped before the first change carrying ${fresh.length > 1 ? 'them' : 'it'} (drift: ${rule.drift}). Fix: ${fixes} or add ${fresh.map((c) => `"${c.name}"`).join(', ')} to mapping.tables.${rule.source}.exclude (or set drift: ignore or add); apply resumes by itself once fixed`,
-        {
-          relation: displayName,
-          column: fresh.map((c) => c.name).join(', '),
-          target: `${target.schema}.${target.table}`,
-          diff: typed.map(({ c, type }) => ({ column: c.name, type, missingOn: `${target.schema}.${target.table}` })),
-          fix: fixes,
-        },
-      );
-    };
-    if (rule.drift === 'stop') {
-      await stop(null);
-      return { rule, drift };
-    }
-    const excluded = new Set(rule.excluded);
-    if (rule.drift === 'ignore' || this.options.planOnly) {
-      for (const c of missing) excluded.add(c.name);
-      drift.ignored.push(...missing.map((c) => c.name));
-      return { rule: { ...rule, excluded }, drift };
-    }
-    for (const c of missing) {
-      const type = await this.remoteTypeName(conn, c);
-      if (type === null) {
-        await stop(`drift: add, and the target has no type ${this.types.get(c.typeOid)?.name ?? `of oid ${c.typeOid}`}`);
-        throw new DriftError(`schema drift on "${displayName}": the target has no type for new column "${c.name}" (drift: add); create the type or the column`, {
-          relation: displayName,
-          column: c.name,
-        });
-      }
-      // IF NOT EXISTS: an apply lane resolves outside the apply transaction (lanes.ts), and a retry may meet a column a commit already added.
-      await conn.execute(`ALTER TABLE ${targetName} ADD COLUMN IF NOT EXISTS ${quoteIdent(rule.renames.get(c.name) ?? c.name)} ${type}`, []);
-      drift.added.push({ column: c.name, type });
-    }
-    return { rule, drift };
-  }
-
-  /** A remote column's type as the target spells it (with its modifier); null when the target has no such type. */
-  private async remoteTypeName(conn: WireConnection, c: RelationMessage['columns'][number]): Promise<string | null> {
-    const named = c.typeOid >= FIRST_GENBKI_OID ? this.types.get(c.typeOid) : undefined;
-    if (c.typeOid >= FIRST_GENBKI_OID && !named) return null;
-    const [row] = await queryRows<{ name: string | null }>(
-      conn,
-      ['name'],
-      named
-        ? `SELECT pg_catalog.format_type(t.oid, $3::pg_catalog.int4) AS name FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE n.nspname = $1 AND t.typname = $2`
-        : `SELECT pg_catalog.format_type(t.oid, $1::pg_catalog.int4) AS name FROM pg_catalog.pg_type t WHERE t.oid = $2::pg_catalog.oid`,
-      named ? [schemaOf(named), named.name, String(c.typeModifier)] : [String(c.typeModifier), String(c.typeOid)],
-    );
-    return row?.name ?? null;
   }
 
   /**
@@ -551,54 +331,6 @@ export class RelationMap {
     const anyParseType = parseTypes.some((t) => t !== 0);
     if (!anyParseType && !plans) return undefined;
     return { parseTypes: anyParseType ? parseTypes : null, plans };
-  }
-}
-
-function plural(n: number, word: string): string {
-  return n > 1 ? `${word}s` : word;
-}
-
-/**
- * The checks of a mapped relation beyond matchColumns (plan-checks.ts): every target
- * column that is NOT NULL without a default is filled, and no direct column goes through
- * a lossy cast. A required column left unfilled because the publisher dropped its source
- * column says so.
- */
-function checkMapped(
-  remote: RelationMessage,
-  rule: TableRule,
-  targetColumns: TargetColumn[],
-  reshape: Reshape | undefined,
-  extra: Map<string, TargetExtra>,
-  displayName: string,
-  targetName: string,
-  before: RelationMessage | undefined,
-): void {
-  const where = `mapping.tables.${rule.source}`;
-  const filled = new Set<string>();
-  remote.columns.forEach((c, i) => {
-    if (reshape && !reshape.direct[i]) return;
-    const col = targetColumns[i]!;
-    filled.add(col.name);
-    const x = extra.get(col.name);
-    const lossy = x ? lossyCast(c.typeOid, c.typeModifier, col.typeOid, x.typeMod) : null;
-    if (lossy) {
-      throw new MappingError(
-        `${where}: column "${c.name}" → "${targetName}"."${col.name}" is a lossy cast: ${lossy} (widen the target column, or write the cast yourself as a computed column named "${col.name}")`,
-        { relation: displayName, column: c.name },
-      );
-    }
-  });
-  for (const c of reshape?.computed ?? []) filled.add(c.column.name);
-  for (const [name, x] of extra) {
-    if (!x.required || filled.has(name)) continue;
-    const dropped = before?.columns.find((c) => (rule.renames.get(c.name) ?? c.name) === name && !remote.columns.some((r) => r.name === c.name));
-    throw new MappingError(
-      dropped
-        ? `${where}: the publisher dropped column "${dropped.name}", and target column "${targetName}"."${name}" it filled is NOT NULL without a default, so every new row would fail: give it a default (ALTER TABLE … ALTER COLUMN "${name}" SET DEFAULT …), drop NOT NULL, or fill it with a computed expression`
-        : `${where}: target column "${targetName}"."${name}" is NOT NULL without a default and nothing fills it (map a remote column to it, compute it, or give it a default)`,
-      { relation: displayName, column: name },
-    );
   }
 }
 
