@@ -249,7 +249,8 @@ test('drift: stop → status shows the diff and the fix → fixed on the target,
   assert.match(status.out, /\+ "color" text {4}\(on the publisher; missing on crm\.items_t\)/);
   assert.match(status.out, /fix: ALTER TABLE "crm"\."items_t" ADD COLUMN "color" text;/);
   await target.query(`ALTER TABLE crm.items_t ADD COLUMN color text`, [], 'dst');
-  await caughtUp();
+  // The next retry (backoff up to retry_max_delay) starts a session; generous on a loaded machine.
+  await caughtUp(60_000);
   assert.deepEqual(await rows(`SELECT id, color FROM crm.items_t WHERE id > 501 ORDER BY id`), [
     { id: 502, color: null },
     { id: 503, color: 'red' },
