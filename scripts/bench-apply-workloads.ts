@@ -29,8 +29,9 @@
 import type { MappedRelation } from '../src/apply/sql/relmap.js';
 import type pg from 'pg';
 
-export type WorkloadId = 'W1' | 'W2' | 'W3' | 'W4';
-export const WORKLOAD_IDS: readonly WorkloadId[] = ['W1', 'W2', 'W3', 'W4'];
+export type WorkloadId = 'W1' | 'W2' | 'W3' | 'W4' | 'W1m' | 'W2m';
+/** W1m, W2m: W1 and W2 under a mapping (see mappedVariants); only run when named in --workloads. */
+export const WORKLOAD_IDS: readonly WorkloadId[] = ['W1', 'W2', 'W3', 'W4', 'W1m', 'W2m'];
 export type Mode = 'off' | 'on' | 'parallel';
 
 export interface Workload {
@@ -60,6 +61,12 @@ export interface Workload {
   reset: string;
   /** Leaves the backlog: statements run in `sessions` (one each, concurrently). */
   backlog: string[][];
+  /**
+   * A mapped variant: the workload it repeats on the publisher (same publication, tables
+   * and backlog), pgsub's `mapping:` config, and the target's tables instead of `ddl`
+   * (with views under the publisher's names, so the checksums compare the same rows).
+   */
+  mapped?: { base: WorkloadId; mapping: unknown; targetDdl: string };
 }
 
 /**
@@ -115,7 +122,7 @@ export function workloads(scale: number): Workload[] {
   const w2Tx = Math.max(W2_CLIENTS, count(100_000, scale));
   const w3Rows = count(1_000_000, scale);
   const w4Tx = count(100_000, scale);
-  return [
+  const all: Workload[] = [
     {
       id: 'W1',
       title: `${fmt(w1Rows)} rows inserted in ${fmt(w1Tx)} transactions of up to ${fmt(W1_TX_ROWS)}`,
@@ -189,6 +196,58 @@ export function workloads(scale: number): Workload[] {
       initialRows: '',
       reset: 'TRUNCATE public.w4',
       backlog: [[`CALL public.bench_single_rows(1, ${w4Tx})`]],
+    },
+  ];
+  return [...all, ...mappedVariants(all)];
+}
+
+/**
+ * W1m and W2m: the same work as W1 and W2 with a mapping — each table retargeted to
+ * schema `m`, one column renamed and one computed column (W1: payload → body, n_mod =
+ * n % 7; W2: pgbench_accounts' abalance → balance, balance_eur = abalance / 100.0, the
+ * other three tables retargeted only). Reshaped tables (a computed column) are applied one
+ * statement per change (apply/sql/statements.ts); retargeted-only ones take the usual paths.
+ */
+function mappedVariants(all: Workload[]): Workload[] {
+  const w1 = all.find((w) => w.id === 'W1')!;
+  const w2 = all.find((w) => w.id === 'W2')!;
+  const retarget = (t: string) => ({ target: `m.${t}` });
+  return [
+    {
+      ...w1,
+      id: 'W1m',
+      title: `${w1.title}, mapped (retarget, rename, computed column)`,
+      mapped: {
+        base: 'W1',
+        mapping: { tables: { 'public.w1': { ...retarget('w1'), columns: { payload: 'body' }, computed: { n_mod: 'n % 7' } } } },
+        targetDdl: `CREATE SCHEMA m;
+          CREATE TABLE m.w1 (id bigint PRIMARY KEY, n integer NOT NULL, body text NOT NULL, ts timestamptz NOT NULL, n_mod integer);
+          CREATE VIEW public.w1 AS SELECT id, n, body AS payload, ts FROM m.w1;`,
+      },
+    },
+    {
+      ...w2,
+      id: 'W2m',
+      title: `${w2.title}, mapped (retarget, rename, computed column)`,
+      mapped: {
+        base: 'W2',
+        mapping: {
+          tables: {
+            'public.pgbench_accounts': { ...retarget('pgbench_accounts'), columns: { abalance: 'balance' }, computed: { balance_eur: 'abalance / 100.0' } },
+            'public.pgbench_tellers': retarget('pgbench_tellers'),
+            'public.pgbench_branches': retarget('pgbench_branches'),
+            'public.pgbench_history': retarget('pgbench_history'),
+          },
+        },
+        targetDdl: `CREATE SCHEMA m;
+          ${w2.ddl.replace(/public\./g, 'm.')}
+          ALTER TABLE m.pgbench_accounts RENAME COLUMN abalance TO balance;
+          ALTER TABLE m.pgbench_accounts ADD COLUMN balance_eur numeric;
+          CREATE VIEW public.pgbench_branches AS SELECT * FROM m.pgbench_branches;
+          CREATE VIEW public.pgbench_tellers AS SELECT * FROM m.pgbench_tellers;
+          CREATE VIEW public.pgbench_accounts AS SELECT aid, bid, balance AS abalance, filler FROM m.pgbench_accounts;
+          CREATE VIEW public.pgbench_history AS SELECT * FROM m.pgbench_history;`,
+      },
     },
   ];
 }

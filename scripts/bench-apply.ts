@@ -17,6 +17,10 @@
  * streaming parallel; W4 100,000 single-row transactions. --scale shrinks the counts,
  * and W3's logical_decoding_work_mem (64MB, the default) with them, so that W3 is still
  * streamed.
+ * W1m and W2m are W1 and W2 under a `mapping:` (each table retargeted, one column renamed,
+ * one computed column; bench-apply-workloads.ts mappedVariants), pgsub only (native has no
+ * mapping); the goals print each one's time against its base workload's in the same run
+ * (--workloads W1,W1m to run just that pair).
  *
  * One round = one workload × streaming mode × repetition, for every contestant:
  *   1. The publisher's tables are emptied and refilled with the workload's starting
@@ -106,7 +110,9 @@ const SCRAPE_EVERY_MS = 1000;
 type Kind = (typeof CONTESTANTS)[number];
 const isPgsub = (kind: Kind) => kind !== 'native';
 /** The issue's goals: pgsub's speedup over native (time ratio, best mode each) and its peak RSS. */
-const SPEEDUP_GOALS: Record<WorkloadId, number> = { W1: 1.2, W2: 1.2, W3: 1.5, W4: 2.0 };
+const SPEEDUP_GOALS: Partial<Record<WorkloadId, number>> = { W1: 1.2, W2: 1.2, W3: 1.5, W4: 2.0 };
+/** A mapped variant (W1m, W2m) against its base workload, pgsub's median time: goal within 10%. */
+const MAPPED_GOAL = 1.1;
 const RSS_GOAL_MB = 200;
 const MIB_TO_MB = 1.048576;
 /** How often the end is checked (slot, marker row): the resolution of every time measured, both contestants. */
@@ -148,7 +154,7 @@ const REPEAT = Number(opts.repeat);
 if (!Number.isInteger(REPEAT) || REPEAT < 1) throw new Error(`--repeat must be a positive integer, not ${opts.repeat}`);
 const CROSS_REPEAT = Number(opts['cross-repeat'] ?? opts.repeat);
 if (!Number.isInteger(CROSS_REPEAT) || CROSS_REPEAT < 1) throw new Error(`--cross-repeat must be a positive integer, not ${opts['cross-repeat']}`);
-const SELECTED = opts.workloads.split(',').map((w) => w.trim().toUpperCase()) as WorkloadId[];
+const SELECTED = opts.workloads.split(',').map((w) => w.trim().toUpperCase().replace(/M$/, 'm')) as WorkloadId[];
 for (const w of SELECTED) if (!WORKLOAD_IDS.includes(w)) throw new Error(`--workloads: unknown ${w} (known: ${WORKLOAD_IDS.join(', ')})`);
 const KINDS = opts.contestants.split(',').map((c) => c.trim()) as Kind[];
 for (const c of KINDS) if (!CONTESTANTS.includes(c)) throw new Error(`--contestants: unknown ${c} (known: ${CONTESTANTS.join(', ')})`);
@@ -198,7 +204,11 @@ async function startServers(pair: (typeof PAIRS)[number]): Promise<Servers> {
   ]);
   await pub.createDatabase(SOURCE_DB);
   await pub.query(MARKER_DDL, [], SOURCE_DB);
+  const published = new Set<string>();
   for (const w of WORKLOADS) {
+    // A mapped variant shares its base workload's publication and tables.
+    if (published.has(w.publication)) continue;
+    published.add(w.publication);
     await pub.query(`${w.ddl}; ${w.publisherDdl}; CREATE PUBLICATION ${w.publication} FOR TABLE ${[...w.tables, MARKER_TABLE].join(', ')}`, [], SOURCE_DB);
   }
   const work = await Promise.all(Array.from({ length: Math.max(...WORKLOADS.map((w) => w.backlog.length)) }, () => benchClient(pub.url(SOURCE_DB))));
@@ -239,7 +249,7 @@ interface Entrant {
 
 async function createTargetDb(s: Servers, w: Workload, db: string): Promise<void> {
   await s.tgt.createDatabase(db);
-  await s.tgt.query(`${w.ddl}; ${MARKER_DDL}; ${w.initialRows}; ANALYZE`, [], db);
+  await s.tgt.query(`${w.mapped?.targetDdl ?? w.ddl}; ${MARKER_DDL}; ${w.initialRows}; ANALYZE`, [], db);
 }
 
 async function dropSlot(s: Servers, slot: string): Promise<void> {
@@ -267,6 +277,7 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     PGSUB_LOG_LEVEL: 'info',
     ...PGSUB_EXTRA_ENV,
     ...(kind === 'pgsub-lanes' ? { PGSUB_APPLY_WORKERS: opts.lanes } : {}),
+    ...(w.mapped ? { PGSUB_MAPPING: JSON.stringify(w.mapped.mapping) } : {}),
     ...(kind === 'pgsub-metrics' ? { PGSUB_METRICS_LISTEN: '127.0.0.1:0' } : {}),
   };
   let lastScrape = 0;
@@ -418,7 +429,9 @@ let roundCounter = 0;
 
 async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build: PgsubBuild): Promise<{ backlog: Backlog; runs: RunResult[] }> {
   const n = ++roundCounter;
-  const order = rep % 2 === 1 ? KINDS : [...KINDS].reverse();
+  // Native has no mapping: a mapped variant is pgsub's only.
+  const kinds = w.mapped ? KINDS.filter(isPgsub) : KINDS;
+  const order = rep % 2 === 1 ? kinds : [...kinds].reverse();
   // 1. Decoding memory, then starting rows, with no slot in existence (none of it is decoded).
   await s.pubMonitor.query(`ALTER SYSTEM SET logical_decoding_work_mem = '${w.decodingWorkMem}'`);
   await s.pubMonitor.query('SELECT pg_catalog.pg_reload_conf()');
@@ -651,7 +664,18 @@ function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
       const best = (xs: Summary[]) => xs.reduce<Summary | null>((a, b) => (a === null || b.medianSeconds! < a.medianSeconds! ? b : a), null);
       const p = best(of('pgsub'));
       const nat = best(of('native'));
-      const goal = SPEEDUP_GOALS[w.id];
+      if (w.mapped) {
+        const base = summaries.find((x) => x.pair === pair.name && x.workload === w.mapped!.base && x.contestant === 'pgsub' && x.mode === p?.mode && x.medianSeconds);
+        if (p && base) {
+          const ratio = round(p.medianSeconds! / base.medianSeconds!);
+          lines.push({
+            met: ratio <= MAPPED_GOAL,
+            text: `${pair.name} ${w.id}: mapped ${p.medianSeconds} s / unmapped ${w.mapped.base} ${base.medianSeconds} s = ${ratio.toFixed(2)}× (goal ≤ ${MAPPED_GOAL}×)`,
+          });
+        } else lines.push({ met: null, text: `${pair.name} ${w.id}: mapped/unmapped not measured (run ${w.mapped.base} too; goal ≤ ${MAPPED_GOAL}×)` });
+        continue;
+      }
+      const goal = SPEEDUP_GOALS[w.id]!;
       if (p && nat) {
         const ratio = round(nat.medianSeconds! / p.medianSeconds!);
         lines.push({

@@ -28,7 +28,7 @@ import { benchClient, CpuSampler, formatTable, headerText, median, min, pollUnti
 
 const { values: opts } = parseArgs({
   options: {
-    workloads: { type: 'string', default: WORKLOAD_IDS.join(',') },
+    workloads: { type: 'string', default: WORKLOAD_IDS.filter((w) => !w.endsWith('m')).join(',') },
     reads: { type: 'string', default: '3' },
     major: { type: 'string', default: '18' },
     help: { type: 'boolean', default: false },

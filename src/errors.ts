@@ -94,6 +94,18 @@ export class MappingError extends PgsubError {
   override readonly exitCode = 2;
 }
 
+/**
+ * Schema drift under `drift: stop` (docs/mapping.md): the publisher sends a column the
+ * mapped target does not have. The transaction carrying it is rolled back, so apply stops
+ * at the boundary before it; retried with backoff (re-reading the target catalog), it
+ * resumes by itself once the column is added or excluded. The context holds the diff and
+ * the fix, which `pgsub status` shows.
+ */
+export class DriftError extends PgsubError {
+  readonly code = 'PGSUB_SCHEMA_DRIFT';
+  readonly retryable = true;
+}
+
 /** A change that cannot be applied as sent (e.g. UPDATE on a table with REPLICA IDENTITY NOTHING). */
 export class ApplyError extends PgsubError {
   readonly code = 'PGSUB_APPLY_FAILED';

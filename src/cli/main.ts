@@ -1,5 +1,5 @@
 /**
- * The `pgsub` command line: `run` (the service), `status`, `refresh`, `resync`, `skip`
+ * The `pgsub` command line: `run` (the service), `status`, `plan` (the mapping's plan and SQL, plan.ts), `refresh`, `resync`, `skip`
  * and `enable` (conflict handling, conflict/control.ts), the migration commands
  * (`preflight`, `schema copy|diff`, `cutover`: migrate-commands.ts), and `demo` (an
  * embedded migration with a sample workload). Startup errors (configuration, and
@@ -18,6 +18,7 @@ import { superviseService, type Supervisor } from '../service/supervise.js';
 import { startMetricsServer, type MetricsSource } from '../service/metrics.js';
 import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
+import { printPlan } from './plan.js';
 import { openMaintenance, type Sql } from '../target/connect.js';
 import type { Config } from '../config/config.js';
 import { markReadyWithoutCopy, notifyChannel, requestRefresh } from '../tablesync/launcher.js';
@@ -92,6 +93,18 @@ program
   .action(async (opts: { config?: string; json?: boolean }) => {
     const config = loadConfig({ file: opts.config });
     process.exitCode = await printStatus(config, Boolean(opts.json));
+  });
+
+program
+  .command('plan')
+  .description(
+    'print per published table the resolved mapping and the SQL pgsub runs for insert, update, delete, truncate and the initial copy (exit 2: a plan is invalid; docs/mapping.md)',
+  )
+  .option('-c, --config <file>', 'YAML or JSON config file')
+  .option('--json', 'print JSON')
+  .action(async (opts: { config?: string; json?: boolean }) => {
+    const config = loadConfig({ file: opts.config });
+    process.exitCode = await printPlan(config, Boolean(opts.json));
   });
 
 program

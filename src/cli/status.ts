@@ -371,12 +371,32 @@ function buildReport(config: Config, sourceRead: PromiseSettledResult<SourceRead
   };
 }
 
+/**
+ * Schema drift under `drift: stop` (apply/sql/relmap.ts DriftError) as a diff and its fix,
+ * read from the recorded error while it is pending.
+ */
+function driftLines(report: StatusReport): string[] {
+  if (report.last_error_code !== 'PGSUB_SCHEMA_DRIFT' || !report.last_error_pending || !report.last_error_message) return [];
+  const m = /^schema drift on "([^"]+)": the publisher sends new columns? (.*) that "([^"]+)" lacks(?: \((.*?)\))?; .*? Fix: (.*); apply resumes by itself once fixed$/.exec(
+    report.last_error_message,
+  );
+  if (!m) return [];
+  const [, source, diff, target, reason, fix] = m;
+  return [
+    '',
+    `schema drift: ${source} → ${target} (apply stopped before the first change carrying it; resumes by itself once fixed)`,
+    ...diff!.split(/, (?=\+ ")/).map((d) => `  ${d}    (on the publisher; missing on ${target}${reason ? `, ${reason}` : ''})`),
+    `  fix: ${fix}`,
+  ];
+}
+
 /** One `key value` line per field, then the tables with their last copy error. */
 function renderText(report: StatusReport): string {
   const { tables, source, target, sequences, ...rest } = report;
   const sideLine = (s: SideStatus) => `${s.host} ${s.error === null ? 'reachable' : `${s.reachable ? 'could not be read' : 'UNREACHABLE'}: ${s.error}`}`;
   const lines = [`${'subscription'.padEnd(32)} ${report.subscription}`, `${'source'.padEnd(32)} ${sideLine(source)}`, `${'target'.padEnd(32)} ${sideLine(target)}`];
   for (const [k, v] of Object.entries(rest)) if (k !== 'subscription') lines.push(`${k.padEnd(32)} ${v ?? '-'}`);
+  lines.push(...driftLines(report));
   if (tables === null) {
     lines.push('', 'tables: unknown (target not read)');
   } else if (tables.length > 0) {

@@ -13,7 +13,13 @@ const name = z.string({ error: (iss) => `${showValue(iss.input)} is not a name` 
 const expr = z.string({ error: (iss) => `${showValue(iss.input)} is not an SQL expression` }).min(1);
 
 /** Designed in docs/mapping.md, not built yet: refused by rejectUnbuilt with PGSUB_NOT_IMPLEMENTED. */
-export const UNBUILT_KEYS = ['drift'] as const;
+/** Designed in docs/mapping.md, not built yet: refused by rejectUnbuilt with PGSUB_NOT_IMPLEMENTED (none today). */
+export const UNBUILT_KEYS = [] as const;
+
+/** What a new publisher column does to a mapped table (docs/mapping.md "Schema drift"). */
+export const DRIFT_POLICIES = ['stop', 'ignore', 'add'] as const;
+export type DriftPolicy = (typeof DRIFT_POLICIES)[number];
+const drift = z.enum(DRIFT_POLICIES, { error: (iss) => `${showValue(iss.input)} is not a drift policy (stop, ignore or add)` });
 
 const unbuilt = Object.fromEntries(UNBUILT_KEYS.map((k) => [k, z.unknown().optional()])) as Record<(typeof UNBUILT_KEYS)[number], z.ZodOptional<z.ZodUnknown>>;
 
@@ -46,6 +52,7 @@ const tableRule = z
     exclude: z.array(name).optional(),
     computed: z.record(z.string(), expr).optional(),
     ...rowKeys,
+    drift: drift.optional(),
     ...unbuilt,
   })
   .strict();
@@ -54,6 +61,7 @@ const schemaRule = z
   .object({
     target: name.regex(/^[^.]+$/, { message: 'a schema rule names a target schema' }).optional(),
     ...rowKeys,
+    drift: drift.optional(),
     ...unbuilt,
   })
   .strict();
@@ -80,8 +88,8 @@ export type MappingInput = z.infer<typeof mappingSchema>;
 /** The keys each level of `mapping:` accepts, for "did you mean" (config.ts keysAt). */
 export function mappingKeysAt(at: readonly PropertyKey[]): readonly string[] {
   if (at.length === 1) return ['schemas', 'tables'];
-  if (at.length === 3 && at[1] === 'schemas') return ['target', ...ROW_KEYS, ...UNBUILT_KEYS];
-  return ['target', 'columns', 'exclude', 'computed', ...ROW_KEYS, ...UNBUILT_KEYS];
+  if (at.length === 3 && at[1] === 'schemas') return ['target', 'drift', ...ROW_KEYS, ...UNBUILT_KEYS];
+  return ['target', 'columns', 'exclude', 'computed', 'drift', ...ROW_KEYS, ...UNBUILT_KEYS];
 }
 
 /** One source table's rule, merged from its schema's and its own. */
@@ -98,6 +106,8 @@ export interface TableRule {
   computed: ReadonlyMap<string, string>;
   /** Row semantics (apply/sql/rows.ts); absent keys: native behaviour. */
   rows: RowRule;
+  /** A new publisher column: the table's policy, else its schema's, else stop. */
+  drift: DriftPolicy;
 }
 
 /** The row-semantics keys of a rule, merged (a table's own over its schema's). */
@@ -164,7 +174,16 @@ export function ruleFor(m: MappingConfig, schema: string, table: string): TableR
     else renames.set(from, to);
   }
   const rows = rowRule(t ?? {}, s ?? {}, `${schema}.${table}`);
-  return { source: `${schema}.${table}`, targetSchema, targetTable, renames, excluded, computed: new Map(Object.entries(t?.computed ?? {})), rows };
+  return {
+    source: `${schema}.${table}`,
+    targetSchema,
+    targetTable,
+    renames,
+    excluded,
+    computed: new Map(Object.entries(t?.computed ?? {})),
+    rows,
+    drift: t?.drift ?? s?.drift ?? 'stop',
+  };
 }
 
 function rowRule(t: RowInput, s: RowInput, source: string): RowRule {

@@ -37,6 +37,7 @@ import { ProgressLog, type CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
 import type { SlotHealth } from './metrics.js';
 import { checkTablePrivileges, OwnConnections } from './preflight.js';
+import { checkMappingsAtStartup } from './mapping-plan.js';
 import { startSequenceSync } from '../migrate/sequences.js';
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
@@ -154,6 +155,8 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   let launcherStarted = false;
   const beforeStreaming = async () => {
     streaming = false;
+    // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
+    if (!streamedOnce) await checkMappingsAtStartup(config, log);
     await launcher.load();
     await launcher.refresh();
     // pgsub's schema is migrated by now: the verify row exists.

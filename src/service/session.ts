@@ -189,7 +189,7 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     const progress = new Progress(originLsn);
     const relations = new RelationMap(applyConn.serverVersionNum, {
       binary: config.binary,
-      ...(isEmptyMapping(config.mapping) ? {} : { mapping: config.mapping, probe: rolledBackOn(config.target, appName) }),
+      ...(isEmptyMapping(config.mapping) ? {} : { mapping: config.mapping, probe: rolledBackOn(config.target, appName), subscription: config.subscription }),
     });
     const stream = replication.startReplication({
       slotName: config.slotName,

@@ -9,6 +9,8 @@
 import type { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';
 import type { TableRule } from '../config/mapping.js';
+import { expressionColumns } from '../apply/sql/mapping.js';
+import type { RelationMessage } from '../protocol/messages.js';
 
 export interface PublishedTable {
   schema: string;
@@ -40,8 +42,14 @@ export interface CopyTarget {
   table: string;
   /** The target column receiving each of `columns`, in order. */
   columns: string[];
-  /** Why this version cannot copy the table under its rule (computed columns); null: it can. */
+  /** Why this version cannot copy the table under its rule; null: it can. */
   unsupported: string | null;
+  /**
+   * Computed columns: the copy goes through a staging table (copy.ts stagedCopySql).
+   * `direct[i]`: the published column `columns[i]` of the table is written as it is (to
+   * `CopyTarget.columns`, in order); the others only feed the expressions.
+   */
+  staged?: { direct: boolean[]; computed: [string, string][] };
 }
 
 /** The target table of a copy: the mapped one, else the publisher's name. */
@@ -56,18 +64,25 @@ export function copyTarget(t: PublishedTable): { schema: string; table: string }
  */
 export function mapTable(t: PublishedTable, rule: TableRule | null): PublishedTable {
   if (!rule) return t;
-  const columns = t.columns.filter((c) => !rule.excluded.has(c) && !rule.computed.has(rule.renames.get(c) ?? c));
+  const isDirect = (c: string) => !rule.excluded.has(c) && !rule.computed.has(rule.renames.get(c) ?? c);
+  const kept = t.columns.filter(isDirect);
+  // Several source tables share a discriminated target: the copy's emptiness check and its
+  // TRUNCATE on retry are per table, so a shard's copy would meet (or remove) the others' rows.
   const unsupported =
-    rule.computed.size > 0
-      ? `mapping.tables.${rule.source}: the initial copy of a table with computed columns is not built yet (set copy_data: false and load it yourself)`
-      : rule.rows.discriminator !== undefined
-        ? `mapping.tables.${rule.source}: the initial copy of a table with a discriminator is not built yet (set copy_data: false and load it yourself)`
-        : null;
+    rule.rows.discriminator !== undefined
+      ? `mapping.tables.${rule.source}: the initial copy of a table with a discriminator is not built yet (set copy_data: false and load it yourself)`
+      : null;
   // The mapping's row filter reads the remote row by the publisher's names: the copy pushes
   // it down to the publisher's SELECT, as native's copy does with publication row filters.
   const filter = rule.rows.filter;
   const rowFilter = filter === undefined ? t.rowFilter : t.rowFilter ? `(${t.rowFilter}) AND (${filter})` : `(${filter})`;
-  return { ...t, columns, rowFilter, target: { schema: rule.targetSchema, table: rule.targetTable, columns: columns.map((c) => rule.renames.get(c) ?? c), unsupported } };
+  const target = { schema: rule.targetSchema, table: rule.targetTable, columns: kept.map((c) => rule.renames.get(c) ?? c), unsupported };
+  if (rule.computed.size === 0) return { ...t, columns: kept, rowFilter, target };
+  // Computed columns: read the direct columns and every column an expression names.
+  const asRelation = { columns: t.columns.map((name) => ({ name })) } as unknown as RelationMessage;
+  const used = new Set([...rule.computed.values()].flatMap((e) => expressionColumns(e, asRelation)));
+  const columns = t.columns.filter((c, i) => isDirect(c) || used.has(i));
+  return { ...t, columns, rowFilter, target: { ...target, staged: { direct: columns.map(isDirect), computed: [...rule.computed] } } };
 }
 
 export async function listPublishedTables(replication: ReplicationConnection, publications: string[]): Promise<PublishedTable[]> {

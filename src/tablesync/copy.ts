@@ -70,6 +70,86 @@ export function targetCopySql(t: PublishedTable, binary: boolean, freeze = false
   return `COPY ${quoteQualified(to.schema, to.table)}${columnList(to.columns)} FROM STDIN${options.length > 0 ? ` (${options.join(', ')})` : ''}`;
 }
 
+/** The staging table of a copy with computed columns (one per copy transaction, dropped at its commit). */
+const STAGING = 'pg_temp."pgsub_copy_staging"';
+
+/**
+ * A table with computed columns (catalog.ts CopyTarget.staged) is copied in three steps in
+ * the copy's target transaction: the publisher's rows COPYed as they are (binary or text)
+ * into a temporary table of the remote column types, then one INSERT … SELECT writing the
+ * direct columns and the expressions over the staged row `r` (the same scope the streamed
+ * statements give them, statements.ts), then the staging table dropped at COMMIT (ON
+ * COMMIT DROP; the copy transaction is never prepared, so a temporary table is allowed).
+ * A temporary table writes no WAL; measured against COPY into the target in docs/mapping.md.
+ * `sourceTypes`: the remote type of each read column; `targetTypes`: the target type of
+ * each direct column, where it differs (read through text, as the target type's input
+ * function reads a streamed value).
+ */
+export function stagedCopySql(
+  t: PublishedTable,
+  sourceTypes: readonly string[],
+  targetTypes: ReadonlyMap<string, string>,
+  binary: boolean,
+): { create: string; copyIn: string; insert: string } {
+  const to = t.target!;
+  const staged = to.staged!;
+  const create = `CREATE TEMPORARY TABLE "pgsub_copy_staging" (${t.columns.map((c, i) => `${quoteIdent(c)} ${sourceTypes[i]}`).join(', ')}) ON COMMIT DROP`;
+  const copyIn = `COPY ${STAGING}${columnList(t.columns)} FROM STDIN${binary ? ' (FORMAT binary)' : ''}`;
+  const names: string[] = [];
+  const values: string[] = [];
+  let k = 0;
+  t.columns.forEach((c, i) => {
+    if (!staged.direct[i]) return;
+    const name = to.columns[k++]!;
+    names.push(quoteIdent(name));
+    const cast = targetTypes.get(name);
+    values.push(cast ? `r.${quoteIdent(c)}::pg_catalog.text::${cast}` : `r.${quoteIdent(c)}`);
+  });
+  for (const [name, expr] of staged.computed) {
+    names.push(quoteIdent(name));
+    values.push(`(${expr})`);
+  }
+  // OVERRIDING SYSTEM VALUE: as COPY, a GENERATED ALWAYS identity column takes the copied value.
+  const insert = `INSERT INTO ${quoteQualified(to.schema, to.table)} (${names.join(', ')}) OVERRIDING SYSTEM VALUE SELECT ${values.join(', ')} FROM ${STAGING} AS r`;
+  return { create, copyIn, insert };
+}
+
+/** The remote type of each column `t` reads, as the target spells it (user types schema-qualified). */
+export async function sourceColumnTypes(source: pg.Client, t: PublishedTable): Promise<string[]> {
+  const { rows } = await source.query<{ attname: string; type: string }>(
+    `SELECT a.attname::text AS attname,
+            CASE WHEN n.nspname = 'pg_catalog' THEN pg_catalog.format_type(a.atttypid, a.atttypmod)
+                 ELSE pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(y.typname) END AS type
+       FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type y ON y.oid = a.atttypid JOIN pg_catalog.pg_namespace n ON n.oid = y.typnamespace
+      WHERE a.attrelid = ${quoteLiteral(quoteQualified(t.schema, t.table))}::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped`,
+  );
+  const byName = new Map(rows.map((r) => [r.attname, r.type]));
+  return t.columns.map((c) => byName.get(c) ?? 'pg_catalog.text');
+}
+
+/** The target type of each direct column of a staged copy whose type differs from the remote one. */
+export async function differingTargetTypes(target: pg.Client, t: PublishedTable, sourceTypes: readonly string[]): Promise<Map<string, string>> {
+  const to = t.target!;
+  const { rows } = await target.query<{ attname: string; type: string }>(
+    `SELECT a.attname::text AS attname,
+            CASE WHEN n.nspname = 'pg_catalog' THEN pg_catalog.format_type(a.atttypid, a.atttypmod)
+                 ELSE pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(y.typname) END AS type
+       FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type y ON y.oid = a.atttypid JOIN pg_catalog.pg_namespace n ON n.oid = y.typnamespace
+      WHERE a.attrelid = $1::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped`,
+    [quoteQualified(to.schema, to.table)],
+  );
+  const byName = new Map(rows.map((r) => [r.attname, r.type]));
+  const out = new Map<string, string>();
+  let k = 0;
+  t.columns.forEach((_, i) => {
+    if (!to.staged!.direct[i]) return;
+    const name = to.columns[k++]!;
+    const type = byName.get(name);
+    if (type !== undefined && type !== sourceTypes[i]) out.set(name, type);
+  });
+  return out;
+}
+
 /** A `COPY … FROM STDIN` the target has started (startCopyIn). */
 export type CopyIn = ReturnType<typeof rawCopyIn>;
 
@@ -80,8 +160,8 @@ export type CopyIn = ReturnType<typeof rawCopyIn>;
  * COPY (a missing column, FREEZE not allowed) costs no scan on the publisher, and both
  * connections stay usable; the error is the target's.
  */
-export async function startCopyIn(target: pg.Client, t: PublishedTable, options: { binary: boolean; freeze?: boolean }): Promise<CopyIn> {
-  const writer = rawCopyIn(targetCopySql(t, options.binary, options.freeze));
+export async function startCopyIn(target: pg.Client, t: PublishedTable, options: { binary: boolean; freeze?: boolean; sql?: string }): Promise<CopyIn> {
+  const writer = rawCopyIn(options.sql ?? targetCopySql(t, options.binary, options.freeze));
   target.query(writer as unknown as pg.QueryConfig);
   await writer.accepted;
   return writer;

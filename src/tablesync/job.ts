@@ -20,7 +20,7 @@ import { formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteQualified } from '../quote.js';
 import { copyTarget, type PublishedTable } from './catalog.js';
-import { openCopyClient, relayInto, splitRanges, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
+import { differingTargetTypes, openCopyClient, relayInto, sourceColumnTypes, splitRanges, stagedCopySql, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
 import type { LanePool } from './copy-lanes.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './sync-state.js';
@@ -252,6 +252,7 @@ async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyR
 async function copyInto(ctx: SyncJobContext, t: PublishedTable, range: CopyRange, source: pg.Client, target: pg.Client, freeze: boolean): Promise<boolean> {
   const { config } = ctx;
   try {
+    if (t.target?.staged) return await copyStaged(ctx, t, range, source, target);
     let frozen = await beginCopyTarget(target, t, freeze, ctx.log);
     let liveRows = 0;
     const onData = (n: number, r: number) => {
@@ -280,6 +281,41 @@ async function copyInto(ctx: SyncJobContext, t: PublishedTable, range: CopyRange
     await target.query('COMMIT');
     ctx.progress.rows += rows - liveRows;
     return frozen;
+  } catch (err) {
+    await target.query('ROLLBACK').catch(() => {});
+    throw err;
+  }
+}
+
+/**
+ * A table with computed columns (copy.ts stagedCopySql): COPY into a temporary staging
+ * table, then INSERT … SELECT into the target, in the one copy transaction that also
+ * counts the rows, so the copy's state is recorded exactly once as for a plain COPY.
+ * Never frozen (INSERT cannot load frozen rows).
+ */
+async function copyStaged(ctx: SyncJobContext, t: PublishedTable, range: CopyRange, source: pg.Client, target: pg.Client): Promise<boolean> {
+  const { config } = ctx;
+  try {
+    await beginCopyTarget(target, t, false, ctx.log);
+    const sourceTypes = await sourceColumnTypes(source, t);
+    const sql = stagedCopySql(t, sourceTypes, await differingTargetTypes(target, t, sourceTypes), config.binary);
+    await target.query(sql.create);
+    const writer = await startCopyIn(target, t, { binary: config.binary, sql: sql.copyIn });
+    let liveRows = 0;
+    const { bytes } = await relayInto(writer, source, t, range, config.binary, (n, r) => {
+      ctx.progress.bytes += n;
+      ctx.progress.rows += r;
+      liveRows += r;
+    });
+    const rows = (await target.query(sql.insert)).rowCount ?? 0;
+    await target.query(
+      `UPDATE "pgsub"."subscription_rel" SET "rows_copied" = "rows_copied" + $4, "bytes_copied" = "bytes_copied" + $5, "updated_at" = pg_catalog.now()
+        WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
+      [config.subscription, t.schema, t.table, String(rows), String(bytes)],
+    );
+    await target.query('COMMIT');
+    ctx.progress.rows += rows - liveRows;
+    return false;
   } catch (err) {
     await target.query('ROLLBACK').catch(() => {});
     throw err;

@@ -89,7 +89,8 @@ before(async () => {
   const destination = {
     write: (line: string) => {
       const l = JSON.parse(line) as { level: number; msg: string; err?: { code?: string; message?: string } };
-      if (l.level >= 40) errors.push(l);
+      // Each runner publishes some of the mapped tables: the others' rules are warned about, as designed.
+      if (l.level >= 40 && !/the publications do not publish/.test(l.msg)) errors.push(l);
       if (process.env.MAPDEBUG) console.error(line);
     },
   };

@@ -543,6 +543,7 @@ describe('mapping', () => {
       excluded: new Set(),
       computed: new Map(),
       rows: { truncate: 'truncate' },
+      drift: 'stop',
     });
     assert.equal(ruleFor(c.mapping, 'other', 'orders'), null);
   });
@@ -573,10 +574,14 @@ describe('mapping', () => {
   test('a bad rule names its key; a designed but unbuilt key is refused by name', () => {
     assertConfigError(() => load({ ...base, overrides: { mapping: { tables: { customers: {} } } } }), /mapping\.tables\.customers.*schema\.table/);
     assertConfigError(() => load({ ...base, overrides: { mapping: { tables: { 's.t': { colums: {} } } } } }), /unknown key colums.*columns/);
-    assert.throws(
-      () => load({ ...base, overrides: { mapping: { tables: { 's.t': { drift: 'stop' } } } } }),
-      (err: unknown) => err instanceof NotImplementedError && err.context.key === 'mapping.tables.s.t.drift',
-    );
+    // Every designed key is built: none is refused as not implemented.
+    assert.equal(ruleFor(load({ ...base, overrides: { mapping: { tables: { 's.t': { drift: 'stop', filter: 'a > 1' } } } } }).mapping, 's', 't')?.rows.filter, 'a > 1');
+  });
+  test('drift: a table policy, else its schema, else stop; anything else is refused', () => {
+    const c = load({ ...base, overrides: { mapping: { schemas: { s: { drift: 'ignore' } }, tables: { 's.t': { drift: 'add' } } } } });
+    assert.equal(ruleFor(c.mapping, 's', 't')?.drift, 'add');
+    assert.equal(ruleFor(c.mapping, 's', 'u')?.drift, 'ignore');
+    assertConfigError(() => load({ ...base, overrides: { mapping: { tables: { 's.t': { drift: 'merge' } } } } }), /"merge" is not a drift policy/);
   });
   test('PGSUB_MAPPING takes JSON', () => {
     const c = load({ env: { ...MINIMAL_ENV, PGSUB_MAPPING: '{"tables": {"s.t": {"target": "u.v"}}}' } });

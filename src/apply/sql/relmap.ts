@@ -21,6 +21,10 @@
  * composites, ranges of enums or composites, domains over them), the plan to rewrite
  * them to the target's. The catalog rows for that are fetched once per relation, and
  * only when a remote column has a user-defined type (and binary mode is not known to be off).
+ *
+ * A relation with a mapping rule is also checked beyond column matching (plan-checks.ts:
+ * NOT NULL columns nothing fills, lossy casts) and followed through schema drift on the
+ * publisher (drift.ts: new, renamed and dropped columns under the rule's `drift:` policy).
  */
 import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './binary.js';
 import { SchemaMismatchError } from '../../errors.js';
@@ -30,6 +34,10 @@ import { queryRows, type WireConnection } from '../../target/connect.js';
 import { hasRowRules, ruleFor, type MappingConfig, type TableRule } from '../../config/mapping.js';
 import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from './mapping.js';
 import { checkUniqueKey, compileRows } from './rows.js';
+import { checkMapped, type TargetExtra } from './plan-checks.js';
+import { Drift, type DriftOutcome } from './drift.js';
+
+export type { DriftOutcome } from './drift.js';
 
 export type { TargetColumn } from './mapping.js';
 
@@ -63,6 +71,8 @@ export interface MappedRelation {
   rule?: TableRule;
   /** Excluded or computed columns: statements are built from this (mapping.ts); absent: the plain builders. */
   reshape?: Reshape;
+  /** Mapped relations: what schema drift changed in the rule (plan-checks.ts). */
+  drift?: DriftOutcome;
 }
 
 export interface BinaryColumns {
@@ -88,17 +98,29 @@ export interface RelationMapOptions {
   mapping?: MappingConfig;
   /** Where computed columns' expressions are checked (mapping.ts); absent: not checked here. */
   probe?: Probe;
+  /** The subscription whose drift bookkeeping is kept in pgsub.relation_columns; absent: in memory only. */
+  subscription?: string;
+  /**
+   * Checking only (startup check, `pgsub plan`): a column `drift: add` would add is taken
+   * as excluded and recorded in MappedRelation.drift instead of being added; the drift
+   * bookkeeping is read (renames recognised earlier apply) but not written.
+   */
+  planOnly?: boolean;
 }
 
 export class RelationMap {
   private readonly remote = new Map<number, RelationMessage>();
   private readonly mapped = new Map<number, MappedRelation>();
   private readonly types = new Map<number, { namespace: string; name: string }>();
+  /** Schema drift of mapped relations (drift.ts). */
+  private readonly drift: Drift;
 
   constructor(
     private readonly targetVersionNum: number,
     private readonly options: RelationMapOptions = {},
-  ) {}
+  ) {
+    this.drift = new Drift(options, this.types);
+  }
 
   /** A map for another connection of the same subscription (apply lanes, parallel workers): same options, nothing resolved. */
   sibling(): RelationMap {
@@ -151,51 +173,17 @@ export class RelationMap {
     // An empty namespace on the wire means pg_catalog (pgoutput's convention).
     const schema = schemaOf(remote);
     const displayName = `${schema}.${remote.name}`;
-    const rule = this.options.mapping ? ruleFor(this.options.mapping, schema, remote.name) : null;
+    const baseRule = this.options.mapping ? ruleFor(this.options.mapping, schema, remote.name) : null;
+    if (baseRule) await this.drift.observe(conn, relationId, remote);
+    let rule = baseRule ? this.drift.withRenames(relationId, baseRule) : null;
     const target = rule ? { schema: rule.targetSchema, table: rule.targetTable } : { schema, table: remote.name };
-    const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
-    // Catalog rows come back as text: booleans arrive as 't'/'f'.
-    const rows = await queryRows<{
-      attname: string | null;
-      atttypid: string;
-      typnsp: string | null;
-      typname: string | null;
-      generated: string;
-      relkind: string;
-      rls: string;
-      arraytype: string | null;
-      always: string;
-    }>(
-      conn,
-      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype', 'always'],
-      `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
-              (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls,
-              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype, (a.attidentity = 'a')::text AS always
-         FROM pg_catalog.pg_class c
-         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-         LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-         LEFT JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-         LEFT JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
-        WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`,
-      [target.schema, target.table],
-    );
-    if (rows.length === 0) {
-      const named = rule ? `"${target.schema}.${target.table}" (for "${displayName}")` : `"${displayName}"`;
-      throw new SchemaMismatchError(`logical replication target relation ${named} does not exist`, { relation: displayName });
-    }
-    const byName = new Map<string, TargetColumn>();
-    for (const r of rows) {
-      if (r.attname !== null) {
-        byName.set(r.attname, {
-          name: r.attname,
-          typeOid: Number(r.atttypid),
-          typeName: quoteQualified(r.typnsp ?? 'pg_catalog', r.typname ?? 'text'),
-          generated: r.generated === 'true',
-          hasEquality: true,
-          arrayType: r.arraytype === 'true',
-          identityAlways: r.always === 'true',
-        });
-      }
+    let { rows, byName, extra } = await this.readTarget(conn, target, rule, displayName);
+    let drift: DriftOutcome | undefined;
+    if (rule) {
+      const outcome = await this.drift.apply(conn, relationId, remote, rule, byName, target, displayName);
+      rule = outcome.rule;
+      drift = outcome.drift;
+      if (outcome.drift.added.length > 0) ({ rows, byName, extra } = await this.readTarget(conn, target, rule, displayName));
     }
     const { targetColumns, reshape } = matchColumns(remote, byName, displayName, `${target.schema}.${target.table}`, rule);
     if (reshape) await this.reshapeTypes(conn, remote, reshape);
@@ -205,6 +193,7 @@ export class RelationMap {
       await checkUniqueKey(conn, quoteQualified(target.schema, target.table), reshape.rows, displayName, `${target.schema}.${target.table}`, rule);
     }
     if (reshape && rule && this.options.probe) await checkExpressions(this.options.probe, reshape, remote, displayName, rule);
+    if (rule) checkMapped(remote, rule, targetColumns, reshape, extra, displayName, `${target.schema}.${target.table}`, this.drift.previous(relationId));
     if (remote.replicaIdentity === 'full') {
       const equality = await typeEquality(
         conn,
@@ -231,12 +220,67 @@ export class RelationMap {
     };
     if (rule) mapped.rule = rule;
     if (reshape) mapped.reshape = reshape;
+    if (drift) mapped.drift = drift;
     if (this.options.binary !== false) {
       const binary = await this.binaryColumns(conn, remote, targetColumns);
       if (binary) mapped.binary = binary;
     }
     this.mapped.set(relationId, mapped);
     return mapped;
+  }
+
+  /** The target table's columns (and, for mapped tables, what plan-checks.ts needs of them). */
+  private async readTarget(conn: WireConnection, target: { schema: string; table: string }, rule: TableRule | null, displayName: string) {
+    const generatedExpr = this.targetVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
+    // Catalog rows come back as text: booleans arrive as 't'/'f'.
+    const rows = await queryRows<{
+      attname: string | null;
+      atttypid: string;
+      typnsp: string | null;
+      typname: string | null;
+      generated: string;
+      relkind: string;
+      rls: string;
+      arraytype: string | null;
+      always: string;
+      typmod: string | null;
+      required: string | null;
+    }>(
+      conn,
+      ['attname', 'atttypid', 'typnsp', 'typname', 'generated', 'relkind', 'rls', 'arraytype', 'always', 'typmod', 'required'],
+      `SELECT a.attname, a.atttypid::int AS atttypid, tn.nspname::text AS typnsp, t.typname::text AS typname,
+              (${generatedExpr})::text AS generated, c.relkind::text AS relkind, c.relrowsecurity::text AS rls,
+              (t.typarray <> 0 AND t.typcategory <> 'A')::text AS arraytype, (a.attidentity = 'a')::text AS always,
+              a.atttypmod::text AS typmod, (a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND NOT (${generatedExpr}))::text AS required
+         FROM pg_catalog.pg_class c
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+         LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+         LEFT JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+         LEFT JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace
+        WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`,
+      [target.schema, target.table],
+    );
+    if (rows.length === 0) {
+      const named = rule ? `"${target.schema}.${target.table}" (for "${displayName}")` : `"${displayName}"`;
+      throw new SchemaMismatchError(`logical replication target relation ${named} does not exist`, { relation: displayName });
+    }
+    const byName = new Map<string, TargetColumn>();
+    const extra = new Map<string, TargetExtra>();
+    for (const r of rows) {
+      if (r.attname !== null) {
+        byName.set(r.attname, {
+          name: r.attname,
+          typeOid: Number(r.atttypid),
+          typeName: quoteQualified(r.typnsp ?? 'pg_catalog', r.typname ?? 'text'),
+          generated: r.generated === 'true',
+          hasEquality: true,
+          arrayType: r.arraytype === 'true',
+          identityAlways: r.always === 'true',
+        });
+        extra.set(r.attname, { typeMod: Number(r.typmod ?? -1), required: r.required === 'true' });
+      }
+    }
+    return { rows, byName, extra };
   }
 
   /**
