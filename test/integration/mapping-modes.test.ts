@@ -219,7 +219,7 @@ test('apply lanes (apply_workers = 4) on a backlog of mapped transactions: equal
 
 test('skip, resync and refresh on a mapped subscription', async () => {
   await publisher.query(`TRUNCATE app.items, app.plain; INSERT INTO app.plain SELECT g, 'p' || g FROM generate_series(1, 500) g`, [], 'src');
-  await target.query(`TRUNCATE mirror.things, mirror.plain_renamed; INSERT INTO mirror.things VALUES (7, 'local', 0, 0, 0)`, [], 'dst');
+  await target.query(`TRUNCATE mirror.things, mirror.plain_renamed`, [], 'dst');
   const env = (sub: string) => ({ PGSUB_PUBLICATION: 'pubops', PGSUB_COPY_DATA: 'true', PGSUB_REFRESH_INTERVAL: '3600', PGSUB_SUBSCRIPTION: sub });
   start('mapo', env('mapo'));
   await child!.waitForLog('streaming started');
@@ -227,6 +227,12 @@ test('skip, resync and refresh on a mapped subscription', async () => {
     timeoutMs: 60_000,
     what: 'the copy of app.plain',
   });
+  // Both tables copied (app.items empty, through the staged copy of its computed columns); then a row only the target has.
+  await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM pgsub.subscription_rel WHERE subscription = 'mapo' AND state = 'r'`, [], 'dst'))[0].n === 2, {
+    timeoutMs: 60_000,
+    what: 'both tables ready',
+  });
+  await target.query(`INSERT INTO mirror.things VALUES (7, 'local', 0, 0, 0)`, [], 'dst');
   const cli = async (args: string[]) => {
     const p = spawnPgsub(
       { PGSUB_SOURCE: publisher.url('src'), PGSUB_TARGET: target.url('dst'), PGSUB_SUBSCRIPTION: 'mapo', PGSUB_PUBLICATION: 'pubops', PGSUB_MAPPING: MAPPING },
