@@ -214,12 +214,24 @@ export class ApplyLanes {
         } else if (m.tag === 'type') this.main.relations.onType(m.typeOid, m.namespace, m.name);
         return this.#broadcast(raw).then(() => true);
       }
-      case TAG.TRUNCATE:
+      case TAG.TRUNCATE: {
         // TRUNCATE names its relations after a count; it waits for everything before and
-        // every later change to those tables waits for it.
-        peekTruncateRelationIds(raw, (relationId) => this.#writers.wholeTable(group.seq, this.#tableKey(relationId)));
-        group.changes++;
-        return this.#pushed(group, raw, group.seq - 1);
+        // every later change to those tables waits for it. A mapped relation's key is its
+        // target table's: resolved first, so that it is the key its later changes look up.
+        const ids: number[] = [];
+        peekTruncateRelationIds(raw, (relationId) => ids.push(relationId));
+        const unknown = ids.filter((id) => this.main.relations.cached(id) === undefined && !this.#unresolvable.has(id));
+        const record = () => {
+          for (const id of ids) this.#writers.wholeTable(group.seq, this.#tableKey(id));
+          group.changes++;
+          return this.#pushed(group, raw, group.seq - 1);
+        };
+        if (unknown.length === 0) return record();
+        return (async () => {
+          for (const id of unknown) await this.#resolve(id);
+          return record();
+        })();
+      }
       case TAG.ORIGIN:
       case TAG.MESSAGE:
         return this.#pushed(group, raw, 0);
@@ -372,13 +384,14 @@ export class ApplyLanes {
   }
 
   /**
-   * The key of a relation's target table for whole-table writes: the relation id while
-   * its target is unknown, else one number per target table (above every OID), so that
-   * source relations mapped into one table wait for each other.
+   * The key of a relation's target table for whole-table writes: the relation id for an
+   * unmapped relation, one number per target table (above every OID) for a mapped one, so
+   * that source relations mapped into one table wait for each other.
    */
   #tableKey(relationId: number): number {
     const mapped = this.main.relations.cached(relationId);
-    if (mapped === undefined) return relationId;
+    // Unmapped: the target table is the source's, one relation id each.
+    if (mapped?.rule === undefined) return relationId;
     let key = this.#targetKeys.get(mapped.qualifiedName);
     if (key === undefined) this.#targetKeys.set(mapped.qualifiedName, (key = 2 ** 32 + this.#targetKeys.size));
     return key;
