@@ -205,8 +205,9 @@ export function workloads(scale: number): Workload[] {
  * W1m and W2m: the same work as W1 and W2 with a mapping — each table retargeted to
  * schema `m`, one column renamed and one computed column (W1: payload → body, n_mod =
  * n % 7; W2: pgbench_accounts' abalance → balance, balance_eur = abalance / 100.0, the
- * other three tables retargeted only). Reshaped tables (a computed column) are applied one
- * statement per change (apply/sql/statements.ts); retargeted-only ones take the usual paths.
+ * other three tables retargeted only). Reshaped tables (a computed column) batch their
+ * inserts as INSERT … SELECT over a VALUES list and apply updates one statement per change
+ * (apply/sql/statements.ts); retargeted-only ones take the usual paths.
  */
 function mappedVariants(all: Workload[]): Workload[] {
   const w1 = all.find((w) => w.id === 'W1')!;

@@ -21,7 +21,7 @@ import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { quoteIdent, quoteLiteral } from '../quote.js';
 import type { TableComparison } from './compare.js';
 import { holdAtLsn, release, type Control } from './handshake.js';
-import { columnsQuery, insertQuery, keysIn, parseColumns, qualified, rangeWhere, type ColumnInfo, type TableShape } from './sql.js';
+import { columnsQuery, insertQuery, keysIn, onSide, parseColumns, qualified, rangeWhere, type ColumnInfo, type TableShape } from './sql.js';
 import { openSide } from './connections.js';
 
 export interface RepairReport {
@@ -86,7 +86,9 @@ export async function repairDifferences(
 
 async function repairTable(config: Config, source: pg.Client, target: pg.Client, targetVersion: number, c: TableComparison, lsn: Lsn): Promise<RepairReport['tables'][number]> {
   const shape = c.shape;
-  const targetColumns = parseColumns((await target.query({ text: columnsQuery(targetVersion), values: [qualified(shape)], rowMode: 'array' })).rows as (string | null)[][]).columns;
+  const targetColumns = parseColumns(
+    (await target.query({ text: columnsQuery(targetVersion), values: [qualified(onSide(shape, 'target'))], rowMode: 'array' })).rows as (string | null)[][],
+  ).columns;
   const entries = [...c.repairKeys.values()];
   const out = { table: c.report.table, keys: entries.length, deleted: 0, inserted: 0 };
   for (let i = 0; i < entries.length; i += BATCH_KEYS) {
@@ -121,21 +123,24 @@ async function repairBatch(
     })
   ).rows as (string | null)[][];
   const fresh = new Map(sourceRows.map((r) => [JSON.stringify(r.slice(0, n)), r.slice(n)]));
-  const inTarget = keysIn(shape, keys);
+  // The target's names (a mapping may retarget and rename); values in the same column order.
+  const named = onSide(shape, 'target');
+  const targetKeyText = named.key.map((k) => `${quoteIdent(k)}::pg_catalog.text`).join(', ');
+  const inTarget = keysIn(shape, keys, 1, 'target');
   await target.query('BEGIN');
   try {
     const old = (
       await target.query({
-        text: `SELECT ${keyText}, pg_catalog.to_jsonb(t)::pg_catalog.text FROM ${qualified(shape)} AS t WHERE ${inTarget.text}`,
+        text: `SELECT ${targetKeyText}, pg_catalog.to_jsonb(t)::pg_catalog.text FROM ${qualified(named)} AS t WHERE ${inTarget.text}`,
         values: inTarget.params,
         rowMode: 'array',
       })
     ).rows as (string | null)[][];
     const before = new Map(old.map((r) => [JSON.stringify(r.slice(0, n)), r[n] ?? null]));
-    const deleted = (await target.query({ text: `DELETE FROM ${qualified(shape)} WHERE ${inTarget.text}`, values: inTarget.params })).rowCount ?? 0;
+    const deleted = (await target.query({ text: `DELETE FROM ${qualified(named)} WHERE ${inTarget.text}`, values: inTarget.params })).rowCount ?? 0;
     const rows = [...fresh.values()];
     if (rows.length > 0) {
-      const insert = insertQuery(shape, targetColumns, rows);
+      const insert = insertQuery(named, targetColumns, rows);
       await target.query({ text: insert.text, values: insert.params });
     }
     const log: (string | null)[] = [];

@@ -38,6 +38,32 @@ export interface TableShape {
   key: string[];
   /** The publication's row filter (source side only), or null. */
   rowFilter: string | null;
+  /**
+   * A mapping that retargets, renames or excludes (config mapping:): the target table and
+   * the target name of each compared column, in `columns`' order. Absent: the same names.
+   */
+  target?: { schema: string; table: string; names: readonly string[] };
+}
+
+const SIDES = new WeakMap<TableShape, TableShape>();
+
+/** The shape as one side names it: the source's names, or the mapping's target names. */
+export function onSide(shape: TableShape, side: 'source' | 'target'): TableShape {
+  const t = shape.target;
+  if (side === 'source' || t === undefined) return shape;
+  let named = SIDES.get(shape);
+  if (named === undefined) {
+    const rename = new Map(shape.columns.map((c, i) => [c.name, t.names[i]!]));
+    named = {
+      schema: t.schema,
+      table: t.table,
+      columns: shape.columns.map((c, i) => ({ ...c, name: t.names[i]! })),
+      key: shape.key.map((k) => rename.get(k)!),
+      rowFilter: shape.rowFilter,
+    };
+    SIDES.set(shape, named);
+  }
+  return named;
 }
 
 /** A key range: `lo` inclusive, `hi` exclusive, as key values in text; null: unbounded. */
@@ -119,6 +145,7 @@ function valueTuple(cols: ColumnInfo[], first: number): string {
 
 /** `WHERE …` for a range (and the source's row filter), with its parameters from `$first`. */
 export function rangeWhere(shape: TableShape, range: KeyRange | null, side: 'source' | 'target', first = 1): Query {
+  shape = onSide(shape, side);
   const parts: string[] = [];
   const params: string[] = [];
   if (side === 'source' && shape.rowFilter !== null) parts.push(`(${shape.rowFilter})`);
@@ -138,6 +165,7 @@ export function rangeWhere(shape: TableShape, range: KeyRange | null, side: 'sou
 
 /** count, the two hash sums, and the bytes of normalised text, of the rows in a range. */
 export function hashQuery(shape: TableShape, range: KeyRange | null, side: 'source' | 'target'): Query {
+  shape = onSide(shape, side);
   const where = rangeWhere(shape, range, side);
   const half = (from: number) => `pg_catalog.sum(('x' || pg_catalog.substr(h, ${from}, 8))::pg_catalog.bit(32)::pg_catalog.int4)`;
   return {
@@ -160,18 +188,21 @@ function keyText(shape: TableShape): string {
 
 /** A leaf: every row's key (as text) and row hash. */
 export function leafQuery(shape: TableShape, range: KeyRange | null, side: 'source' | 'target'): Query {
+  shape = onSide(shape, side);
   const where = rangeWhere(shape, range, side);
   return { text: `SELECT ${keyText(shape)}, pg_catalog.md5(${rowText(shape.columns)}) FROM ${qualified(shape)}${where.text}`, params: where.params };
 }
 
 /** The first `limit` keys of a range (a range one side does not have at all). */
 export function keysQuery(shape: TableShape, range: KeyRange | null, side: 'source' | 'target', limit: number): Query {
+  shape = onSide(shape, side);
   const where = rangeWhere(shape, range, side);
   return { text: `SELECT ${keyText(shape)} FROM ${qualified(shape)}${where.text} ORDER BY ${orderByKey(shape)} LIMIT ${Math.max(0, Math.floor(limit))}`, params: where.params };
 }
 
 /** Every `step`-th key of a range in key order: the boundaries that split it. */
 export function boundariesQuery(shape: TableShape, range: KeyRange | null, side: 'source' | 'target', step: number): Query {
+  shape = onSide(shape, side);
   const where = rangeWhere(shape, range, side);
   const cols = keyColumns(shape);
   const names = cols.map((_, i) => `k${i}`);
@@ -186,13 +217,15 @@ export function boundariesQuery(shape: TableShape, range: KeyRange | null, side:
 
 /** A single integer key's smallest and largest value (index ends). */
 export function minMaxQuery(shape: TableShape, side: 'source' | 'target'): Query {
+  shape = onSide(shape, side);
   const where = rangeWhere(shape, null, side);
   const k = quoteIdent(shape.key[0]!);
   return { text: `SELECT pg_catalog.min(${k})::${TEXT}, pg_catalog.max(${k})::${TEXT} FROM ${qualified(shape)}${where.text}`, params: where.params };
 }
 
 /** `key IN (…)` for a list of keys (text values cast to the key's types), parameters from `$first`. */
-export function keysIn(shape: TableShape, keys: readonly string[][], first = 1): Query {
+export function keysIn(shape: TableShape, keys: readonly string[][], first = 1, side: 'source' | 'target' = 'source'): Query {
+  shape = onSide(shape, side);
   const cols = keyColumns(shape);
   const tuples = keys.map((_, i) => valueTuple(cols, first + i * cols.length));
   const plain = cols.length === 1 ? quoteIdent(cols[0]!.name) : `ROW(${cols.map((c) => quoteIdent(c.name)).join(', ')})`;

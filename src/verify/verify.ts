@@ -3,13 +3,14 @@
  * keep taking writes? The handshake (handshake.ts, hold.ts) gives a source snapshot and a
  * target snapshot at the same LSN; `parallel` connection pairs import them and compare the
  * published tables range by range (compare.ts); with `repair`, the rows found different are
- * re-copied at a second hold (repair.ts). Tables a mapping rule reshapes are reported as not
- * compared, never skipped silently. The result goes to pgsub.verify for `pgsub status` and
+ * re-copied at a second hold (repair.ts). A table a mapping retargets, renames or excludes
+ * columns of is compared under the target's names (sql.ts onSide); one with computed
+ * columns, row rules or a changed type is reported as not compared, never skipped silently. The result goes to pgsub.verify for `pgsub status` and
  * the service's metrics.
  */
 import type pg from 'pg';
 import type { Config } from '../config/config.js';
-import { ruleFor } from '../config/mapping.js';
+import { hasRowRules, ruleFor, type TableRule } from '../config/mapping.js';
 import type { Logger } from '../log.js';
 import { formatLsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
@@ -89,17 +90,36 @@ function shapeOf(
   t: PublishedTable,
   source: { columns: ColumnInfo[]; key: string[] },
   target: { columns: ColumnInfo[] } | null,
+  rule: TableRule | null,
 ): { shape: TableShape } | { status: 'different' | 'not compared'; reason: string } {
-  if (target === null) return { status: 'different', reason: 'missing on the target' };
-  const columns = source.columns.filter((c) => t.columns.includes(c.name));
-  for (const c of columns) {
-    const other = target.columns.find((o) => o.name === c.name);
-    if (!other) return { status: 'different', reason: `shape differs: column ${c.name} is missing on the target` };
-    if (other.type !== c.type && other.base !== c.base)
+  const targetName = rule ? `${rule.targetSchema}.${rule.targetTable}` : null;
+  if (target === null) return { status: 'different', reason: targetName ? `missing on the target (mapped to ${targetName})` : 'missing on the target' };
+  const columns = source.columns.filter((c) => t.columns.includes(c.name) && !rule?.excluded.has(c.name));
+  const names = columns.map((c) => rule?.renames.get(c.name) ?? c.name);
+  for (const [i, c] of columns.entries()) {
+    const other = target.columns.find((o) => o.name === names[i]);
+    if (!other) return { status: 'different', reason: `shape differs: column ${names[i]} is missing on the target` };
+    if (other.type !== c.type && other.base !== c.base) {
+      // A mapping may change a type on purpose (int → bigint, text → jsonb): their text forms are not comparable as is.
+      if (rule) return { status: 'not compared', reason: `not compared (mapped): column ${c.name} is ${c.type} on the source, ${other.type} in ${targetName}` };
       return { status: 'different', reason: `shape differs: column ${c.name} is ${c.type} on the source, ${other.type} on the target` };
+    }
   }
   const key = source.key.every((k) => columns.some((c) => c.name === k)) ? source.key : [];
-  return { shape: { schema: t.schema, table: t.table, columns, key, rowFilter: t.rowFilter } };
+  const shape: TableShape = { schema: t.schema, table: t.table, columns, key, rowFilter: t.rowFilter };
+  if (rule) shape.target = { schema: rule.targetSchema, table: rule.targetTable, names };
+  return { shape };
+}
+
+/**
+ * Why a mapping rule keeps its table from being compared, or null: a rule that retargets,
+ * renames or excludes columns is compared under the target's names; computed columns and
+ * row rules change the rows themselves.
+ */
+function notComparable(rule: TableRule): string | null {
+  if (rule.computed.size > 0) return 'not compared (mapped): computed columns';
+  if (hasRowRules(rule.rows)) return 'not compared (mapped): row rules (filter, key, soft delete, truncate policy or discriminator)';
+  return null;
 }
 
 function notCompared(t: { schema: string; table: string }, status: 'different' | 'not compared', reason: string): TableReport {
@@ -179,8 +199,10 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
     };
     const queue = new WorkQueue();
     for (const t of published) {
-      if (ruleFor(config.mapping, t.schema, t.table) !== null) {
-        reports.push(notCompared(t, 'not compared', 'not compared (mapped): a mapping rule reshapes this table; compare it through the mapping by hand'));
+      const rule = ruleFor(config.mapping, t.schema, t.table);
+      const refused = rule ? notComparable(rule) : null;
+      if (refused !== null) {
+        reports.push(notCompared(t, 'not compared', refused));
         continue;
       }
       const source = await readColumns(sources[0]!, sourceVersion, t.schema, t.table);
@@ -188,7 +210,8 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
         reports.push(notCompared(t, 'not compared', 'no longer on the source'));
         continue;
       }
-      const shaped = shapeOf(t, source, await readColumns(targets[0]!, targetVersion, t.schema, t.table));
+      const to = rule ? { schema: rule.targetSchema, table: rule.targetTable } : t;
+      const shaped = shapeOf(t, source, await readColumns(targets[0]!, targetVersion, to.schema, to.table), rule);
       if (!('shape' in shaped)) {
         reports.push(notCompared(t, shaped.status, shaped.reason));
         continue;

@@ -5,7 +5,8 @@
  * multiset; injected differences on the target — a deleted row, an extra row, a changed
  * value, a changed TOAST value, a table dropped and recreated empty, an extra row in a table
  * without a key — each found and listed by key; --repair re-copies them (logged as repairs)
- * and a second verify is equal; the hold is tied to the verify session: while a request is
+ * and a second verify is equal — public.tagged is replicated through a mapping (retargeted,
+ * a column renamed, one excluded) and compared and repaired under the target's names; the hold is tied to the verify session: while a request is
  * armed nothing is applied, and once its session is gone (as after kill -9) the service
  * applies again, and a verify killed with -9 mid-comparison leaves it applying.
  */
@@ -29,12 +30,18 @@ const EXTRA = `
 CREATE TABLE public.items (id bigint PRIMARY KEY, label text, price numeric(12,4), ratio float8, meta json, body text);
 CREATE TABLE public.static (id int PRIMARY KEY, v text);
 CREATE TABLE public.nokey (a int, b text);
-CREATE TABLE public.tagged (code text PRIMARY KEY, n int);`;
+CREATE TABLE public.tagged (code text PRIMARY KEY, n int, secret text);`;
 const FILL = `
 INSERT INTO public.items SELECT g, 'item ' || g, g / 7.0, g / 3.0, '{"a": 1,  "b": [1, 2]}', CASE WHEN g % 50 = 0 THEN (SELECT string_agg(md5(g::text || i::text), '') FROM generate_series(1, 200) i) ELSE 'short' END FROM generate_series(1, 3000) g;
 INSERT INTO public.static SELECT g, 'static ' || g FROM generate_series(1, 400) g;
 INSERT INTO public.nokey SELECT g % 10, 'dup' FROM generate_series(1, 300) g;
-INSERT INTO public.tagged SELECT 'k' || g, g FROM generate_series(1, 1500) g;`;
+INSERT INTO public.tagged SELECT 'k' || g, g, 's' FROM generate_series(1, 1500) g;`;
+/** The target of public.tagged under MAPPING: another name, a renamed column, the excluded one absent. */
+const TARGET_EXTRA = EXTRA.replace(
+  'CREATE TABLE public.tagged (code text PRIMARY KEY, n int, secret text);',
+  "CREATE TABLE public.tagged_m (code text PRIMARY KEY, qty int, local text DEFAULT 't');",
+);
+const MAPPING = JSON.stringify({ tables: { 'public.tagged': { target: 'public.tagged_m', columns: { n: 'qty' }, exclude: ['secret'] } } });
 const TABLES = 'pgbench_accounts, pgbench_branches, pgbench_tellers, pgbench_history, public.items, public.static, public.nokey, public.tagged';
 
 function pgbenchBin(): string | null {
@@ -106,6 +113,7 @@ const env = (publisher: Cluster, sub: string) => ({
   PGSUB_RETRY_MIN_DELAY: '0.2',
   PGSUB_RETRY_MAX_DELAY: '0.5',
   PGSUB_GROUP_TRANSACTIONS: '20',
+  PGSUB_MAPPING: MAPPING,
 });
 
 interface VerifyJson {
@@ -164,7 +172,7 @@ async function setUp(publisher: Cluster, sub: string): Promise<PgsubProcess> {
     await target.query(ddl, [], sub);
   }
   await publisher.query(`${EXTRA} ${FILL} CREATE PUBLICATION pub FOR TABLE ${TABLES};`, [], 'src');
-  await target.query(EXTRA, [], sub);
+  await target.query(TARGET_EXTRA, [], sub);
   const service = spawnPgsub({ ...env(publisher, sub), ...(sub === 'v18' ? { PGSUB_METRICS_LISTEN: `127.0.0.1:${metricsPort}` } : {}) });
   children.push(service);
   await service.waitForLog('streaming started', 120_000);
@@ -271,7 +279,7 @@ describe('pgsub verify', () => {
        INSERT INTO public.items (id, label) VALUES (99999, 'extra');
        UPDATE public.items SET price = price + 1 WHERE id = 23;
        UPDATE public.items SET body = '${longValue}' WHERE id = 100;
-       UPDATE public.tagged SET n = -1 WHERE code = 'k777';
+       UPDATE public.tagged_m SET qty = -1 WHERE code = 'k777';
        DROP TABLE public.static; CREATE TABLE public.static (id int PRIMARY KEY, v text);
        INSERT INTO public.nokey VALUES (1, 'not on the source');`,
       [],
@@ -305,6 +313,8 @@ describe('pgsub verify', () => {
     assert.deepEqual(r.result!.repair!.tables.map((t) => `${t.table} ${t.keys}`).sort(), ['public.items 4', 'public.static 400', 'public.tagged 1']);
     const logged = await target.query(`SELECT count(*)::int AS n FROM pgsub.conflict_log WHERE conflict_type = 'verify_repair' AND policy = 'repair'`, [], db);
     assert.equal(logged[0].n, 405);
+    // The mapped table was repaired under its target's names; the column only the target has kept its default.
+    assert.deepEqual(await target.query(`SELECT qty, local FROM public.tagged_m WHERE code = 'k777'`, [], db), [{ qty: 777, local: 't' }]);
     const again = await verify(pub18, db);
     assert.equal(again.code, 0, again.output);
     assert.ok(again.result!.equal);

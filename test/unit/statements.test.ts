@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import type { MappedRelation, TargetColumn } from '../../src/apply/sql/relmap.js';
 import { deleteStatement, insertManyStatement, insertStatement, maxBatchRows, truncateStatement, updateManyStatement, updateStatement } from '../../src/apply/sql/statements.js';
+import { insertArraysStatement } from '../../src/apply/sql/update-rows.js';
 import { ApplyError } from '../../src/errors.js';
 import type { RelationMessage, ReplicaIdentity, Tuple } from '../../src/protocol/messages.js';
 
@@ -120,6 +121,21 @@ describe('statements', () => {
       `INSERT INTO "app"."users" ("id", "name", "lname") OVERRIDING SYSTEM VALUE SELECT r."id", r."name", (lower("name")) FROM (VALUES ($1::${INT8}, $2::${TEXT}), ($3::${INT8}, $4::${TEXT})) AS r ("id", "name")`,
     );
     assert.deepEqual(many.params, ['7', 'A', '8', 'B']);
+    // Or as column arrays (text values: text[] cast per element), one parameter per column whatever the row count.
+    const arrays = insertArraysStatement(shaped, shaped.reshape!, [
+      [t('7'), t('A')],
+      [t('8'), { kind: 'null' }],
+    ])!;
+    assert.equal(
+      arrays.text,
+      `INSERT INTO "app"."users" ("id", "name", "lname") OVERRIDING SYSTEM VALUE SELECT r."id", r."name", (lower("name")) FROM (SELECT pg_catalog.unnest($1::"pg_catalog"."text"[])::${INT8} AS "id", pg_catalog.unnest($2::"pg_catalog"."text"[])::${TEXT} AS "name") AS r`,
+    );
+    assert.equal(arrays.params.length, 2);
+    // array_send layout: 1 dimension, has-nulls, element OID 25 (text), 2 elements from 1.
+    const second = arrays.params[1] as Buffer;
+    assert.deepEqual([second.readInt32BE(0), second.readInt32BE(4), second.readUInt32BE(8), second.readInt32BE(12), second.readInt32BE(16)], [1, 1, 25, 2, 1]);
+    // An unchanged TOAST value cannot be inserted: no array statement (the per-row path names it).
+    assert.equal(insertArraysStatement(shaped, shaped.reshape!, [[t('9'), { kind: 'unchanged' }]]), null);
     const su = updateStatement(shaped, undefined, undefined, [t('7'), t('B')]).text;
     assert.match(su, /^UPDATE ONLY "app"\."users" SET \("name", "lname"\) = \(SELECT /, su);
     assert.doesNotMatch(

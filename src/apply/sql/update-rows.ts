@@ -35,8 +35,10 @@
  * updateManyStatement does.
  */
 import type { Tuple } from '../../protocol/messages.js';
+import type { Reshape } from './mapping.js';
 import type { MappedRelation } from './relmap.js';
-import { binaryValue, cached, column, noteParam, target, type Detect, type Statement } from './statements.js';
+import { quoteIdent } from '../../quote.js';
+import { binaryValue, cached, column, noteParam, rowColumns, rowValue, target, type Detect, type Statement } from './statements.js';
 
 const TEXT_OID = 25;
 
@@ -137,4 +139,74 @@ function encodeArray(elementOid: number, values: readonly (Buffer | string | nul
   out.writeInt32BE(values.length, 12);
   out.writeInt32BE(1, 16);
   return out;
+}
+
+/**
+ * A batch of INSERTs of a reshaped relation (excluded or computed columns, no row rules)
+ * as one statement with one array parameter per remote column the row needs, unnested in
+ * lockstep into the row subquery `r` the expressions read:
+ *
+ *   INSERT INTO t (a, b, c) SELECT r."a", r."b", (lower(r."b")) FROM
+ *     (SELECT pg_catalog.unnest($1::int4[]) AS "a", pg_catalog.unnest($2::text[])::text AS "b") AS r
+ *
+ * The same text for every batch size, and a handful of parameters instead of one per
+ * value (statements.ts reshapedInsertMany's VALUES list). Values as in updateArraysStatement:
+ * a binary array where the row holds the column as the target column's type and the
+ * per-row path would send it as that type's binary value; a text[] cast per element
+ * otherwise; null (the VALUES path) for anything else.
+ */
+export function insertArraysStatement(rel: MappedRelation, reshape: Reshape, tuples: readonly Tuple[]): Statement | null {
+  const direct = reshape.direct.flatMap((d, i) => (d ? [i] : []));
+  const inRow = rowColumns(direct, reshape.computed);
+  if (inRow.length === 0) return null;
+  const width = rel.remote.columns.length;
+  const parseTypes = rel.binary?.parseTypes;
+  const encodings: Encoding[] = [];
+  const values: (Buffer | string | null)[][] = [];
+  const sizes: number[] = [];
+  for (const i of inRow) {
+    const col = rel.targetColumns[i]!;
+    const asTarget = reshape.direct[i] === true && reshape.rowTypes[i] === col.typeName;
+    let binary = false;
+    let text = false;
+    let size = 20 + 4 * tuples.length;
+    const out = new Array<Buffer | string | null>(tuples.length);
+    for (let r = 0; r < tuples.length; r++) {
+      const tuple = tuples[r]!;
+      if (tuple.length !== width) return null;
+      const v = tuple[i]!;
+      if (v.kind === 'null') out[r] = null;
+      else if (v.kind === 'binary') {
+        if (text || !asTarget || !col.arrayType || (parseTypes && parseTypes[i] !== 0)) return null;
+        const b = binaryValue(rel, v.value, i);
+        if (typeof b === 'string') return null;
+        binary = true;
+        out[r] = b;
+        size += b.length;
+      } else if (v.kind === 'text') {
+        if (binary) return null;
+        text = true;
+        out[r] = v.value;
+        size += Buffer.byteLength(v.value, 'utf8');
+      } else return null;
+    }
+    encodings.push(binary ? 'b' : 't');
+    values.push(out);
+    sizes.push(size);
+  }
+  const text = cached(rel, `RIA|${encodings.join('')}`, () => {
+    const cols = [...direct.map((i) => column(rel, i)), ...reshape.computed.map((c) => quoteIdent(c.column.name))];
+    const row = inRow.map((i, n) => {
+      noteParam(n + 1, i);
+      const name = quoteIdent(rel.remote.columns[i]!.name);
+      return encodings[n] === 'b'
+        ? `pg_catalog.unnest($${n + 1}::${reshape.rowTypes[i]}[]) AS ${name}`
+        : `pg_catalog.unnest($${n + 1}::"pg_catalog"."text"[])::${reshape.rowTypes[i]} AS ${name}`;
+    });
+    const exprs = [...direct.map((i) => rowValue(rel, reshape, i)), ...reshape.computed.map((c) => `(${c.expr})`)];
+    const overriding = rel.targetColumns.some((c) => c.identityAlways) ? 'OVERRIDING SYSTEM VALUE ' : '';
+    return `INSERT INTO ${rel.qualifiedName} (${cols.join(', ')}) ${overriding}SELECT ${exprs.join(', ')} FROM (SELECT ${row.join(', ')}) AS r`;
+  });
+  const params = inRow.map((i, n) => encodeArray(encodings[n] === 'b' ? rel.targetColumns[i]!.typeOid : TEXT_OID, values[n]!, sizes[n]!));
+  return { text, params };
 }

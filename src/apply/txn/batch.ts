@@ -33,7 +33,7 @@ import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect, ty
 import { copyInsertStatement, type CopyStatement } from '../sql/copy-rows.js';
 import { copyFromInsertMessages } from '../sql/copy-messages.js';
 import { decode } from '../../protocol/decoder.js';
-import { updateArraysStatement } from '../sql/update-rows.js';
+import { insertArraysStatement, updateArraysStatement } from '../sql/update-rows.js';
 
 /**
  * A batch of at least this many inserts goes out as COPY when the settings and values
@@ -285,6 +285,11 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   if (batch.kind === 'update' && batch.tuples.length >= ARRAY_MIN_ROWS) {
     const statement = updateArraysStatement(batch.rel, batch.tuples, batch.setIndexes, detect);
     if (statement) return sendUpdate(state, batch, statement, batch.tuples.length, detect === null);
+  }
+  // A reshaped relation's inserts: one statement of column arrays where the values allow.
+  if (batch.kind === 'insert' && batch.rel.reshape && batch.tuples.length >= ARRAY_MIN_ROWS) {
+    const statement = insertArraysStatement(batch.rel, batch.rel.reshape, batch.tuples);
+    if (statement) return sendStatement(state, statement, undefined, batch.tuples.length);
   }
   // One statement carries at most this many rows (bind parameters are limited).
   const most = batch.kind === 'insert' ? Infinity : maxBatchRows(batch.setIndexes.length + batch.rel.keyIndexes.length, state.session.batchRows);
