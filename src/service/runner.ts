@@ -159,11 +159,6 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     if (!streamedOnce) await checkMappingsAtStartup(config, log);
     await launcher.load();
     await launcher.refresh();
-    // pgsub's schema is migrated by now: the verify row exists.
-    if (!verifyStarted) {
-      verifyStarted = true;
-      await verifyHold.start();
-    }
     // At startup, before any copy: a role that cannot write the tables is a setup error.
     if (!streamedOnce) await checkTablePrivileges(config, sync.all());
     if (!launcherStarted) {
@@ -184,6 +179,13 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       }
       reporter.finish();
       if (!stopped) log.info({ tables: sync.all().length }, 'initial copy finished');
+    }
+    // pgsub's schema is migrated by now: the verify row exists. Only after the check for an
+    // initial copy above: an await between the launcher's refresh and that check let a
+    // small table's copy finish unseen (no 'initial copy finished').
+    if (!verifyStarted) {
+      verifyStarted = true;
+      await verifyHold.start();
     }
     streaming = true;
   };

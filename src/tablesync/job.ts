@@ -273,18 +273,26 @@ async function copyInto(ctx: SyncJobContext, t: PublishedTable, range: CopyRange
       writer = await startCopyIn(target, t, { binary: config.binary });
     }
     const { rows, bytes } = await relayInto(writer, source, t, range, config.binary, onData);
-    await target.query(
-      `UPDATE "pgsub"."subscription_rel" SET "rows_copied" = "rows_copied" + $4, "bytes_copied" = "bytes_copied" + $5, "updated_at" = pg_catalog.now()
-        WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
-      [config.subscription, t.schema, t.table, String(rows), String(bytes)],
-    );
-    await target.query('COMMIT');
-    ctx.progress.rows += rows - liveRows;
+    await commitCopy(ctx, t, target, rows, bytes, liveRows);
     return frozen;
   } catch (err) {
     await target.query('ROLLBACK').catch(() => {});
     throw err;
   }
+}
+
+/**
+ * The copy transaction's end: the rows and bytes counted with the rows themselves, then the
+ * live progress (counted as the bytes streamed) set to what was committed.
+ */
+async function commitCopy(ctx: SyncJobContext, t: PublishedTable, target: pg.Client, rows: number, bytes: number, liveRows: number): Promise<void> {
+  await target.query(
+    `UPDATE "pgsub"."subscription_rel" SET "rows_copied" = "rows_copied" + $4, "bytes_copied" = "bytes_copied" + $5, "updated_at" = pg_catalog.now()
+      WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
+    [ctx.config.subscription, t.schema, t.table, String(rows), String(bytes)],
+  );
+  await target.query('COMMIT');
+  ctx.progress.rows += rows - liveRows;
 }
 
 /**
@@ -308,13 +316,7 @@ async function copyStaged(ctx: SyncJobContext, t: PublishedTable, range: CopyRan
       liveRows += r;
     });
     const rows = (await target.query(sql.insert)).rowCount ?? 0;
-    await target.query(
-      `UPDATE "pgsub"."subscription_rel" SET "rows_copied" = "rows_copied" + $4, "bytes_copied" = "bytes_copied" + $5, "updated_at" = pg_catalog.now()
-        WHERE "subscription" = $1 AND "schema_name" = $2 AND "table_name" = $3`,
-      [config.subscription, t.schema, t.table, String(rows), String(bytes)],
-    );
-    await target.query('COMMIT');
-    ctx.progress.rows += rows - liveRows;
+    await commitCopy(ctx, t, target, rows, bytes, liveRows);
     return false;
   } catch (err) {
     await target.query('ROLLBACK').catch(() => {});

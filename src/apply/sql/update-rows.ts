@@ -51,43 +51,16 @@ type Encoding = 'b' | 't';
  */
 export function updateArraysStatement(rel: MappedRelation, tuples: readonly Tuple[], setIndexes: readonly number[], detect: Detect | null): Statement | null {
   const columns = [...setIndexes, ...rel.keyIndexes];
-  const width = rel.remote.columns.length;
-  const parseTypes = rel.binary?.parseTypes;
+  // The values as the target reads them, column by column.
   const encodings: Encoding[] = [];
-  // The values as the target reads them, column by column; sizes for one allocation each.
   const values: (Buffer | string | null)[][] = [];
   const sizes: number[] = [];
   for (const i of columns) {
-    const col = rel.targetColumns[i]!;
-    let binary = false;
-    let text = false;
-    let size = 20 + 4 * tuples.length;
-    const out = new Array<Buffer | string | null>(tuples.length);
-    for (let r = 0; r < tuples.length; r++) {
-      const tuple = tuples[r]!;
-      if (tuple.length !== width) return null;
-      const v = tuple[i]!;
-      if (v.kind === 'null') {
-        out[r] = null;
-      } else if (v.kind === 'binary') {
-        if (text || !col.arrayType || (parseTypes && parseTypes[i] !== 0)) return null;
-        const b = binaryValue(rel, v.value, i);
-        if (typeof b === 'string') return null;
-        binary = true;
-        out[r] = b;
-        size += b.length;
-      } else if (v.kind === 'text') {
-        if (binary) return null;
-        text = true;
-        out[r] = v.value;
-        size += Buffer.byteLength(v.value, 'utf8');
-      } else {
-        return null; // unchanged TOAST value in a column the shape says was sent
-      }
-    }
-    encodings.push(binary ? 'b' : 't');
-    values.push(out);
-    sizes.push(size);
+    const col = columnValues(rel, tuples, i, true);
+    if (col === null) return null;
+    encodings.push(col.encoding);
+    values.push(col.values);
+    sizes.push(col.size);
   }
   const keyParam = setIndexes.length + 1;
   const text = cached(rel, `UA|${setIndexes.join(',')}|${encodings.join('')}${detect ? '|d' : ''}`, () => {
@@ -107,6 +80,49 @@ export function updateArraysStatement(rel: MappedRelation, tuples: readonly Tupl
   });
   const params = columns.map((i, n) => encodeArray(encodings[n] === 'b' ? rel.targetColumns[i]!.typeOid : TEXT_OID, values[n]!, sizes[n]!));
   return { text, params };
+}
+
+/**
+ * Column `i`'s values of every tuple as one array parameter: binary (allowed by the caller,
+ * and the per-row path would send the target type's binary value) or text; null where
+ * neither can carry them (see the header).
+ */
+function columnValues(
+  rel: MappedRelation,
+  tuples: readonly Tuple[],
+  i: number,
+  binaryAllowed: boolean,
+): { encoding: Encoding; values: (Buffer | string | null)[]; size: number } | null {
+  const col = rel.targetColumns[i]!;
+  const width = rel.remote.columns.length;
+  const parseTypes = rel.binary?.parseTypes;
+  let binary = false;
+  let text = false;
+  let size = 20 + 4 * tuples.length;
+  const out = new Array<Buffer | string | null>(tuples.length);
+  for (let r = 0; r < tuples.length; r++) {
+    const tuple = tuples[r]!;
+    if (tuple.length !== width) return null;
+    const v = tuple[i]!;
+    if (v.kind === 'null') {
+      out[r] = null;
+    } else if (v.kind === 'binary') {
+      if (text || !binaryAllowed || !col.arrayType || (parseTypes && parseTypes[i] !== 0)) return null;
+      const b = binaryValue(rel, v.value, i);
+      if (typeof b === 'string') return null;
+      binary = true;
+      out[r] = b;
+      size += b.length;
+    } else if (v.kind === 'text') {
+      if (binary) return null;
+      text = true;
+      out[r] = v.value;
+      size += Buffer.byteLength(v.value, 'utf8');
+    } else {
+      return null; // unchanged TOAST value in a column the shape says was sent
+    }
+  }
+  return { encoding: binary ? 'b' : 't', values: out, size };
 }
 
 /**
@@ -159,40 +175,16 @@ export function insertArraysStatement(rel: MappedRelation, reshape: Reshape, tup
   const direct = reshape.direct.flatMap((d, i) => (d ? [i] : []));
   const inRow = rowColumns(direct, reshape.computed);
   if (inRow.length === 0) return null;
-  const width = rel.remote.columns.length;
-  const parseTypes = rel.binary?.parseTypes;
   const encodings: Encoding[] = [];
   const values: (Buffer | string | null)[][] = [];
   const sizes: number[] = [];
   for (const i of inRow) {
-    const col = rel.targetColumns[i]!;
-    const asTarget = reshape.direct[i] === true && reshape.rowTypes[i] === col.typeName;
-    let binary = false;
-    let text = false;
-    let size = 20 + 4 * tuples.length;
-    const out = new Array<Buffer | string | null>(tuples.length);
-    for (let r = 0; r < tuples.length; r++) {
-      const tuple = tuples[r]!;
-      if (tuple.length !== width) return null;
-      const v = tuple[i]!;
-      if (v.kind === 'null') out[r] = null;
-      else if (v.kind === 'binary') {
-        if (text || !asTarget || !col.arrayType || (parseTypes && parseTypes[i] !== 0)) return null;
-        const b = binaryValue(rel, v.value, i);
-        if (typeof b === 'string') return null;
-        binary = true;
-        out[r] = b;
-        size += b.length;
-      } else if (v.kind === 'text') {
-        if (binary) return null;
-        text = true;
-        out[r] = v.value;
-        size += Buffer.byteLength(v.value, 'utf8');
-      } else return null;
-    }
-    encodings.push(binary ? 'b' : 't');
-    values.push(out);
-    sizes.push(size);
+    // Binary only where `r` holds the column as the target column's type.
+    const col = columnValues(rel, tuples, i, reshape.direct[i] === true && reshape.rowTypes[i] === rel.targetColumns[i]!.typeName);
+    if (col === null) return null;
+    encodings.push(col.encoding);
+    values.push(col.values);
+    sizes.push(col.size);
   }
   const text = cached(rel, `RIA|${encodings.join('')}`, () => {
     const cols = [...direct.map((i) => column(rel, i)), ...reshape.computed.map((c) => quoteIdent(c.column.name))];
