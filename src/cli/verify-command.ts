@@ -62,7 +62,8 @@ export function renderVerify(r: VerifyResult): string {
       lines.push(
         `  ${t.table}: ${count(t.keys)} keys: ${count(t.updated)} updated, ${count(t.inserted)} inserted, ${count(t.deleted)} deleted${t.unchanged > 0 ? `, ${count(t.unchanged)} equal again` : ''} (${t.ms} ms)`,
       );
-    for (const s of r.repair.skipped) lines.push(`  ${s.table}: ${s.code ? `${s.code}: ` : ''}${s.reason.startsWith('not repaired') ? s.reason : `not repaired: ${s.reason}`}`);
+    for (const s of r.repair.skipped)
+      lines.push(`  ${s.table}: ${s.code ? `${s.code}: ${s.reason}` : s.reason.startsWith('not repaired') ? s.reason : `not repaired: ${s.reason}`}`);
     lines.push('run pgsub verify again to confirm');
   }
   return `${lines.join('\n')}\n`;

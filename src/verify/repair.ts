@@ -11,13 +11,14 @@
  * service still holds (pgsub.verify 'held': the service moves it away before it lets the
  * apply go, so it waits for the batch) and that the table is still ready (subscription_rel
  * state 'r': a resync or a copy started since the comparison owns the table, and its copy
- * writes what the repair would). It then writes only what verify compares: an UPDATE of the
- * compared columns for the keys both sides have and that still differ at L2 (a column only
- * the target has keeps its value; triggers see an update), an INSERT for the keys only the
- * source has, a DELETE for those only the target has; one pgsub.conflict_log row per written
- * key (conflict_type 'verify_repair', the old target row as local_tuple). Idempotent. The
- * writes run with session_replication_role = replica, as the apply's. A table whose batch
- * fails is reported by name with PostgreSQL's reason (RepairError) and the others go on.
+ * writes what the repair would). It then writes only what verify compares: a DELETE for
+ * the keys only the target has, an UPDATE of the compared columns for the keys both sides
+ * have and that still differ at L2 (a column only the target has keeps its value; triggers
+ * see an update), an INSERT for the keys only the source has; one pgsub.conflict_log row
+ * per written key (conflict_type 'verify_repair', the old target row as local_tuple).
+ * Idempotent. The writes run with session_replication_role = replica, as the apply's. A
+ * table whose batch fails is reported by name with PostgreSQL's reason (RepairError) and
+ * the others go on.
  */
 import type pg from 'pg';
 import type { Config } from '../config/config.js';
@@ -245,6 +246,11 @@ async function repairBatch(ctx: Context, c: TableComparison, targetColumns: Colu
         logged.push({ key: b.key, kind: b.kind, action: 'deleted', values: null, old: t.row });
       } else counts.unchanged++;
     }
+    // Extra rows first: a row about to be deleted must not stand in the way of a unique value the others take.
+    if (deletes.length > 0) {
+      const del = deleteStatement(shape, deletes);
+      counts.deleted = (await target.query({ text: del.text, values: del.params })).rowCount ?? 0;
+    }
     if (updates.length > 0) {
       const update = updateStatement(shape, targetColumns, updates);
       if (update === null)
@@ -256,10 +262,6 @@ async function repairBatch(ctx: Context, c: TableComparison, targetColumns: Colu
     if (inserts.length > 0) {
       const insert = insertStatement(shape, targetColumns, inserts);
       counts.inserted = (await target.query({ text: insert.text, values: insert.params })).rowCount ?? 0;
-    }
-    if (deletes.length > 0) {
-      const del = deleteStatement(shape, deletes);
-      counts.deleted = (await target.query({ text: del.text, values: del.params })).rowCount ?? 0;
     }
     if (logged.length > 0) await logRepairs(ctx, c, logged);
     await target.query('COMMIT');

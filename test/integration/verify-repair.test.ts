@@ -8,12 +8,17 @@
  *    then equal, and a second --repair repairs nothing;
  *  - the repair writes only what it compares: a row differing in compared columns is
  *    UPDATEd (a target-only column keeps 'precious-7'; an ENABLE ALWAYS trigger sees one
- *    UPDATE), a missing key INSERTed, an extra key DELETEd; 5,000 rows repaired at once;
+ *    UPDATE), a missing key INSERTed, an extra key DELETEd (before the updates, so it does
+ *    not hold a unique value back); 5,000 rows repaired at once; a table whose repair the
+ *    target refuses (two rows that swapped a unique value) is named with the key and SQLSTATE
+ *    while the others are repaired;
  *  - a table mid-copy (its copy stopped by a lock inside a trigger) is reported "not
  *    compared: syncing (state d)" and --repair neither touches nor waits for it; the copy
  *    then finishes and the changes made meanwhile are applied;
  *  - a table resynced after the comparison and before the repair hold is refused at the
  *    hold by name, and its copy repairs it;
+ *  - a hold the service gives up (its holder gone) while a repair batch is in flight: the
+ *    service waits for the batch before the apply goes on;
  *  - preflight before the run reports no blocker, on the running subscription still none
  *    (its own copied tables are not "not empty"), and a genuinely non-empty table published
  *    later is still a blocker.
@@ -21,6 +26,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import pg from 'pg';
+import { verifyChannel, verifyLockKey } from '../../src/verify/channel.js';
 import { spawnPgsub, startCluster, stopAllClusters, waitFor, waitForCatchUp, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 let pub10: Cluster;
@@ -36,6 +42,7 @@ CREATE TABLE public.nested (id int PRIMARY KEY, f8 float8[], f4 float4[], n nume
 CREATE TABLE public.notes (id int PRIMARY KEY, v text, n int);
 CREATE TABLE public.bulk (id int PRIMARY KEY, v text, x float8);
 CREATE TABLE public.gate (id int PRIMARY KEY);
+CREATE TABLE public.uniq (id int PRIMARY KEY, v text UNIQUE);
 CREATE TABLE public.resynced (id int PRIMARY KEY, v text);
 CREATE TABLE public.slow (id int PRIMARY KEY, v text);
 CREATE TABLE public.late (id int PRIMARY KEY, v text);`;
@@ -57,9 +64,10 @@ INSERT INTO public.nested (id, f8) VALUES (301, '[0:1][1:2]={{0.1,0.2},{0.3,NaN}
 INSERT INTO public.notes SELECT g, 'note ' || g, g FROM generate_series(1, 50) g;
 INSERT INTO public.bulk SELECT g, 'bulk ' || g, g::float8 / 7 FROM generate_series(1, 20000) g;
 INSERT INTO public.gate VALUES (1);
+INSERT INTO public.uniq VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd');
 INSERT INTO public.resynced SELECT g, 'r ' || g FROM generate_series(1, 1000) g;
 INSERT INTO public.slow SELECT g, 's ' || g FROM generate_series(1, 2000) g;
-CREATE PUBLICATION pub FOR TABLE public.nested, public.notes, public.bulk, public.gate, public.resynced;`;
+CREATE PUBLICATION pub FOR TABLE public.nested, public.notes, public.bulk, public.gate, public.uniq, public.resynced;`;
 
 /**
  * The target: notes has a column of its own and an ENABLE ALWAYS trigger logging what it
@@ -194,7 +202,7 @@ async function startService(publisher: Cluster, sub: string): Promise<void> {
   const service = spawnPgsub(env(publisher, sub));
   children.push(service);
   await service.waitForLog('streaming started', 120_000);
-  await waitFor(async () => (await target.query(`SELECT count(*) = 5 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = $1`, [sub], sub))[0].ok, {
+  await waitFor(async () => (await target.query(`SELECT count(*) = 6 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = $1`, [sub], sub))[0].ok, {
     timeoutMs: 120_000,
     intervalMs: 200,
     what: `${sub}: every table ready`,
@@ -247,7 +255,7 @@ describe('pgsub verify --repair, table states, nested types; preflight on a runn
     }
   });
 
-  test('--repair updates only the compared columns, inserts missing keys, deletes extra ones', { timeout: 200_000 }, async () => {
+  test('--repair updates only the compared columns, inserts missing keys, deletes extra ones; a table the target refuses is named', { timeout: 200_000 }, async () => {
     const sub = 'r14';
     await target.query(
       `UPDATE public.notes SET local_note = 'precious-7' WHERE id = 7;
@@ -255,13 +263,24 @@ describe('pgsub verify --repair, table states, nested types; preflight on a runn
        DELETE FROM public.notes WHERE id = 8;
        INSERT INTO public.notes (id, v) VALUES (9999, 'extra');
        UPDATE public.bulk SET v = 'drift', x = -x WHERE id % 4 = 0;
+       UPDATE public.uniq SET v = 'tmp' WHERE id = 1; UPDATE public.uniq SET v = 'a' WHERE id = 2; UPDATE public.uniq SET v = 'b' WHERE id = 1;
+       UPDATE public.uniq SET v = 'x' WHERE id = 4; INSERT INTO public.uniq VALUES (5, 'd');
        TRUNCATE public.trig_log;`,
       [],
       sub,
     );
     const r = await verify(pub14, sub, ['--repair']);
     assert.equal(r.code, 1, r.output);
+    // Rows 1 and 2 swapped their unique values: one UPDATE cannot put them back (PostgreSQL
+    // checks a unique index row by row). The table is named with the key; the others are repaired.
+    assert.equal(r.result.repair!.complete, false);
+    const refused = r.result.repair!.skipped.find((x) => x.table === 'public.uniq')!;
+    assert.equal(refused.code, 'PGSUB_VERIFY_REPAIR_FAILED');
+    assert.match(refused.reason, /^repair of public\.uniq failed at key \(v\)=\([ab]\): duplicate key value violates unique constraint "uniq_v_key" \(SQLSTATE 23505\)$/);
+    assert.match(r.output, /"code":"PGSUB_VERIFY_REPAIR_FAILED"/, 'logged');
+    assert.equal((await target.query(`SELECT count(*)::int AS n FROM public.uniq WHERE id = 5`, [], sub))[0].n, 1, 'its batch rolled back');
     const byTable = new Map(r.result.repair!.tables.map((t) => [t.table, t]));
+    assert.equal(byTable.has('public.uniq'), false);
     assert.deepEqual(byTable.get('public.notes'), { ...byTable.get('public.notes')!, keys: 3, updated: 1, inserted: 1, deleted: 1 });
     assert.deepEqual(byTable.get('public.bulk'), { ...byTable.get('public.bulk')!, keys: 5000, updated: 5000, inserted: 0, deleted: 0 });
     numbers.push(`repair of 5,000 differing rows of public.bulk ${byTable.get('public.bulk')!.ms} ms, apply held ${r.result.repair!.pauseMs} ms in all`);
@@ -285,6 +304,15 @@ describe('pgsub verify --repair, table states, nested types; preflight on a runn
     );
     assert.match(logged[0].detail, /^pgsub verify found it different; updated from the source at /);
     assert.equal(logged[0].local, 'precious-7');
+
+    // The swap undone by hand: the rest repairs, the extra row 5 deleted before row 4 takes its 'd'.
+    await target.query(`UPDATE public.uniq SET v = 'tmp' WHERE id = 1; UPDATE public.uniq SET v = 'b' WHERE id = 2; UPDATE public.uniq SET v = 'a' WHERE id = 1;`, [], sub);
+    const r2 = await verify(pub14, sub, ['--repair']);
+    assert.equal(r2.code, 1, r2.output);
+    assert.deepEqual(
+      r2.result.repair!.tables.map((t) => `${t.table} updated ${t.updated} deleted ${t.deleted}`),
+      ['public.uniq updated 1 deleted 1'],
+    );
     const again = await verify(pub14, sub);
     assert.equal(again.code, 0, again.output);
   });
@@ -371,14 +399,50 @@ describe('pgsub verify --repair, table states, nested types; preflight on a runn
     assert.equal(v.code, 0, v.output);
   });
 
+  test('a hold given up while a repair batch is in flight waits for the batch before the apply goes on', { timeout: 120_000 }, async () => {
+    const sub = 'r14';
+    // A repair request as verify makes it, from a session that then dies mid-batch.
+    const holder = await session(sub);
+    const [classId, objId] = verifyLockKey(sub);
+    await holder.query('SELECT pg_advisory_lock($1, $2)', [classId, objId]);
+    const step = async (set: string, state: string, params: unknown[] = []) => {
+      await holder.query(`UPDATE pgsub.verify SET ${set}, state = '${state}' WHERE subscription = '${sub}'`, params);
+      await holder.query('SELECT pg_notify($1, $2)', [verifyChannel(sub), state]);
+    };
+    const rowState = async () => (await target.query(`SELECT state, detail FROM pgsub.verify WHERE subscription = $1`, [sub], sub))[0] as { state: string; detail: string };
+    await step(`request_id = 'test-repair', mode = 'repair', holder_pid = pg_backend_pid(), hold_timeout_ms = 120000`, 'requested');
+    await waitFor(async () => (await rowState()).state === 'armed', { timeoutMs: 10_000, what: 'armed' });
+    const lsn = (await pub14.query(`SELECT pg_current_wal_lsn()::text AS l`, [], 'src'))[0].l as string;
+    await step(`bound_lsn = $1::pg_lsn`, 'bounded', [lsn]);
+    await step(`slot_lsn = $1::pg_lsn`, 'located', [lsn]);
+    await waitFor(async () => (await rowState()).state === 'held', { timeoutMs: 30_000, what: 'held for the repair' });
+    // A batch in flight: it read 'held' under a share lock, as repair.ts does.
+    const batch = await session(sub);
+    await batch.query(`BEGIN; SELECT state FROM pgsub.verify WHERE subscription = '${sub}' FOR SHARE`);
+    await pub14.query(`INSERT INTO public.notes SELECT g, 'late ' || g, g FROM generate_series(1000, 1009) g`, [], 'src');
+    const applied = async () => (await target.query(`SELECT count(*)::int AS n FROM public.notes WHERE id >= 1000`, [], sub))[0].n as number;
+    holder.connection.stream.destroy();
+    // The service gives up (its holder is gone) and first waits to move the row behind the batch.
+    await waitFor(
+      async () => (await target.query(`SELECT 1 FROM pg_stat_activity WHERE application_name = 'pgsub_${sub}_verify' AND wait_event_type = 'Lock'`, [], sub)).length > 0,
+      { timeoutMs: 30_000, intervalMs: 100, what: 'the service waiting for the batch' },
+    );
+    await new Promise((r) => setTimeout(r, 1000));
+    assert.equal(await applied(), 0, 'applied while a repair batch could still write');
+    assert.equal((await rowState()).state, 'held');
+    await batch.query('COMMIT');
+    await waitFor(async () => (await applied()) === 10, { timeoutMs: 30_000, intervalMs: 100, what: 'the rows applied once the batch ended' });
+    assert.deepEqual(await rowState(), { state: 'abandoned', detail: 'the verify session is gone' });
+  });
+
   test('preflight on the running subscription: no false blocker; a non-empty table published later still is one', { timeout: 120_000 }, async () => {
     const sub = 'r14';
     const p = await preflight(pub14, sub);
     assert.deepEqual(p.blockers, [], JSON.stringify(p.report, null, 1));
     assert.equal(p.code, 0);
     const findings = p.report.findings as { code: string; message: string }[];
-    assert.match(findings.find((f) => f.code === 'TARGET_SUBSCRIPTION_RUNNING')!.message, /already has 6 of the 6 published table\(s\) on the target \(6 ready\)/);
-    assert.deepEqual([(p.report.estimate as { tables: number }).tables, (p.report.estimate as { already_copied: number }).already_copied], [0, 6]);
+    assert.match(findings.find((f) => f.code === 'TARGET_SUBSCRIPTION_RUNNING')!.message, /already has 7 of the 7 published table\(s\) on the target \(7 ready\)/);
+    assert.deepEqual([(p.report.estimate as { tables: number }).tables, (p.report.estimate as { already_copied: number }).already_copied], [0, 7]);
 
     await pub14.query(`INSERT INTO public.late SELECT g, 'l' FROM generate_series(1, 10) g`, [], 'src');
     await pub14.query(`ALTER PUBLICATION pub ADD TABLE public.late`, [], 'src');
