@@ -4,7 +4,7 @@
  * versions and settings. Scalars by their base type's rule; arrays element by element (with
  * their dimensions) and composites field by field, recursively, when they hold a type whose
  * text is not comparable as is — float8[] printed by PostgreSQL 11 and by 18, a NaN inside a
- * composite. The type tree is read from the catalog (typeTreeQuery) once per column type.
+ * composite. A float array without a NaN or a zero goes by its binary form, at C speed. The type tree is read from the catalog (typeTreeQuery) once per column type.
  * Pure: no connection.
  */
 import { quoteIdent } from '../quote.js';
@@ -76,7 +76,18 @@ export function treeText(expr: string, tree: TypeTree, depth = 0): string {
       const elements =
         `(SELECT pg_catalog.array_agg(${treeText(`${u}.e`, tree.elem, depth + 1)} ORDER BY ${u}.i)::${TEXT} ` +
         `FROM (SELECT pg_catalog.unnest(${value}) AS e, pg_catalog.generate_series(1, pg_catalog.cardinality(${value})) AS i) AS ${u})`;
-      return `CASE WHEN ${expr} IS NULL THEN NULL ELSE COALESCE(pg_catalog.array_dims(${value}), '') || COALESCE(${elements}, '{}') END`;
+      const slow = `COALESCE(pg_catalog.array_dims(${value}), '') || COALESCE(${elements}, '{}')`;
+      if (tree.elem.kind === 'scalar' && (tree.elem.base === 'float8' || tree.elem.base === 'float4')) {
+        // A float array without a NaN or a zero is its binary form (array_send; as an array of
+        // the base type, whose oid both servers share), without the word saying whether a
+        // NULL bitmap is present (an array may keep one with no NULL left): at C speed.
+        // Element by element only where a NaN's bits or a zero's sign may differ.
+        const t = `pg_catalog.${tree.elem.base}`;
+        const bits = `pg_catalog.array_send((${expr})::${t}[])`;
+        const fast = `'b' || pg_catalog.encode(pg_catalog.overlay(${bits}, pg_catalog.decode('00000000', 'hex'), 5, 4), 'hex')`;
+        return `CASE WHEN ${expr} IS NULL THEN NULL WHEN 'NaN'::${t} OPERATOR(pg_catalog.=) ANY (${value}) OR 0::${t} OPERATOR(pg_catalog.=) ANY (${value}) THEN ${slow} ELSE ${fast} END`;
+      }
+      return `CASE WHEN ${expr} IS NULL THEN NULL ELSE ${slow} END`;
     }
     case 'composite': {
       const fields = tree.fields.map((f) => treeText(`(${expr}).${quoteIdent(f.name)}`, f.tree, depth + 1));

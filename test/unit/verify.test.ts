@@ -172,6 +172,16 @@ test('nested types: arrays element by element with their bounds, composites fiel
   assert.match(text, /FROM \(SELECT pg_catalog\.unnest\(\("c"\)::pt\[\]\) AS e, pg_catalog\.generate_series\(1, pg_catalog\.cardinality\(\("c"\)::pt\[\]\)\) AS i\) AS u0\)/);
   assert.match(text, /pg_catalog\.num_nulls\(u0\.e\) OPERATOR\(pg_catalog\.=\) 1 THEN NULL ELSE ROW\(CASE WHEN \(u0\.e\)\."x" OPERATOR/);
   assert.match(text, /\(u0\.e\)\."n"::pg_catalog\.text\)::pg_catalog\.text END/);
+  // A float array: its binary form unless it holds a NaN or a zero (then element by element).
+  const floats = treeText('"r"', trees.get('9001')!);
+  assert.match(
+    floats,
+    /^CASE WHEN "r" IS NULL THEN NULL WHEN 'NaN'::pg_catalog\.float8 OPERATOR\(pg_catalog\.=\) ANY \(\("r"\)::double precision\[\]\) OR 0::pg_catalog\.float8 OPERATOR/,
+  );
+  assert.match(
+    floats,
+    / ELSE 'b' \|\| pg_catalog\.encode\(pg_catalog\.overlay\(pg_catalog\.array_send\(\("r"\)::pg_catalog\.float8\[\]\), pg_catalog\.decode\('00000000', 'hex'\), 5, 4\), 'hex'\) END$/,
+  );
   assert.equal(rowText([{ ...col('r', 'float8'), tree: trees.get('1022')! }]).startsWith('ROW(CASE WHEN "r" IS NULL'), true);
 });
 
