@@ -307,3 +307,15 @@ export class VerifyError extends PgsubError {
   readonly retryable = false;
   override readonly exitCode = 2;
 }
+
+/**
+ * `pgsub verify --repair` could not write a table's repair: the target refused a statement
+ * (a unique or check constraint, a lock it could not get in time) or the hold was lost.
+ * Names the table (context.relation, the source's name), the key where PostgreSQL's
+ * message gives it (context.key) and PostgreSQL's SQLSTATE (context.sqlstate).
+ */
+export class RepairError extends PgsubError {
+  readonly code = 'PGSUB_VERIFY_REPAIR_FAILED';
+  readonly retryable = false;
+  override readonly exitCode = 2;
+}

@@ -58,8 +58,12 @@ export function renderVerify(r: VerifyResult): string {
   }
   if (r.repair) {
     lines.push(`repair at ${r.repair.lsn || '-'} (apply held ${r.repair.pauseMs} ms): ${r.repair.complete ? 'every differing row re-copied' : 'incomplete'}`);
-    for (const t of r.repair.tables) lines.push(`  ${t.table}: ${count(t.keys)} keys, ${count(t.deleted)} rows deleted, ${count(t.inserted)} inserted`);
-    for (const s of r.repair.skipped) lines.push(`  ${s.table}: not repaired: ${s.reason}`);
+    for (const t of r.repair.tables)
+      lines.push(
+        `  ${t.table}: ${count(t.keys)} keys: ${count(t.updated)} updated, ${count(t.inserted)} inserted, ${count(t.deleted)} deleted${t.unchanged > 0 ? `, ${count(t.unchanged)} equal again` : ''} (${t.ms} ms)`,
+      );
+    for (const s of r.repair.skipped)
+      lines.push(`  ${s.table}: ${s.code ? `${s.code}: ${s.reason}` : s.reason.startsWith('not repaired') ? s.reason : `not repaired: ${s.reason}`}`);
     lines.push('run pgsub verify again to confirm');
   }
   return `${lines.join('\n')}\n`;

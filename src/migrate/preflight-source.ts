@@ -61,6 +61,8 @@ export interface SourceFacts {
 export interface SourceCheckOptions {
   /** A transaction with an xid older than this delays the slot's consistent point. */
   longTransactionSeconds: number;
+  /** Published tables (schema.table) this subscription has copied already (preflight-target.ts readSubscribed): no copy slot is needed for them. */
+  copied?: ReadonlySet<string>;
 }
 
 export async function readLocale(db: Db): Promise<DatabaseLocale> {
@@ -89,7 +91,6 @@ export async function checkSource(db: Db, config: Config, opts: SourceCheckOptio
   );
   const superuser = isTrue(role!.super);
   checkWal(db, settings, f);
-  await checkSlots(db, config, settings, f);
   if (!superuser && !isTrue(role!.replication)) {
     f.blocker(
       'SOURCE_ROLE_REPLICATION',
@@ -122,6 +123,8 @@ export async function checkSource(db: Db, config: Config, opts: SourceCheckOptio
       'the publications publish no tables',
       `ALTER PUBLICATION ${ident(config.publications[0]!)} ADD TABLE …;`,
     );
+  // A running subscription needs copy slots only for the tables it has not copied yet.
+  await checkSlots(db, config, settings, tables.filter((t) => !opts.copied?.has(`${t.schema}.${t.table}`)).length, f);
   const roots: Rel[] = tables.map((t) => ({ schema: t.schema, table: t.table }));
   const rels = [...roots, ...(await readDescendants(db, roots))];
 
@@ -204,14 +207,14 @@ function checkWal(db: Db, settings: Map<string, string>, f: Findings): void {
   }
 }
 
-async function checkSlots(db: Db, config: Config, settings: Map<string, string>, f: Findings): Promise<void> {
+async function checkSlots(db: Db, config: Config, settings: Map<string, string>, toCopy: number, f: Findings): Promise<void> {
   const [slots] = await db.query<Row>(
     `SELECT count(*)::text AS used, count(*) FILTER (WHERE slot_name = $1)::text AS ours, COALESCE(bool_or(slot_name = $1 AND active), false)::text AS ours_active
        FROM pg_catalog.pg_replication_slots`,
     [config.slotName],
   );
   const [senders] = await db.query<Row>(`SELECT count(*)::text AS used FROM pg_catalog.pg_stat_replication`);
-  const copies = config.copyData ? config.maxSyncWorkers : 0;
+  const copies = config.copyData ? Math.min(config.maxSyncWorkers, toCopy) : 0;
   const slotsNeeded = (Number(slots!.ours) > 0 ? 0 : 1) + copies;
   const sendersNeeded = (isTrue(slots!.ours_active) ? 0 : 1) + copies;
   const maxSlots = Number(settings.get('max_replication_slots') ?? '0');

@@ -5,8 +5,8 @@
  * pgsub's apply needs (the startup check of service/preflight.ts, plus pgsub's schema,
  * session_replication_role, the replication origin functions, table ownership for
  * defer_indexes, UPDATE on the sequences it sets), max_prepared_transactions for
- * two_phase, tables that are not empty, and free disk for the copy where it can be seen.
- * Read-only.
+ * two_phase, tables that are not empty (but for those this subscription has copied
+ * already, readSubscribed), and free disk for the copy where it can be seen. Read-only.
  */
 import fs from 'node:fs';
 import type { Config } from '../config/config.js';
@@ -27,7 +27,36 @@ export interface TargetCheck {
 /** The apply's own startup check of the target role's table privileges (service/preflight.ts, given by the CLI: migrate sits below service). */
 export type TablePrivilegeCheck = (config: Config, tables: readonly { schema: string; table: string }[]) => Promise<void>;
 
-export async function checkTarget(db: Db, config: Config, src: SourceFacts, neededBytes: number, checkTablePrivileges: TablePrivilegeCheck, f: Findings): Promise<TargetCheck> {
+/**
+ * The tables this subscription already has in pgsub.subscription_rel on the target, with
+ * their sync state: a running (or stopped) subscription. Empty when pgsub's schema is not
+ * there yet or cannot be read.
+ */
+export async function readSubscribed(db: Db, config: Config): Promise<Map<string, string>> {
+  try {
+    const [present] = await db.query<Row>(`SELECT (pg_catalog.to_regclass('"pgsub"."subscription_rel"') IS NOT NULL)::text AS ok`);
+    if (!isTrue(present?.ok)) return new Map();
+    const rows = await db.query<Row>(`SELECT schema_name || '.' || table_name AS rel, state::text AS state FROM "pgsub"."subscription_rel" WHERE subscription = $1`, [
+      config.subscription,
+    ]);
+    return new Map(rows.map((r) => [r.rel!, r.state!]));
+  } catch {
+    return new Map();
+  }
+}
+
+/** States in which the table holds this subscription's own copy (done, or under way: a retry empties it first). */
+export const COPIED_STATES = new Set(['d', 'f', 's', 'r']);
+
+export async function checkTarget(
+  db: Db,
+  config: Config,
+  src: SourceFacts,
+  neededBytes: number,
+  checkTablePrivileges: TablePrivilegeCheck,
+  f: Findings,
+  subscribed: ReadonlyMap<string, string> = new Map(),
+): Promise<TargetCheck> {
   const notChecked: string[] = [];
   const [role] = await db.query<Row>(`SELECT current_user::text AS name, r.rolsuper::text AS super FROM pg_catalog.pg_roles r WHERE r.rolname = current_user`);
   const superuser = isTrue(role!.super);
@@ -87,7 +116,13 @@ export async function checkTarget(db: Db, config: Config, src: SourceFacts, need
   await checkLocale(db, src, f);
   await checkPrivileges(db, config, src, existingRels, roleName, superuser, checkTablePrivileges, f);
   await checkSettings(db, config, f);
-  await checkEmpty(db, config, existingRels, f, notChecked);
+  await checkEmpty(
+    db,
+    config,
+    existingRels.filter((r) => !COPIED_STATES.has(subscribed.get(relName(r)) ?? '')),
+    f,
+    notChecked,
+  );
   const freeBytes = await checkDisk(db, neededBytes, f, notChecked);
   return { notChecked, freeBytes };
 }
@@ -303,7 +338,10 @@ async function checkSettings(db: Db, config: Config, f: Findings): Promise<void>
   }
 }
 
-/** The initial copy refuses a table that already has rows (unless truncate_before_copy). */
+/**
+ * The initial copy refuses a table that already has rows (unless truncate_before_copy);
+ * `rels` are the tables this subscription has not copied (its own copies have rows by right).
+ */
 async function checkEmpty(db: Db, config: Config, rels: { schema: string; table: string }[], f: Findings, notChecked: string[]): Promise<void> {
   if (!config.copyData || config.truncateBeforeCopy) return;
   for (const r of rels) {

@@ -4,14 +4,16 @@
  * version pair and of the options asked for, and an estimate of the initial copy. Every
  * finding has a severity, the object and the remediation; blockers make it exit 1,
  * warnings are listed either way. Read-only and safe to repeat: it creates nothing, not
- * even pgsub's schema, and opens no walsender.
+ * even pgsub's schema, and opens no walsender. On a subscription already running (rows in
+ * pgsub.subscription_rel), the tables it has copied are its own: not "not empty", not in
+ * the copy estimate or the copy slots; every other check stays.
  */
 import type { Config } from '../config/config.js';
 import { formatBytes, formatSeconds } from '../tablesync/copy-report.js';
 import { errorText, major, openPgDb, openTargetDb, type Db } from './db.js';
 import { Findings, type Finding } from './findings.js';
 import { checkSource, type SourceFacts } from './preflight-source.js';
-import { checkTarget, type TablePrivilegeCheck } from './preflight-target.js';
+import { checkTarget, COPIED_STATES, readSubscribed, type TablePrivilegeCheck } from './preflight-target.js';
 
 export interface PreflightOptions {
   /** The copy rate the estimate assumes, MB/s. */
@@ -22,7 +24,10 @@ export interface PreflightOptions {
 }
 
 export interface CopyEstimate {
+  /** Tables still to copy. */
   tables: number;
+  /** Published tables this subscription has copied already (not in the estimate). */
+  already_copied: number;
   rows: number;
   table_bytes: number;
   index_bytes: number;
@@ -69,12 +74,16 @@ export async function preflight(config: Config, opts: PreflightOptions): Promise
       );
       return null;
     });
+    // A subscription already running: the tables it copied are not copied again (and their rows are its own).
+    const subscribed = target ? await readSubscribed(target, config) : new Map<string, string>();
+    const copied = new Set([...subscribed].filter(([, state]) => COPIED_STATES.has(state)).map(([rel]) => rel));
     if (source) {
-      facts = await checkSource(source, config, opts, f);
-      estimate = copyEstimate(facts, opts.copyRateMb);
+      facts = await checkSource(source, config, { ...opts, copied }, f);
+      estimate = copyEstimate(facts, opts.copyRateMb, copied);
+      noteSubscription(config, facts, subscribed, f);
     } else notChecked.push('the source (unreachable)');
     if (target && facts) {
-      const checked = await checkTarget(target, config, facts, estimate!.table_bytes + estimate!.index_bytes, opts.checkTablePrivileges, f);
+      const checked = await checkTarget(target, config, facts, estimate!.table_bytes + estimate!.index_bytes, opts.checkTablePrivileges, f, subscribed);
       notChecked.push(...checked.notChecked);
     } else if (!target) notChecked.push('the target (unreachable)');
     if (source && target) checkPair(source, target, facts!, f);
@@ -94,16 +103,37 @@ export async function preflight(config: Config, opts: PreflightOptions): Promise
   };
 }
 
-function copyEstimate(facts: SourceFacts, rateMb: number): CopyEstimate {
-  const tableBytes = facts.sizes.reduce((s, r) => s + r.tableBytes, 0);
+/** The initial copy still to do: the published tables this subscription has not copied yet. */
+function copyEstimate(facts: SourceFacts, rateMb: number, copied: ReadonlySet<string>): CopyEstimate {
+  const sizes = facts.sizes.filter((r) => !copied.has(r.rel));
+  const tableBytes = sizes.reduce((s, r) => s + r.tableBytes, 0);
+  const alreadyCopied = facts.tables.filter((t) => copied.has(`${t.schema}.${t.table}`)).length;
   return {
-    tables: facts.tables.length,
-    rows: facts.sizes.reduce((s, r) => s + r.rows, 0),
+    tables: facts.tables.length - alreadyCopied,
+    already_copied: alreadyCopied,
+    rows: sizes.reduce((s, r) => s + r.rows, 0),
     table_bytes: tableBytes,
-    index_bytes: facts.sizes.reduce((s, r) => s + r.indexBytes, 0),
+    index_bytes: sizes.reduce((s, r) => s + r.indexBytes, 0),
     copy_rate_mb_per_s: rateMb,
     seconds: Math.round((tableBytes / (rateMb * 1024 * 1024)) * 10) / 10,
   };
+}
+
+/** A subscription already on the target: say so, with the tables it has copied and those it has not. */
+function noteSubscription(config: Config, facts: SourceFacts, subscribed: ReadonlyMap<string, string>, f: Findings): void {
+  if (subscribed.size === 0) return;
+  const published = facts.tables.map((t) => `${t.schema}.${t.table}`);
+  const copied = published.filter((t) => COPIED_STATES.has(subscribed.get(t) ?? ''));
+  const waiting = published.filter((t) => !COPIED_STATES.has(subscribed.get(t) ?? ''));
+  const ready = published.filter((t) => subscribed.get(t) === 'r').length;
+  f.info(
+    'TARGET_SUBSCRIPTION_RUNNING',
+    'target',
+    `subscription ${config.subscription}`,
+    `subscription ${config.subscription} already has ${copied.length} of the ${published.length} published table(s) on the target (${ready} ready): their rows are its own copy, not a blocker${
+      waiting.length > 0 ? `; not copied yet: ${waiting.slice(0, 5).join(', ')}${waiting.length > 5 ? ', …' : ''}` : ''
+    }`,
+  );
 }
 
 /** What changes between these two majors that a migration meets. */
@@ -206,7 +236,7 @@ export function renderPreflight(r: PreflightReport): string {
     const e = r.estimate;
     lines.push(
       '',
-      `initial copy: ${e.tables} table(s), about ${e.rows.toLocaleString('en-US')} rows, ${formatBytes(e.table_bytes)} of tables and ${formatBytes(e.index_bytes)} of indexes (built after the copy): about ${formatSeconds(e.seconds)} at ${e.copy_rate_mb_per_s} MB/s (an assumed rate; --copy-rate-mb sets it, npm run bench:sync measures one)`,
+      `initial copy: ${e.tables} table(s)${e.already_copied > 0 ? ` (${e.already_copied} more already copied by this subscription)` : ''}, about ${e.rows.toLocaleString('en-US')} rows, ${formatBytes(e.table_bytes)} of tables and ${formatBytes(e.index_bytes)} of indexes (built after the copy): about ${formatSeconds(e.seconds)} at ${e.copy_rate_mb_per_s} MB/s (an assumed rate; --copy-rate-mb sets it, npm run bench:sync measures one)`,
     );
   }
   for (const n of r.not_checked) lines.push(`not checked: ${n}`);

@@ -25,7 +25,9 @@
  *     until 'released' (repair.ts writes the rows while nothing else does).
  *
  * A request whose holder (the backend holding the verify lock) is gone, or a hold longer
- * than the request's hold_timeout_ms, is abandoned: the gate opens and the row says why.
+ * than the request's hold_timeout_ms, is abandoned: the gate opens and the row says why
+ * (held for a repair, the row moves first, behind any repair batch in flight: no batch
+ * writes once the apply goes on).
  * Apply lanes and parallel apply commit on other connections this gate does not see: the
  * request is refused with the reason.
  */
@@ -270,15 +272,25 @@ export class VerifyHold implements ApplyHold {
     if (!(await moveVerifyRow(this.#query, this.opts.subscription, row.request_id!, ['requested'], 'armed'))) this.#open(null);
   }
 
+  /**
+   * Let go of a request. Held for a repair, the row is moved first: each repair batch reads
+   * it 'held' under a share lock, so this waits for a batch in flight to commit, and no
+   * batch writes once the apply goes on (it would undo what the apply writes).
+   */
+  async #giveUp(request: Request, reason: string): Promise<void> {
+    if (this.#phase === 'held') await moveVerifyRow(this.#query, this.opts.subscription, request.id, null, 'abandoned', { detail: reason }).catch(() => {});
+    if (this.#request === request) this.#open(reason);
+  }
+
   /** Holder gone or hold too long: let go. While the exported snapshot waits to be imported, the same. */
   async #check(): Promise<void> {
     const request = this.#request;
     if (request === null || this.#checking) return;
     this.#checking = true;
     try {
-      if (this.#phase !== 'idle' && Date.now() - request.armedAt > request.timeoutMs) return this.#open(`hold timeout (${request.timeoutMs} ms)`);
+      if (this.#phase !== 'idle' && Date.now() - request.armedAt > request.timeoutMs) return await this.#giveUp(request, `hold timeout (${request.timeoutMs} ms)`);
       if (!(await holderAlive(this.#query, this.opts.subscription, request.holder))) {
-        if (this.#request === request) this.#open('the verify session is gone');
+        if (this.#request === request) await this.#giveUp(request, 'the verify session is gone');
       } else if (this.#phase === 'idle' && Date.now() - request.armedAt > request.timeoutMs + 60_000) this.#open('snapshot not imported in time');
     } catch (err) {
       this.opts.log.debug({ err: String(err) }, 'verify holder check failed');

@@ -7,14 +7,14 @@
  * boundaries that split a range, and the leaf's keys with row hashes. Pure: no connection.
  * Values are parameters, identifiers quoted; keys travel as text and are cast back.
  *
- * Normalisation (docs/verify.md): float4/float8 by their binary form with -0 made 0
- * (shortest-exact text output changed in PostgreSQL 12); numeric and money without
- * trailing fractional zeros (scale is not meaning); json through jsonb (spacing, key
- * order); bytea as hex; timestamptz at UTC. Everything else by its text output, under the
- * session settings the comparison connections fix (DateStyle ISO, IntervalStyle postgres,
- * TimeZone UTC, extra_float_digits 3, bytea_output hex). Domains as their base type.
+ * Normalisation (normalise.ts, docs/verify.md): float4/float8 by their binary form with -0
+ * made 0 and every NaN alike; numeric and money without trailing fractional zeros; json
+ * through jsonb; bytea as hex; timestamptz at UTC; arrays and composites holding these
+ * element by element and field by field. Everything else by its text output, under the
+ * session settings the comparison connections fix (SESSION_OPTIONS). Domains as their base.
  */
 import { quoteIdent } from '../quote.js';
+import { scalarText, treeText, type TypeTree } from './normalise.js';
 
 export interface ColumnInfo {
   name: string;
@@ -27,6 +27,10 @@ export interface ColumnInfo {
   generated: boolean;
   /** GENERATED ALWAYS AS IDENTITY (a repair writes it with OVERRIDING SYSTEM VALUE). */
   identityAlways: boolean;
+  /** The column's type (pg_type oid, as text): what its type tree is looked up by. */
+  typeOid?: string;
+  /** An array or composite holding a normalised type (normalise.ts); absent: a scalar by `base`. */
+  tree?: TypeTree;
 }
 
 export interface TableShape {
@@ -77,43 +81,23 @@ export interface Query {
   params: string[];
 }
 
-/** The session settings both sides' comparison connections run with (startup options). */
-export const SESSION_OPTIONS = '-c datestyle=ISO -c intervalstyle=postgres -c timezone=UTC -c extra_float_digits=3 -c bytea_output=hex';
-
-/** Types whose text output is not compared as is (see the header). */
-export const NORMALISED_TYPES = ['float4', 'float8', 'numeric', 'money', 'json', 'bytea', 'timestamptz'] as const;
+/**
+ * The session settings both sides' comparison connections run with (startup options);
+ * lc_monetary C: money's text (inside arrays and composites, and what a repair copies)
+ * is the same on both servers.
+ */
+export const SESSION_OPTIONS = '-c datestyle=ISO -c intervalstyle=postgres -c timezone=UTC -c extra_float_digits=3 -c bytea_output=hex -c lc_monetary=C';
 
 const TEXT = 'pg_catalog.text';
 
-function trimScale(expr: string): string {
-  return `CASE WHEN ${expr} LIKE '%.%' THEN pg_catalog.rtrim(pg_catalog.rtrim(${expr}, '0'), '.') ELSE ${expr} END`;
-}
-
-/** The normalised text of one column's value (NULL stays NULL). */
-export function normalisedColumn(c: Pick<ColumnInfo, 'name' | 'base'>): string {
+/** The normalised text of one column's value (NULL stays NULL): by its type tree, or its base type. */
+export function normalisedColumn(c: Pick<ColumnInfo, 'name' | 'base' | 'tree'>): string {
   const q = quoteIdent(c.name);
-  switch (c.base) {
-    case 'float4':
-      return `pg_catalog.encode(pg_catalog.float4send(${q} + 0::pg_catalog.float4), 'hex')`;
-    case 'float8':
-      return `pg_catalog.encode(pg_catalog.float8send(${q} + 0::pg_catalog.float8), 'hex')`;
-    case 'numeric':
-      return trimScale(`${q}::${TEXT}`);
-    case 'money':
-      return trimScale(`${q}::pg_catalog.numeric::${TEXT}`);
-    case 'json':
-      return `${q}::pg_catalog.jsonb::${TEXT}`;
-    case 'bytea':
-      return `pg_catalog.encode(${q}::pg_catalog.bytea, 'hex')`;
-    case 'timestamptz':
-      return `(${q} AT TIME ZONE 'UTC')::${TEXT}`;
-    default:
-      return `${q}::${TEXT}`;
-  }
+  return c.tree ? treeText(q, c.tree) : scalarText(q, c.base);
 }
 
 /** A row's normalised text: a ROW() of the normalised columns (NULL and '' stay apart). */
-export function rowText(columns: readonly Pick<ColumnInfo, 'name' | 'base'>[]): string {
+export function rowText(columns: readonly Pick<ColumnInfo, 'name' | 'base' | 'tree'>[]): string {
   return `ROW(${columns.map(normalisedColumn).join(', ')})::${TEXT}`;
 }
 
@@ -180,7 +164,8 @@ function orderByKey(shape: TableShape): string {
   return keyColumns(shape).map(keyExpr).join(', ');
 }
 
-function keyText(shape: TableShape): string {
+/** The key columns as text, in key order (how keys travel). */
+export function keyText(shape: TableShape): string {
   return keyColumns(shape)
     .map((c) => `${quoteIdent(c.name)}::${TEXT}`)
     .join(', ');
@@ -237,7 +222,7 @@ export function columnsQuery(serverVersionNum: number): string {
   const generated = serverVersionNum >= 120000 ? `a.attgenerated <> ''` : 'false';
   return (
     `SELECT a.attname::${TEXT}, pg_catalog.format_type(a.atttypid, a.atttypmod), bt.typname::${TEXT}, (a.attcollation <> 0)::${TEXT}, (${generated})::${TEXT}, ` +
-    `(a.attidentity = 'a')::${TEXT}, COALESCE(k.pos, 0)::${TEXT} ` +
+    `(a.attidentity = 'a')::${TEXT}, COALESCE(k.pos, 0)::${TEXT}, a.atttypid::${TEXT} ` +
     `FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid ` +
     `JOIN pg_catalog.pg_type bt ON bt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END ` +
     // indkey is an int2vector, a 0-based array: its position by ordinality.
@@ -256,26 +241,11 @@ export function parseColumns(rows: readonly (string | null)[][]): { columns: Col
     collatable: r[3] === 'true',
     generated: r[4] === 'true',
     identityAlways: r[5] === 'true',
+    ...(r[7] ? { typeOid: r[7] } : {}),
   }));
   const key = rows
     .filter((r) => Number(r[6]) > 0)
     .sort((a, b) => Number(a[6]) - Number(b[6]))
     .map((r) => r[0]!);
   return { columns, key };
-}
-
-/** One repair batch's INSERT: the source's values as text, cast to the target's column types. */
-export function insertQuery(shape: TableShape, target: readonly ColumnInfo[], rows: readonly (string | null)[][]): { text: string; params: (string | null)[] } {
-  const written = target.filter((c) => !c.generated && shape.columns.some((s) => s.name === c.name));
-  const index = written.map((c) => shape.columns.findIndex((s) => s.name === c.name));
-  const params: (string | null)[] = [];
-  const values = rows.map((row) => {
-    const placeholders = written.map((c, i) => {
-      params.push(row[index[i]!] ?? null);
-      return `$${params.length}::${c.type}`;
-    });
-    return `(${placeholders.join(', ')})`;
-  });
-  const overriding = written.some((c) => c.identityAlways) ? ' OVERRIDING SYSTEM VALUE' : '';
-  return { text: `INSERT INTO ${qualified(shape)} (${written.map((c) => quoteIdent(c.name)).join(', ')})${overriding} VALUES ${values.join(', ')}`, params };
 }

@@ -3,10 +3,13 @@
  * keep taking writes? The handshake (handshake.ts, hold.ts) gives a source snapshot and a
  * target snapshot at the same LSN; `parallel` connection pairs import them and compare the
  * published tables range by range (compare.ts); with `repair`, the rows found different are
- * re-copied at a second hold (repair.ts). A table a mapping retargets, renames or excludes
- * columns of is compared under the target's names (sql.ts onSide); one with computed
- * columns, row rules or a changed type is reported as not compared, never skipped silently. The result goes to pgsub.verify for `pgsub status` and
- * the service's metrics.
+ * written again at a second hold (repair.ts). Only tables the target snapshot shows ready
+ * (pgsub.subscription_rel state 'r') are compared: a table still copying or catching up
+ * holds the source's rows at its own position, not at L, and is reported as not compared
+ * (syncing). A table a mapping retargets, renames or excludes columns of is compared under
+ * the target's names (sql.ts onSide); one with computed columns, row rules or a changed
+ * type is reported as not compared, never skipped silently. The result goes to
+ * pgsub.verify for `pgsub status` and the service's metrics.
  */
 import type pg from 'pg';
 import type { Config } from '../config/config.js';
@@ -18,7 +21,8 @@ import { quoteLiteral } from '../quote.js';
 import { listPublishedTables, type PublishedTable } from '../tablesync/catalog.js';
 import { RateLimit, TableComparison, WorkQueue, type ConnectionPair, type TableReport } from './compare.js';
 import { finish, holdAtLsn, imported, openControl } from './handshake.js';
-import { repairDifferences, type RepairReport } from './repair.js';
+import { repairDifferences, syncingReason, type RepairReport } from './repair.js';
+import { typeTreeQuery, typeTrees } from './normalise.js';
 import { columnsQuery, parseColumns, qualified, type ColumnInfo, type TableShape } from './sql.js';
 import { openSide, sideConnection } from './connections.js';
 
@@ -82,7 +86,25 @@ async function readColumns(client: pg.Client, versionNum: number, schema: string
   const exists = await client.query({ text: 'SELECT pg_catalog.to_regclass($1) IS NOT NULL', values: [name], rowMode: 'array' });
   if (exists.rows[0]?.[0] !== true) return null;
   const rows = await client.query({ text: columnsQuery(versionNum), values: [name], rowMode: 'array' });
-  return parseColumns(rows.rows as (string | null)[][]);
+  const parsed = parseColumns(rows.rows as (string | null)[][]);
+  // Arrays and composites holding a normalised type are compared element by element (normalise.ts).
+  const oids = [...new Set(parsed.columns.map((c) => c.typeOid).filter((o): o is string => o !== undefined))];
+  const trees = typeTrees((await client.query({ text: typeTreeQuery(), values: [`{${oids.join(',')}}`], rowMode: 'array' })).rows as (string | null)[][]);
+  for (const c of parsed.columns) {
+    const tree = c.typeOid === undefined ? undefined : trees.get(c.typeOid);
+    if (tree) c.tree = tree;
+  }
+  return parsed;
+}
+
+/** The sync state of each table of the subscription, as the target snapshot shows it. */
+async function readSyncStates(client: pg.Client, subscription: string): Promise<Map<string, string>> {
+  const rows = await client.query({
+    text: `SELECT schema_name || '.' || table_name, state::text FROM "pgsub"."subscription_rel" WHERE subscription = $1`,
+    values: [subscription],
+    rowMode: 'array',
+  });
+  return new Map((rows.rows as string[][]).map((r) => [r[0]!, r[1]!]));
 }
 
 /** The shape both sides are compared by, or why the table is not compared as is. */
@@ -104,6 +126,9 @@ function shapeOf(
       if (rule) return { status: 'not compared', reason: `not compared (mapped): column ${c.name} is ${c.type} on the source, ${other.type} in ${targetName}` };
       return { status: 'different', reason: `shape differs: column ${c.name} is ${c.type} on the source, ${other.type} on the target` };
     }
+    // The same type name, another structure (a composite's fields): not comparable by one expression.
+    if (JSON.stringify(other.tree ?? null) !== JSON.stringify(c.tree ?? null))
+      return { status: 'different', reason: `shape differs: the type ${c.type} of column ${c.name} is not the same on the source and the target (fields or element type)` };
   }
   const key = source.key.every((k) => columns.some((c) => c.name === k)) ? source.key : [];
   const shape: TableShape = { schema: t.schema, table: t.table, columns, key, rowFilter: t.rowFilter };
@@ -198,7 +223,14 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
       });
     };
     const queue = new WorkQueue();
+    // The table states in the target snapshot: only a ready table holds the source's rows at L.
+    const states = await readSyncStates(targets[0]!, config.subscription);
     for (const t of published) {
+      const state = states.get(`${t.schema}.${t.table}`) ?? null;
+      if (state !== 'r') {
+        reports.push(notCompared(t, 'not compared', syncingReason(state)));
+        continue;
+      }
       const rule = ruleFor(config.mapping, t.schema, t.table);
       const refused = rule ? notComparable(rule) : null;
       if (refused !== null) {
