@@ -81,11 +81,13 @@ export function privilegeError(command: string, sides: readonly SideLacks[]): Pr
   if (lacking.length === 0) return null;
   const parts = lacking.map((s) => {
     // One reason, the privileges it needs: "SELECT on sequence a, SELECT on sequence b (the sequence sync reads them)".
+    // A privilege is named once, under the first reason that needs it.
     const byWhy = new Map<string, string[]>();
+    const named = new Set<string>();
     for (const l of s.lacks) {
-      const whats = byWhy.get(l.why) ?? [];
-      if (!whats.includes(l.what)) whats.push(l.what);
-      byWhy.set(l.why, whats);
+      if (named.has(l.what)) continue;
+      named.add(l.what);
+      byWhy.set(l.why, [...(byWhy.get(l.why) ?? []), l.what]);
     }
     const items = [...byWhy].map(([why, whats]) => `${whats.join(', ')} (${why})`);
     return `${s.side} ${serverName(s.db)} (PostgreSQL ${s.db.version}): role "${s.role}" lacks ${items.join('; ')}. Run on the ${s.side}: ${fixes(s.lacks, s.role).join(' ')}`;

@@ -53,7 +53,7 @@ const WHY = {
   stream: 'the replication connection and its slot',
   copy: 'the initial copy reads them',
   readSequence: 'sequences: sync reads them',
-  setSequence: 'sequences: sync sets them (setval)',
+  setSequence: 'sequences: sync sets them with setval',
   pgsub: "pgsub's progress, table states and conflict log",
   apply: 'pgsub applies changes to them',
   apply_session: 'the apply sessions set session_replication_role = replica and tag changes with origin pgsub_<subscription>',
@@ -172,7 +172,7 @@ export async function checkSchemaCopyPrivileges(config: Config, opts: { step: 't
     const roots = await publishedRels(s!.db, config.publications);
     const tree = [...roots, ...(await readDescendants(s!.db, roots))];
     const rels = [...(await readAncestors(s!.db, tree)), ...tree];
-    await needOnRelations(s!, 'table', rels, 'pg_dump locks every table it dumps (LOCK TABLE … IN ACCESS SHARE MODE)', { privileges: ['SELECT'] });
+    await needOnRelations(s!, 'table', rels, 'pg_dump locks every table it dumps, LOCK TABLE … IN ACCESS SHARE MODE', { privileges: ['SELECT'] });
     if (!t) return;
     if (opts.step === 'tables') {
       await needCreateOnDatabase(t, "the tables step runs CREATE SCHEMA IF NOT EXISTS for the tables' schemas");
@@ -204,7 +204,7 @@ export async function checkVerifyPrivileges(config: Config, opts: { repair: bool
 /** `pgsub drop`: the slot on the source (unless kept), pgsub's rows and the origin on the target. */
 export async function checkDropPrivileges(config: Config, opts: { keepSlot: boolean }): Promise<void> {
   await withSides(config, 'drop', { source: !opts.keepSlot, target: true }, async (s, t) => {
-    if (s) needReplication(s, "pg_drop_replication_slot drops the subscription's slot (or give --keep-slot)");
+    if (s) needReplication(s, "pg_drop_replication_slot drops the subscription's slot; or give --keep-slot");
     const [present] = await t!.db.query<Row>(`SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'pgsub')::text AS yes`);
     if (present!.yes === 'true') await needPgsubSchema(t!, "drop deletes the subscription's rows");
     await needOriginFunctions(t!, DROP_ORIGIN_FUNCTIONS, "drop removes the subscription's replication origin");
@@ -242,7 +242,7 @@ export async function checkCutoverPrivileges(source: Db, subs: readonly CutoverS
   const s = await sideOf(source);
   const sides: SideLacks[] = [s];
   if (opts.fence !== 'none') {
-    await needRole(s, 'pg_read_all_stats', "the fence finds the database's other sessions (another role's show no backend type or start without it)");
+    await needRole(s, 'pg_read_all_stats', "the fence finds the database's other sessions: another role's show no backend type or start without it");
     await needRole(s, 'pg_signal_backend', "the fence terminates other roles' sessions");
   }
   for (const sub of subs) {
@@ -262,7 +262,8 @@ export async function checkCutoverPrivileges(source: Db, subs: readonly CutoverS
     await needPgsubSchema(t, 'the cutover disables the forward subscription there');
     const applied = targetRels(config, rels);
     await needOnRelations(t, 'table', applied, 'the cutover counts their rows at the fence', { privileges: ['SELECT'] });
-    if (seqs.length > 0) await needOnRelations(t, 'sequence', await targetSequences(t.db, seqs, applied), 'the cutover sets them (setval)', { privileges: ['SELECT', 'UPDATE'] });
+    if (seqs.length > 0)
+      await needOnRelations(t, 'sequence', await targetSequences(t.db, seqs, applied), 'the cutover sets them with setval', { privileges: ['SELECT', 'UPDATE'] });
     if (opts.reverse) {
       await needPgsubSchema(s, "--reverse records the reverse subscription's progress on the old primary");
       needReplication(t, "--reverse creates the reverse subscription's slot on the new primary");

@@ -325,6 +325,22 @@ test('every other command: one missing privilege at a time, refused with exit 2 
       names: [TGT, /GRANT EXECUTE ON FUNCTION pg_catalog\.pg_replication_origin_drop\(text\) TO pgsub;/],
     },
     {
+      name: 'target USAGE on the schema',
+      on: () => target,
+      revoke: 'REVOKE USAGE ON SCHEMA shop FROM pgsub',
+      restore: 'GRANT USAGE ON SCHEMA shop TO pgsub',
+      commands: [['preflight'], ['run'], ['verify']],
+      names: [TGT, /USAGE on schema shop/, /Run on the target: GRANT USAGE ON SCHEMA shop TO pgsub;/],
+    },
+    {
+      name: 'target CREATE in the schema (defer_indexes rebuilds the indexes there)',
+      on: () => target,
+      revoke: 'REVOKE CREATE ON SCHEMA shop FROM pgsub',
+      restore: 'GRANT CREATE ON SCHEMA shop TO pgsub',
+      commands: [['run']],
+      names: [TGT, /CREATE on schema shop \(defer_indexes drops their indexes/, /Run on the target: GRANT CREATE ON SCHEMA shop TO pgsub;/],
+    },
+    {
       name: 'target SELECT and TRUNCATE on a table',
       on: () => target,
       revoke: 'REVOKE SELECT, TRUNCATE ON shop.orders FROM pgsub',
