@@ -15,7 +15,8 @@ import { ConfigError, PgsubError } from '../errors.js';
 import { preflight, renderPreflight } from '../migrate/preflight.js';
 import { copySchema, type SchemaStep } from '../migrate/schema.js';
 import { diffSchema, renderDiff } from '../migrate/schema-diff.js';
-import { checkPreflightPrivileges, checkSchemaCopyPrivileges } from '../migrate/privileges.js';
+import { Findings } from '../migrate/findings.js';
+import { checkPreflightPrivileges, checkSchemaCopyPrivileges, cutoverFindings } from '../migrate/privileges.js';
 import { checkTablePrivileges } from '../service/preflight.js';
 import { createLogger } from '../log.js';
 import { renderCutover, runCutover } from './cutover.js';
@@ -93,6 +94,12 @@ export function registerMigrationCommands(program: Command): void {
           longTransactionSeconds: positive('--long-transaction', opts.longTransaction),
           checkTablePrivileges,
         });
+        // What the cutover will need besides: warned about now, long before its fence.
+        if (report.source.version !== null && report.target.version !== null) {
+          const notes = new Findings();
+          await cutoverFindings(config, notes);
+          report.findings.push(...notes.list);
+        }
         process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderPreflight(report));
         return report.ready ? 0 : 1;
       }),

@@ -12,7 +12,8 @@
  *              ownership and CREATE in their schema for tables still to copy (defer_indexes);
  *              SELECT, UPDATE on the sequences it sets.
  *   preflight  USAGE on the schemas of the published tables, on both sides (it reads their
- *              catalogs; everything else it reports as findings).
+ *              catalogs; everything else it reports as findings, the cutover's needs too:
+ *              cutoverFindings).
  *   schema copy source: SELECT on every table pg_dump dumps (it locks them).
  *              target: CREATE on the database and in the tables' schemas (tables step), the
  *              tables' ownership (post-data, and --force which drops them).
@@ -31,8 +32,9 @@ import type { Logger } from '../log.js';
 import { arrayLiteral, openPgDb, openTargetDb, type Db, type Row } from './db.js';
 import {
   APPLY_ORIGIN_FUNCTIONS,
-  ORIGIN_SESSION_RESET,
   DROP_ORIGIN_FUNCTIONS,
+  fixes,
+  ORIGIN_SESSION_RESET,
   needCreateOnDatabase,
   needOnRelations,
   needOriginFunctions,
@@ -45,6 +47,7 @@ import {
   type RelName,
   type SideLacks,
 } from './grants.js';
+import { ident, type Findings } from './findings.js';
 import { readAncestors, readDescendants, readSequenceUses, seqName, type Rel } from './objects.js';
 import { reverseNames } from './reverse.js';
 
@@ -294,4 +297,57 @@ async function warnReverseRun(config: Config, oldPrimary: Db, newPrimary: Db, re
   }
   const err = privilegeError('run (the reverse subscription)', [from, into]);
   if (err) log.warn({ err: { code: err.code, message: err.message } }, 'the reverse subscription will not start as these roles: grant this before pgsub run -c <reverse config>');
+}
+
+/**
+ * For `pgsub preflight`: what the cutover will need beyond what `run` needs, as findings
+ * (preflight runs long before the cutover): the read-only fence's database ownership,
+ * pg_read_all_stats and pg_signal_backend on the source (a warning, with `--fence none` as
+ * the alternative), and `--reverse`'s REPLICATION and CREATE on the new primary's and the
+ * old primary's databases (a note).
+ */
+export async function cutoverFindings(config: Config, f: Findings): Promise<void> {
+  const appName = `pgsub_${config.subscription}_preflight`;
+  let source: Db | null = null;
+  let target: Db | null = null;
+  try {
+    source = await openPgDb(config.source, appName);
+    target = await openTargetDb(config.target, appName);
+    const s = await sideOf(source);
+    const [owner] = await source.query<Row>(
+      `SELECT pg_catalog.pg_has_role(d.datdba, 'USAGE')::text AS ok FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()`,
+    );
+    if (owner!.ok !== 'true')
+      s.lacks.push({
+        what: `ownership of database ${source.info.database}`,
+        why: 'ALTER DATABASE … SET default_transaction_read_only',
+        fix: `ALTER DATABASE ${ident(source.info.database)} OWNER TO ${ident(s.role)};`,
+      });
+    await needRole(s, 'pg_read_all_stats', "the fence finds the database's other sessions");
+    await needRole(s, 'pg_signal_backend', "the fence terminates other roles' sessions");
+    if (s.lacks.length > 0)
+      f.warning(
+        'CUTOVER_FENCE_PRIVILEGES',
+        'source',
+        `role ${s.role}`,
+        `role "${s.role}" cannot raise pgsub cutover's read-only fence: it lacks ${s.lacks.map((l) => `${l.what} (${l.why})`).join(', ')}. Fence the application yourself and cut over with --fence none (README "Privileges"), or grant it`,
+        fixes(s.lacks, s.role).join(' '),
+      );
+    const t = await sideOf(target);
+    const r = await sideOf(source);
+    needReplication(t, "the reverse subscription's slot on the new primary");
+    await needCreateOnDatabase(t, 'the publication of the tables on the new primary');
+    await needPgsubSchema(r, "the reverse subscription's progress on the old primary");
+    for (const side of [t, r].filter((x) => x.lacks.length > 0))
+      f.info(
+        'CUTOVER_REVERSE_PRIVILEGES',
+        side.side,
+        `role ${side.role}`,
+        `pgsub cutover --reverse would be refused: role "${side.role}" lacks ${side.lacks.map((l) => `${l.what} (${l.why})`).join(', ')}`,
+        fixes(side.lacks, side.role).join(' '),
+      );
+  } finally {
+    await source?.close();
+    await target?.close();
+  }
 }

@@ -216,6 +216,13 @@ test('preflight and schema copy as the README roles: each missing privilege refu
 
   const ready = await pgsub(['preflight', '--json']);
   assert.equal(ready.code, 0, ready.stdout);
+  // Ready, with a warning for the cutover long before it: the README roles do not own the
+  // source database (--fence none is theirs); --reverse has what it needs.
+  const notes = (JSON.parse(ready.stdout) as { findings: { severity: string; code: string; remediation: string | null }[] }).findings.filter((f) => f.code.startsWith('CUTOVER_'));
+  assert.deepEqual(
+    notes.map((f) => [f.severity, f.code, f.remediation]),
+    [['warning', 'CUTOVER_FENCE_PRIVILEGES', 'ALTER DATABASE shop OWNER TO pgsub_repl; GRANT pg_read_all_stats TO pgsub_repl; GRANT pg_signal_backend TO pgsub_repl;']],
+  );
 });
 
 test('every other command: one missing privilege at a time, refused with exit 2 before any change', async () => {
