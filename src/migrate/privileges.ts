@@ -28,6 +28,7 @@
  */
 import type { Config } from '../config/config.js';
 import { ruleFor } from '../config/mapping.js';
+import { PrivilegeError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { arrayLiteral, openPgDb, openTargetDb, type Db, type Row } from './db.js';
 import {
@@ -166,6 +167,9 @@ export async function checkPreflightPrivileges(config: Config): Promise<void> {
     const rels = await publishedRels(s!.db, config.publications);
     await needOnRelations(s!, 'table', rels, 'preflight reads their catalog entries', {});
     await needOnRelations(t!, 'table', rels, 'preflight compares them with the source', {});
+  }).catch((err: unknown) => {
+    // A side it cannot connect to is one of preflight's own findings (SOURCE_UNREACHABLE …).
+    if (err instanceof PrivilegeError) throw err;
   });
 }
 
