@@ -30,6 +30,7 @@ import { listSyncedSequences, readSequenceValues, nextValue, ahead, syncSequence
 import { countRows, type TableCount } from '../migrate/verify.js';
 import { reverseRefusal, setupReverse, undoReverse, type ReverseSetup } from '../migrate/reverse.js';
 import { runLockKey } from '../service/preflight.js';
+import { checkCutoverPrivileges } from '../migrate/privileges.js';
 
 export interface CutoverOptions {
   fence: 'read-only' | 'none';
@@ -151,6 +152,7 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
       const target = await openTargetDb(config.target, appName);
       subs.push({ config, target, tables: [] });
     }
+    await checkCutoverPrivileges(source, subs, opts, log);
     for (const sub of subs) sub.tables = (await publishedTables(source, sub.config.publications)).map((t) => ({ schema: t.schema, table: t.table }));
     await preconditions(subs);
     if (opts.reverse) {

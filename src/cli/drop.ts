@@ -5,12 +5,14 @@
  * its spool files. The slot goes first: a target that still holds progress without its
  * slot refuses to start (PGSUB_SOURCE_SETUP), while a slot without progress would be
  * streamed from as if new. A slot in use (pgsub still running) is refused. Each step is
- * idempotent, so a drop cut short can simply be run again.
+ * idempotent, so a drop cut short can simply be run again. The roles' privileges on both
+ * sides are checked first (migrate/privileges.ts), so a refusal leaves everything in place.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Config } from '../config/config.js';
 import { ControlError } from '../errors.js';
+import { checkDropPrivileges } from '../migrate/privileges.js';
 import { openMaintenance } from '../target/connect.js';
 import { replicationOriginName } from '../origin/replorigin.js';
 import { ReplicationConnection } from '../protocol/replication.js';
@@ -29,6 +31,7 @@ export interface DropReport {
 }
 
 export async function dropSubscription(config: Config, opts: { keepSlot: boolean }): Promise<DropReport> {
+  await checkDropPrivileges(config, opts);
   const appName = `pgsub_${config.subscription}_cli`;
   let slot: DropReport['slot'] = 'kept';
   if (!opts.keepSlot) {

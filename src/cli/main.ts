@@ -30,6 +30,7 @@ import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { packageVersion } from './version.js';
 import { registerMigrationCommands } from './migrate-commands.js';
 import { registerVerifyCommand } from './verify-command.js';
+import { checkControlPrivileges } from '../migrate/privileges.js';
 
 const program = new Command();
 // exitOverride before the commands: subcommands inherit it when they are created. A usage
@@ -114,6 +115,7 @@ program
   .option('--no-copy', 'mark published tables not copied yet as ready without copying them (ALTER SUBSCRIPTION … REFRESH PUBLICATION WITH (copy_data = false))')
   .action(async (opts: { config?: string; copy: boolean }) => {
     const config = loadConfig({ file: opts.config });
+    await checkControlPrivileges(config, 'refresh', { source: !opts.copy });
     if (!opts.copy) {
       await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
       const tables = await withSource(config, (replication) => listPublishedTables(replication, config.publications));
@@ -134,6 +136,7 @@ program
     const dot = table.indexOf('.');
     if (dot <= 0) throw new ConfigError(`resync: give the table as schema.table, not ${JSON.stringify(table)}`, { key: 'table' });
     const target = { schema: table.slice(0, dot), table: table.slice(dot + 1) };
+    await checkControlPrivileges(config, 'resync', { source: config.twoPhase });
     if (config.twoPhase && (await withSource(config, (replication) => replication.getSlot(config.slotName)))?.twoPhase) {
       // Native refuses REFRESH PUBLICATION with copy_data while two_phase is enabled, for the same reason (launcher.ts).
       throw new ConfigError(
@@ -159,6 +162,7 @@ program
     } catch {
       throw new ConfigError(`skip: --lsn must be an LSN like 0/1A2B3C4, not ${JSON.stringify(opts.lsn)}`, { key: 'lsn' });
     }
+    await checkControlPrivileges(config, 'skip', { source: false });
     await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
     const control = await withMaintenance(config, async (sql) => {
       const skip = await requestSkip(sql, config.subscription, lsn);
@@ -179,6 +183,7 @@ program
   .option('-c, --config <file>', 'YAML or JSON config file')
   .action(async (opts: { config?: string }) => {
     const config = loadConfig({ file: opts.config });
+    await checkControlPrivileges(config, 'enable', { source: false });
     await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
     const was = await withMaintenance(config, (sql) => enableSubscription(sql, config.subscription));
     process.stdout.write(was ? `subscription ${config.subscription} enabled\n` : `subscription ${config.subscription} was already enabled\n`);

@@ -5,7 +5,9 @@
  * `cutover` (cutover.ts). The work lives in src/migrate/; this file parses options, prints
  * the human or JSON form and maps typed errors to exit codes: a PgsubError's own exitCode
  * (2 for what the operator must fix before trying again, 1 for a step that failed), with
- * one line on stderr naming the code and what to do.
+ * one line on stderr naming the code and what to do. Each command first checks that the
+ * configured roles have what it needs on both sides (migrate/privileges.ts: exit 2 naming
+ * the server, the privilege and the GRANT) before it reads or changes anything else.
  */
 import type { Command } from 'commander';
 import { loadConfig } from '../config/config.js';
@@ -13,6 +15,8 @@ import { ConfigError, PgsubError } from '../errors.js';
 import { preflight, renderPreflight } from '../migrate/preflight.js';
 import { copySchema, type SchemaStep } from '../migrate/schema.js';
 import { diffSchema, renderDiff } from '../migrate/schema-diff.js';
+import { Findings } from '../migrate/findings.js';
+import { checkPreflightPrivileges, checkSchemaCopyPrivileges, cutoverFindings } from '../migrate/privileges.js';
 import { checkTablePrivileges } from '../service/preflight.js';
 import { createLogger } from '../log.js';
 import { renderCutover, runCutover } from './cutover.js';
@@ -84,11 +88,18 @@ export function registerMigrationCommands(program: Command): void {
     .action((opts: { config?: string; json?: boolean; copyRateMb: string; longTransaction: string }) =>
       withExitCode(async () => {
         const config = loadConfig({ file: opts.config });
+        await checkPreflightPrivileges(config);
         const report = await preflight(config, {
           copyRateMb: positive('--copy-rate-mb', opts.copyRateMb),
           longTransactionSeconds: positive('--long-transaction', opts.longTransaction),
           checkTablePrivileges,
         });
+        // What the cutover will need besides: warned about now, long before its fence.
+        if (report.source.version !== null && report.target.version !== null) {
+          const notes = new Findings();
+          await cutoverFindings(config, notes);
+          report.findings.push(...notes.list);
+        }
         process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderPreflight(report));
         return report.ready ? 0 : 1;
       }),
@@ -112,6 +123,7 @@ export function registerMigrationCommands(program: Command): void {
           throw new ConfigError(`schema copy: --step must be tables or post-data, not ${JSON.stringify(opts.step)}`, { key: 'step' });
         const config = loadConfig({ file: opts.config });
         const say = opts.json || opts.print ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
+        await checkSchemaCopyPrivileges(config, { step: opts.step as SchemaStep, force: Boolean(opts.force), print: Boolean(opts.print) });
         const report = await copySchema(config, { step: opts.step as SchemaStep, force: Boolean(opts.force), print: Boolean(opts.print), pgDump: opts.pgDump ?? null }, say);
         if (opts.print) process.stdout.write(report.sql ?? '');
         else if (opts.json) {

@@ -91,6 +91,8 @@ export type StatusReport = {
     tables: TableStatus[] | null;
     /** The synced sequences on both sides (migrate/sequences.ts); null when a side could not be read; [] with sequences: off. */
     sequences: SequenceStatus[] | null;
+    /** Why `sequences` is null: the server, and for a missing privilege the GRANT to run there. */
+    sequences_error: string | null;
   };
 
 interface SourceRead {
@@ -152,6 +154,7 @@ export async function printStatus(config: Config, json: boolean): Promise<number
   if (target.status === 'rejected' && target.reason instanceof PgsubError) throw target.reason;
   const report = buildReport(config, source, target);
   report.sequences = sequences.status === 'fulfilled' ? sequences.value : null;
+  report.sequences_error = sequences.status === 'rejected' ? redactSecrets(String((sequences.reason as Error)?.message ?? sequences.reason)) : null;
   for (const side of ['source', 'target'] as const) {
     const s = report[side];
     if (s.error !== null) process.stderr.write(`pgsub: ${side} ${s.reachable ? 'could not be read' : 'unreachable'} (${s.host}): ${s.error}\n`);
@@ -368,6 +371,7 @@ function buildReport(config: Config, sourceRead: PromiseSettledResult<SourceRead
     stats_reset: stats?.statsReset ?? null,
     tables: tgt?.tables ?? null,
     sequences: null,
+    sequences_error: null,
   };
 }
 
@@ -392,7 +396,7 @@ function driftLines(report: StatusReport): string[] {
 
 /** One `key value` line per field, then the tables with their last copy error. */
 function renderText(report: StatusReport): string {
-  const { tables, source, target, sequences, ...rest } = report;
+  const { tables, source, target, sequences, sequences_error, ...rest } = report;
   const sideLine = (s: SideStatus) => `${s.host} ${s.error === null ? 'reachable' : `${s.reachable ? 'could not be read' : 'UNREACHABLE'}: ${s.error}`}`;
   const lines = [`${'subscription'.padEnd(32)} ${report.subscription}`, `${'source'.padEnd(32)} ${sideLine(source)}`, `${'target'.padEnd(32)} ${sideLine(target)}`];
   for (const [k, v] of Object.entries(rest)) if (k !== 'subscription') lines.push(`${k.padEnd(32)} ${v ?? '-'}`);
@@ -408,6 +412,7 @@ function renderText(report: StatusReport): string {
       if (t.last_error !== null) lines.push(`  last error (${t.last_error_at ?? 'time unknown'}): ${t.last_error}`);
     }
   }
+  if (sequences_error !== null) lines.push('', `sequences: could not be read: ${sequences_error}`);
   if (sequences && sequences.length > 0) {
     lines.push('', `${'sequence'.padEnd(32)} ${'source last'.padStart(14)} ${'target next'.padStart(14)} ${'ahead by'.padStart(9)}`);
     for (const q of sequences)

@@ -10,7 +10,8 @@ import type { Command } from 'commander';
 import { loadConfig } from '../config/config.js';
 import { ConfigError, PgsubError } from '../errors.js';
 import { createLogger } from '../log.js';
-import { runVerify, type VerifyProgress, type VerifyResult } from '../verify/verify.js';
+import { checkVerifyPrivileges } from '../migrate/privileges.js';
+import { runVerify, selectTables, type VerifyProgress, type VerifyResult } from '../verify/verify.js';
 
 /** `50000` or `50000rows`: rows per second; `20MB` (or kB, GB): bytes per second; per side. */
 export function parseRateLimit(text: string): { perSecond: number; unit: 'rows' | 'bytes' } {
@@ -114,6 +115,7 @@ export function registerVerifyCommand(program: Command): void {
           const log = createLogger(config.logLevel, process.stderr as never);
           const tty = Boolean(process.stderr.isTTY) && !opts.json;
           let lastLogged = 0;
+          await checkVerifyPrivileges(config, { repair: Boolean(opts.repair), tables: (rels) => selectTables(rels, opts.table, opts.exclude) });
           const result = await runVerify(config, {
             include: opts.table,
             exclude: opts.exclude,

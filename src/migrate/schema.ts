@@ -256,7 +256,9 @@ async function planDependencies(config: Config, dump: PgDump, source: Db, target
   const wantCollations = new Set(collations);
   const schemas = [...new Set([...wantTypes, ...wantFunctions, ...wantCollations].map((n) => n.slice(0, n.indexOf('.'))))];
   if (schemas.length === 0) return { entries: [], schemas: [], count: 0 };
-  const text = await runPgDump(dump, config.source, ['--section=pre-data', ...schemas.flatMap((s) => ['--schema', dumpPattern(s)])]);
+  // Without their tables: pg_dump locks every table it dumps, which takes SELECT on each —
+  // tables of those schemas that are not published need not be readable by pgsub's role.
+  const text = await runPgDump(dump, config.source, ['--section=pre-data', ...schemas.flatMap((s) => ['--schema', dumpPattern(s), '--exclude-table', `${dumpPattern(s)}.*`])]);
   const wanted = (e: DumpEntry) => {
     const name = `${e.schema}.${e.name}`;
     if (e.type === 'TYPE' || e.type === 'DOMAIN') return wantTypes.has(name);

@@ -16,6 +16,7 @@
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
 import { errorText, isTrue, openPgDb, openTargetDb, publishedTables, type Db, type Row } from './db.js';
+import { sequencePermissionError } from './grants.js';
 import { readDescendants, readSequenceUses, seqName, type Rel, type SequenceUse } from './objects.js';
 
 export interface SequenceValue {
@@ -59,16 +60,25 @@ export async function listSyncedSequences(source: Db, config: Config): Promise<S
 /** Current values of the sequences that exist on this side (one statement for all of them). */
 export async function readSequenceValues(db: Db, seqs: readonly { schema: string; name: string }[]): Promise<Map<string, SequenceValue>> {
   if (seqs.length === 0) return new Map();
-  const meta = await db.query<Row>(
-    `SELECT x.schema || '.' || x.name AS name, pg_catalog.format('%I.%I', x.schema, x.name) AS qualified,
+  const meta = await db
+    .query<Row>(
+      `SELECT x.schema || '.' || x.name AS name, pg_catalog.format('%I.%I', x.schema, x.name) AS qualified,
             s.seqincrement::text AS inc, s.seqmin::text AS min, s.seqmax::text AS max
        FROM pg_catalog.json_to_recordset($1::json) AS x(schema text, name text)
        JOIN pg_catalog.pg_sequence s ON s.seqrelid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', x.schema, x.name))`,
-    [JSON.stringify(seqs.map((s) => ({ schema: s.schema, name: s.name })))],
-  );
+      [JSON.stringify(seqs.map((s) => ({ schema: s.schema, name: s.name })))],
+    )
+    .catch(async (err: unknown) => {
+      // Which server, which sequences, and the GRANT to run there: not a bare "permission denied".
+      throw (await sequencePermissionError(err, db, seqs, 'SELECT')) ?? err;
+    });
   if (meta.length === 0) return new Map();
   // format('%I.%I') above quoted the names; they are interpolated as identifiers only.
-  const values = await db.query<Row>(meta.map((m, i) => `SELECT ${i}::text AS i, last_value::text AS last, is_called::text AS called FROM ${m.qualified}`).join(' UNION ALL '));
+  const values = await db
+    .query<Row>(meta.map((m, i) => `SELECT ${i}::text AS i, last_value::text AS last, is_called::text AS called FROM ${m.qualified}`).join(' UNION ALL '))
+    .catch(async (err: unknown) => {
+      throw (await sequencePermissionError(err, db, seqs, 'SELECT')) ?? err;
+    });
   const out = new Map<string, SequenceValue>();
   for (const v of values) {
     const m = meta[Number(v.i)]!;
@@ -107,11 +117,15 @@ export async function syncSequences(source: Db, target: Db, seqs: readonly Seque
     if (want < b.min) want = b.min;
     const move = ahead(want, before, b.increment);
     if (move)
-      await target.query(`SELECT pg_catalog.setval(pg_catalog.format('%I.%I', $1::text, $2::text)::pg_catalog.regclass, $3::pg_catalog.int8, false)::text`, [
-        s.schema,
-        s.name,
-        want.toString(),
-      ]);
+      await target
+        .query(`SELECT pg_catalog.setval(pg_catalog.format('%I.%I', $1::text, $2::text)::pg_catalog.regclass, $3::pg_catalog.int8, false)::text`, [
+          s.schema,
+          s.name,
+          want.toString(),
+        ])
+        .catch(async (err: unknown) => {
+          throw (await sequencePermissionError(err, target, seqs, 'UPDATE')) ?? err;
+        });
     out.push({ ...base, sourceNext: nextValue(a), targetNextBefore: before, targetNextAfter: move ? want : before, moved: move, missing: null });
   }
   return out;
@@ -131,8 +145,8 @@ export interface SequenceStatus {
   synced: boolean | null;
 }
 
-/** For `pgsub status`: both sides read now; null when a side cannot be read. */
-export async function sequenceStatus(config: Config): Promise<SequenceStatus[] | null> {
+/** For `pgsub status`: both sides read now; a side that cannot be read rejects (status shows why). */
+export async function sequenceStatus(config: Config): Promise<SequenceStatus[]> {
   const appName = `pgsub_${config.subscription}_status`;
   const withTimeout = (info: Config['source']) => ({ ...info, connectTimeoutSeconds: info.connectTimeoutSeconds ?? 10 });
   let source: Db | null = null;
@@ -157,8 +171,6 @@ export async function sequenceStatus(config: Config): Promise<SequenceStatus[] |
         synced: a && b ? !ahead(nextValue(a), nextValue(b), a.increment) : null,
       };
     });
-  } catch {
-    return null;
   } finally {
     await source?.close();
     await target?.close();

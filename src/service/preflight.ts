@@ -7,18 +7,24 @@
  *  - the slot's holder: a walsender of this process's earlier session (a connection the
  *    publisher has not noticed gone) is terminated, one with pgsub's application_name but
  *    not ours is waited for on a short interval, anyone else's is a SlotInUseError;
- *  - the target role's privileges on the replicated tables (first session only).
+ *  - the roles' privileges: everything `pgsub run` needs on both sides before the first
+ *    session (checkRunPrivileges, migrate/privileges.ts), the tables a session registered
+ *    at its start (checkTablePrivileges).
  * Backends this process opened are remembered (OwnConnections), so only its own stale
  * connections are ever terminated, never another pgsub's.
  */
 import { createHash } from 'node:crypto';
 import os from 'node:os';
 import type { Config } from '../config/config.js';
-import { AlreadyRunningError, PrivilegeError, SlotBusyError, SlotInUseError } from '../errors.js';
+import { AlreadyRunningError, SlotBusyError, SlotInUseError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { quoteIdent } from '../quote.js';
+import { openTargetDb } from '../migrate/db.js';
+import { needOnRelations, privilegeError, sideOf } from '../migrate/grants.js';
 import type { ReplicationConnection, SlotInfo } from '../protocol/replication.js';
-import { openMaintenance, runAlone, type WireConnection } from '../target/connect.js';
+import { runAlone, type WireConnection } from '../target/connect.js';
+
+/** What `pgsub run` needs on both sides, checked before its first session changes anything (migrate/privileges.ts). */
+export { checkRunPrivileges } from '../migrate/privileges.js';
 
 /** First half of the run lock's key: "pgsu" (the migrations' lock is one bigint, objsubid 1; this is two int4s, objsubid 2). */
 const RUN_LOCK_CLASS = 0x70677375;
@@ -155,42 +161,22 @@ export async function claimSlot(replication: ReplicationConnection, slot: SlotIn
   );
 }
 
-const TABLE_PRIVILEGES = ['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE'] as const;
-
 /**
  * The target role must be able to apply every change to every replicated table: USAGE on
  * its schema, INSERT/UPDATE/DELETE/TRUNCATE, and SELECT (UPDATE and DELETE locate rows
  * with WHERE on the key). Tables missing from the target are not this check's business.
+ * The whole of what `pgsub run` needs on both sides is checkRunPrivileges (before the
+ * first session); this is the same probe for the tables a session registered.
  */
 export async function checkTablePrivileges(config: Config, tables: readonly { schema: string; table: string }[]): Promise<void> {
   if (tables.length === 0) return;
-  const sql = openMaintenance(config.target, `pgsub_${config.subscription}_check`);
+  const db = await openTargetDb(config.target, `pgsub_${config.subscription}_check`);
   try {
-    // Everything as text: the maintenance connection reads booleans and arrays back unparsed.
-    const found = await sql.unsafe<{ schema: string; name: string; usage: string; missing: string }[]>(
-      `SELECT n.nspname AS schema, c.relname AS name, pg_catalog.has_schema_privilege(n.oid, 'USAGE')::text AS usage,
-              pg_catalog.array_to_string(ARRAY(SELECT p FROM pg_catalog.unnest($2::text[]) p WHERE NOT pg_catalog.has_table_privilege(c.oid, p)), ',') AS missing
-         FROM pg_catalog.json_to_recordset($1::json) AS t(schema text, name text)
-         JOIN pg_catalog.pg_namespace n ON n.nspname = t.schema
-         JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.name`,
-      [JSON.stringify(tables.map((t) => ({ schema: t.schema, name: t.table }))), `{${TABLE_PRIVILEGES.join(',')}}`],
-    );
-    const rows = found.map((r) => ({ schema: r.schema, name: r.name, usage: r.usage === 'true', missing: r.missing === '' ? [] : r.missing.split(',') }));
-    const lacking = rows.filter((r) => !r.usage || r.missing.length > 0);
-    if (lacking.length === 0) return;
-    const role = quoteIdent(config.target.user);
-    const fixes = new Set<string>();
-    for (const r of lacking) {
-      if (!r.usage) fixes.add(`GRANT USAGE ON SCHEMA ${quoteIdent(r.schema)} TO ${role};`);
-      if (r.missing.length > 0) fixes.add(`GRANT ${r.missing.join(', ')} ON ${quoteIdent(r.schema)}.${quoteIdent(r.name)} TO ${role};`);
-    }
-    const what = lacking.map((r) => `${r.schema}.${r.name} (${[...(r.usage ? [] : ['USAGE on its schema']), ...r.missing].join(', ')})`);
-    throw new PrivilegeError(
-      'target',
-      `target: role "${config.target.user}" lacks privileges pgsub needs to apply changes: ${what.slice(0, 10).join(', ')}${what.length > 10 ? `, and ${what.length - 10} more` : ''}. Run on the target: ${[...fixes].slice(0, 10).join(' ')}`,
-      { tables: lacking.length },
-    );
+    const side = await sideOf(db);
+    await needOnRelations(side, 'table', tables, 'pgsub applies changes to it', { privileges: ['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE'] });
+    const err = privilegeError('run', [side]);
+    if (err) throw err;
   } finally {
-    await sql.end({ timeout: 5 }).catch(() => {});
+    await db.close();
   }
 }

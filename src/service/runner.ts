@@ -36,9 +36,9 @@ import { startSession, type SessionEvents, type SessionHandle } from './session.
 import { ProgressLog, type CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
 import type { SlotHealth } from './metrics.js';
-import { checkTablePrivileges, OwnConnections } from './preflight.js';
+import { checkRunPrivileges, checkTablePrivileges, OwnConnections } from './preflight.js';
 import { checkMappingsAtStartup } from './mapping-plan.js';
-import { startSequenceSync } from '../migrate/sequences.js';
+import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
 const SLOT_BUSY_RETRY_MS = 1000;
@@ -291,11 +291,18 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     stop();
   }
 
+  // The published tables' sequences follow the stream to the target (sequences: sync), once the privileges are checked.
+  let sequenceSync: SequenceSyncService | null = null;
   const done = (async () => {
     let delay = config.retryMinDelayMs;
     while (!stopped) {
       let startedAt: number | null = null;
       try {
+        // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every privilege on both sides.
+        if (sequenceSync === null) {
+          await checkRunPrivileges(config);
+          sequenceSync = startSequenceSync(config, log);
+        }
         // A stop while connecting (a server that does not answer) is not kept waiting for it.
         const starting = startSession(config, counters, log, deps, events).then(
           (handle) => ({ handle }),
@@ -401,12 +408,10 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     maxRetainedBytes: config.maxRetainedWalBytes,
     onLost: (err) => fail(err),
   });
-  // The published tables' sequences follow the stream to the target (sequences: sync).
-  const sequenceSync = startSequenceSync(config, log);
   const finished = done
     .finally(async () => {
       progressLog.stop();
-      await sequenceSync.stop();
+      await sequenceSync?.stop();
       await slotGuard.stop();
       await verifyHold.close();
       return launcher.stop();

@@ -2,10 +2,13 @@
  * Failures an operator must fix stop pgsub at startup with exit 2 and one stderr line that
  * names the side and the fix, within seconds, never retried forever and never labelled a
  * lost connection: a wrong password (28P01) and a pg_hba.conf refusal (28000) on either
- * side, a source role without REPLICATION, a target role without CREATE on the database,
+ * side; a source role without REPLICATION, a target role without CREATE on the database,
  * without SET of session_replication_role, or without privileges on the replicated tables
- * (the GRANTs the message prints make it run), a missing publication, a second pgsub for
- * the same subscription (named by pid and host), a slot streaming to someone else.
+ * (the privilege check before the first session, migrate/privileges.ts: the server, the
+ * role, what it lacks, and the GRANTs — which, run as printed, make it start); a missing
+ * publication, a second pgsub for the same subscription (named by pid and host), a slot
+ * streaming to someone else. The full table of privileges per command is
+ * least-privilege.test.ts's.
  * The same refusals during a run (a rotated password, a pg_hba.conf edit) are retried,
  * logged at error level each attempt and counted, and pgsub resumes once they are undone.
  */
@@ -161,7 +164,7 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
     await expectExit2(
       env('r_norepl', url(publisher, 'norepl', 'app'), superTarget()),
       'PGSUB_PRIVILEGE_MISSING',
-      /source: role "norepl" may not open a replication connection .*ALTER ROLE norepl REPLICATION/,
+      /^pgsub: \S+: pgsub run cannot run as these roles: source 127\.0\.0\.1:\d+ \(PostgreSQL 18\.\d+\): role "norepl" lacks the REPLICATION attribute \(.*\)\. Run on the source: ALTER ROLE norepl REPLICATION;$/,
     );
   });
 
@@ -169,7 +172,7 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
     await expectExit2(
       env('r_nocreate', superSource(), url(target, 'nocreate', 'd_nocreate')),
       'PGSUB_PRIVILEGE_MISSING',
-      /target: role "nocreate" cannot create or use pgsub's schema .*GRANT CREATE ON DATABASE d_nocreate TO nocreate/,
+      /target 127\.0\.0\.1:\d+ \(PostgreSQL 18\.\d+\): role "nocreate" lacks CREATE on database d_nocreate \(pgsub's progress.*Run on the target: GRANT CREATE ON DATABASE d_nocreate TO nocreate;/,
     );
   });
 
@@ -177,7 +180,7 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
     await expectExit2(
       env('r_noset', superSource(), url(target, 'noset', 'd_noset')),
       'PGSUB_PRIVILEGE_MISSING',
-      /target: role "noset" may not set session_replication_role.*GRANT SET ON PARAMETER session_replication_role TO noset/,
+      /target 127\.0\.0\.1:\d+ \(PostgreSQL 18\.\d+\): role "noset" lacks SET on parameter session_replication_role.*Run on the target: GRANT SET ON PARAMETER session_replication_role TO noset;/,
     );
   });
 
@@ -186,10 +189,10 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
     const line = await expectExit2(
       e,
       'PGSUB_PRIVILEGE_MISSING',
-      /target: role "notable" lacks privileges .*app\.items \(USAGE on its schema, SELECT, INSERT, UPDATE, DELETE, TRUNCATE\)/,
+      /target 127\.0\.0\.1:\d+ \(PostgreSQL 18\.\d+\): role "notable" lacks USAGE on schema app, SELECT, INSERT, UPDATE, DELETE, TRUNCATE on table app\.items \(pgsub applies changes to them\)/,
     );
     const grants = line.slice(line.indexOf('Run on the target: ') + 'Run on the target: '.length);
-    assert.match(grants, /^GRANT USAGE ON SCHEMA "app" TO "notable"; GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON "app"\."items" TO "notable";$/);
+    assert.match(grants, /^GRANT USAGE ON SCHEMA app TO notable; GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON app\.items TO notable;$/);
     await target.query(grants, [], 'd_notable');
     const p = spawn(e);
     await p.waitForLog('streaming started', 30_000);
