@@ -92,9 +92,10 @@ async function runCli(e: Record<string, string>, args: string[]): Promise<{ code
 
 before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 14, name: 'mplan-pub14' }), startCluster({ major: 18, name: 'mplan-tgt18' })]);
-  await Promise.all([publisher.createDatabase('src'), target.createDatabase('dst'), target.createDatabase('src18')]);
+  await Promise.all([publisher.createDatabase('src'), target.createDatabase('dst'), target.createDatabase('src18'), target.createDatabase('fresh')]);
   await publisher.query(PUBLISHER, [], 'src');
   await target.query(TARGET, [], 'dst');
+  await target.query(TARGET, [], 'fresh');
 });
 
 after(async () => {
@@ -148,6 +149,18 @@ function startMp(): Runner {
     }),
   );
 }
+
+test('pgsub plan on a target pgsub never ran on: exit 0, the SQL printed, nothing created', async () => {
+  const { code, out } = await runCli(env({ PGSUB_TARGET: target.url('fresh'), PGSUB_SUBSCRIPTION: 'mp_fresh' }), ['plan']);
+  assert.equal(code, 0, out);
+  assert.doesNotMatch(out, /PIPELINE_ABORTED|ERROR/);
+  assert.match(out, /shop\.items → crm\.items_t \(mapped, drift: stop\)/);
+  assert.match(out, /insert: +INSERT INTO "crm"\."items_t" \("id", "title", "note", "price", "name_upper"\)/);
+  assert.match(out, /shop\.tags → crm\.tags_t[\s\S]*update: +UPDATE ONLY "crm"\."tags_t"/);
+  assert.match(out, /shop\.notes → crm\.notes_t[\s\S]*delete: +DELETE FROM ONLY "crm"\."notes_t" WHERE "id" = \$1/);
+  // Read-only: pgsub's schema is still absent.
+  assert.deepEqual(await target.query(`SELECT to_regnamespace('pgsub') IS NULL AS absent`, [], 'fresh'), [{ absent: true }]);
+});
 
 test('startup: every mapping mistake is named with table, column and reason, exit 2 before streaming', async () => {
   const { code, out } = await runCli(env({ PGSUB_PUBLICATION: 'pub_bad', PGSUB_SUBSCRIPTION: 'mp_bad', PGSUB_MAPPING: JSON.stringify(BAD_MAPPING) }), ['run']);

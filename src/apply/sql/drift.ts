@@ -64,6 +64,12 @@ function sameColumns(a: RelationMessage, b: RelationMessage): boolean {
   );
 }
 
+/** Whether pgsub's drift bookkeeping table exists on the target (it does once pgsub has run there). */
+async function pgsubRelationColumnsExist(conn: WireConnection): Promise<boolean> {
+  const [row] = await queryRows<{ present: string }>(conn, ['present'], `SELECT (pg_catalog.to_regclass('"pgsub"."relation_columns"') IS NOT NULL)::text AS present`);
+  return row?.present === 'true';
+}
+
 function plural(n: number, word: string): string {
   return n > 1 ? `${word}s` : word;
 }
@@ -100,16 +106,18 @@ export class Drift {
   async observe(conn: WireConnection, relationId: number, message: RelationMessage): Promise<void> {
     const subscription = this.options.subscription;
     if (subscription && !this.memory.loaded) {
-      const rows = await queryRows<{ id: string; columns: string; previous: string | null; renamed: string }>(
-        conn,
-        ['id', 'columns', 'previous', 'renamed'],
-        `SELECT "relation_id"::text, "columns"::text, "previous"::text, "renamed"::text FROM "pgsub"."relation_columns" WHERE "subscription" = $1`,
-        [subscription],
-      ).catch((err: unknown) => {
-        // Planning on a target pgsub has not run on yet (no pgsub schema): nothing is known. The apply path has migrated first.
-        if (this.options.planOnly) return [];
-        throw err;
-      });
+      // Planning on a target pgsub has not run on yet (no pgsub schema): nothing is known. The
+      // table is looked up first rather than its read allowed to fail: a failed statement would
+      // abort the catalog reads pipelined behind it. The apply path has migrated first.
+      const present = !this.options.planOnly || (await pgsubRelationColumnsExist(conn));
+      const rows = present
+        ? await queryRows<{ id: string; columns: string; previous: string | null; renamed: string }>(
+            conn,
+            ['id', 'columns', 'previous', 'renamed'],
+            `SELECT "relation_id"::text, "columns"::text, "previous"::text, "renamed"::text FROM "pgsub"."relation_columns" WHERE "subscription" = $1`,
+            [subscription],
+          )
+        : [];
       for (const r of rows) {
         const id = Number(r.id);
         if (this.memory.last.has(id)) continue;
