@@ -42,6 +42,14 @@ import { startSequenceSync, type SequenceSyncService } from '../migrate/sequence
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
 const SLOT_BUSY_RETRY_MS = 1000;
+/** How long the service's end waits for a session start it abandoned to let go of its connections. */
+const ABANDONED_START_WAIT_MS = 10_000;
+
+/** Ends a session start the service no longer waits for (stop() during it): never reported. */
+class StoppedWhileStartingError extends PgsubError {
+  readonly code = 'PGSUB_STOPPED_WHILE_STARTING';
+  readonly retryable = false;
+}
 
 export interface Runner {
   /** Resolves when stopped cleanly; rejects with the fatal error otherwise. */
@@ -75,6 +83,12 @@ function connectionFailure(err: unknown): boolean {
   return err instanceof ConnectionLostError || slotBusy(err) || (err instanceof PgsubError && err.fatalAtStartup);
 }
 
+async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([p, new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)))]);
+  clearTimeout(timer);
+}
+
 export function isRetryable(err: unknown): boolean {
   if (err instanceof PgsubError) return err.retryable;
   // SQL errors from the target (unique violation, lock timeout, …) are retried like the
@@ -103,6 +117,11 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   let stopped = false;
   /** Ends a session start being waited for (set only while waiting). */
   let abandonStart: (() => void) | null = null;
+  /** A start abandoned by stop(): settles once it has let go of its connections. */
+  let abandoned: Promise<void> | null = null;
+  const endIfStopped = () => {
+    if (stopped) throw new StoppedWhileStartingError('the service is stopping');
+  };
   let session: SessionHandle | null = null;
   let wake: (() => void) | null = null;
   let streaming = false;
@@ -155,6 +174,8 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   let launcherStarted = false;
   const beforeStreaming = async () => {
     streaming = false;
+    // A start abandoned by stop() goes no further: its session closes what it opened.
+    endIfStopped();
     // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
     if (!streamedOnce) await checkMappingsAtStartup(config, log);
     await launcher.load();
@@ -178,15 +199,18 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
         await (launcher.busy ? Promise.race([launcher.idle(), tick]) : tick);
       }
       reporter.finish();
-      if (!stopped) log.info({ tables: sync.all().length }, 'initial copy finished');
+      endIfStopped();
+      log.info({ tables: sync.all().length }, 'initial copy finished');
     }
     // pgsub's schema is migrated by now: the verify row exists. Only after the check for an
     // initial copy above: an await between the launcher's refresh and that check let a
     // small table's copy finish unseen (no 'initial copy finished').
+    endIfStopped();
     if (!verifyStarted) {
       verifyStarted = true;
       await verifyHold.start();
     }
+    endIfStopped();
     streaming = true;
   };
   // Changes of a table not registered yet arrive row after row: one refresh per table name.
@@ -314,7 +338,13 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           void starting.then(resolve);
         }).finally(() => (abandonStart = null));
         if (outcome === null) {
-          void starting.then((o) => ('handle' in o ? o.handle.stop() : undefined));
+          // The start ends at its next step (beforeStreaming sees the stop), or its session is
+          // stopped once started; the service's end waits for that, and its end never rejects unheard.
+          abandoned = starting.then(async (o) => {
+            if (!('handle' in o)) return;
+            o.handle.stop();
+            await o.handle.done.catch(() => {});
+          });
           return;
         }
         if ('error' in outcome) throw outcome.error;
@@ -410,6 +440,9 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   });
   const finished = done
     .finally(async () => {
+      // Before what an abandoned start may still use (the launcher, the verify hold) is closed;
+      // bounded, since a server that does not answer keeps a connection attempt pending.
+      if (abandoned !== null) await waitAtMost(abandoned, ABANDONED_START_WAIT_MS);
       progressLog.stop();
       await sequenceSync?.stop();
       await slotGuard.stop();

@@ -10,6 +10,7 @@ import { after, before, describe, test } from 'node:test';
 import { loadConfig } from '../../src/config/config.js';
 import { createLogger } from '../../src/log.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';
+import type { SessionEvents } from '../../src/service/session.js';
 import { checkLedger, compareTables, currentWalLsn, LEDGER_SCHEMA, runLedgerWorkload, slotConfirmedLsn, startCluster, waitFor, type Cluster } from '../harness/index.js';
 
 const BIG_ROWS = 200_000;
@@ -56,7 +57,7 @@ for (const [publisherMajor, targetMajor] of [
       await target?.stop();
     });
 
-    function start(extra: Record<string, unknown> = {}): Runner {
+    function start(extra: Record<string, unknown> = {}, events: SessionEvents = {}): Runner {
       const config = loadConfig({
         env: {},
         overrides: {
@@ -72,7 +73,7 @@ for (const [publisherMajor, targetMajor] of [
           ...extra,
         },
       });
-      return startRunner(config, createLogger('warn'));
+      return startRunner(config, createLogger('warn'), events);
     }
 
     async function caughtUp(): Promise<void> {
@@ -85,15 +86,25 @@ for (const [publisherMajor, targetMajor] of [
       return Object.fromEntries(rows.map((r) => [r.t, r.state]));
     }
 
-    test('a non-empty target table is refused at initial copy', async () => {
+    test('a non-empty target table is refused at initial copy; a stop during the copy ends the session start', async () => {
       await target.query(`INSERT INTO app.tags VALUES (999, 999, 'local')`, [], 'dst');
-      runner = start();
+      let streamed = false;
+      runner = start({}, { onStreaming: () => (streamed = true) });
       await waitFor(async () => runner!.launcher.progress.size > 0, { timeoutMs: 30_000, what: 'copies to start' });
       // The other tables copy; app.tags keeps failing with a clear error and stays in init.
       await waitFor(async () => (await states())['app.big'] === 'f' || (await states())['app.big'] === 'd', { timeoutMs: 60_000, what: 'big to copy' });
       assert.equal((await states())['app.tags'], 'i');
       runner.stop();
       await runner.done;
+      // The session was starting (waiting for the initial copy) when stopped: it goes no
+      // further, and once the runner is done nothing of it is left on either side.
+      await new Promise((r) => setTimeout(r, 1000));
+      assert.equal(streamed, false, 'a session abandoned during its start went on to stream');
+      const left = async (cluster: Cluster, db: string) =>
+        (await cluster.query(`SELECT application_name FROM pg_stat_activity WHERE application_name IN ($1, $2, $3)`, [sub, `pgsub_${sub}`, `pgsub_${sub}_verify`], db)).map(
+          (r) => r.application_name,
+        );
+      assert.deepEqual([...(await left(publisher, 'src')), ...(await left(target, 'dst'))], []);
       await target.query(`DELETE FROM app.tags`, [], 'dst');
     });
 
