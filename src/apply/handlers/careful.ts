@@ -24,7 +24,7 @@ import type { Tuple } from '../../protocol/messages.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../sql/statements.js';
-import { reshapedHitsStatement, reshapedRowUpdate, softDeleteRow } from '../sql/row-statements.js';
+import { filterRows, reshapedHitsStatement, reshapedRowUpdate, softDeleteRow, tombstoneDelete } from '../sql/row-statements.js';
 import { queryRows } from '../../target/connect.js';
 import { quoteIdent } from '../../quote.js';
 import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from '../../conflict/report.js';
@@ -269,7 +269,8 @@ export async function carefulInsert(state: ApplyState, xact: RemoteTransaction, 
   const policy = await decide(state, xact, rel, { type, key: keyOf(rel, undefined, undefined, tuple), remote: tuple, local: hits.rows, detail: collision(hits) });
   if (policy !== 'apply_remote') return;
   if (hits.rows.length === 1) {
-    await run(state, rowUpdate(rel, tuple, hits.rows[0]!));
+    // The row in the way takes the remote values, live (it may be another source's row marked deleted).
+    await run(state, rel.reshape ? reshapedRowUpdate(rel, rel.reshape, tuple, hits.rows[0]!.reloid, hits.rows[0]!.tid, true) : rowUpdate(rel, tuple, hits.rows[0]!));
     return;
   }
   for (const row of hits.rows) await run(state, rowDelete(rel, row));
@@ -312,6 +313,9 @@ export async function carefulUpdate(
     });
     if (policy !== 'apply_remote') return;
   }
+  // A key moving onto one of this source's rows marked deleted: that row gives way (tombstoneDelete).
+  const soft = rel.reshape?.rows?.softDelete;
+  if (soft && oldTuple) await run(state, tombstoneDelete(rel, soft, filterRows(rel, oldTuple, newTuple).new, row));
   const hits = await uniqueHits(state, rel, newTuple, row);
   if (hits.indexes.length > 0) {
     const type: ConflictType = hits.indexes.length > 1 ? 'multiple_unique_conflicts' : 'update_exists';

@@ -22,7 +22,7 @@
 import { ApplyError } from '../../errors.js';
 import type { Tuple, UpdateMessage } from '../../protocol/messages.js';
 import type { MappedRelation } from '../sql/relmap.js';
-import { filterRows, softDeleteStatement, truncatePolicyStatement, verdictStatement } from '../sql/row-statements.js';
+import { filterRows, softDeleteStatement, tombstoneDelete, truncatePolicyStatement, verdictStatement } from '../sql/row-statements.js';
 import { deleteStatement, insertStatement, locator, truncateStatement, updateStatement } from '../sql/statements.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { flushForChange, noteRowWrite, rowKey } from '../txn/batch.js';
@@ -77,6 +77,9 @@ export async function rowsUpdate(state: ApplyState, xact: RemoteTransaction, rel
   if (state.mode.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
   if (state.session.groupTransactions > 1) noteRowWrite(state, m.relationId, m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null);
   await flushForChange(state, m.relationId, rel);
+  // A key that may move (an old row was sent) onto one marked deleted: that row gives way (tombstoneDelete).
+  const soft = rel.reshape!.rows!.softDelete;
+  if (soft && m.oldTuple) await sendStatement(state, tombstoneDelete(rel, soft, filterRows(rel, m.oldTuple, m.newTuple).new));
   const d = detect(state);
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d, guard));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {

@@ -20,6 +20,7 @@ import {
   column,
   detecting,
   filterGuard,
+  locator,
   locatorParamCount,
   Params,
   rowColumns,
@@ -97,6 +98,30 @@ export function softDeleteStatement(rel: MappedRelation, soft: SoftDelete, loc: 
   addSoftParams(params, soft, commitTime, lsn, rel);
   addLocatorParams(params, loc);
   if (guard) addFilterParams(params, rel, loc);
+  return params.statement(text);
+}
+
+/**
+ * Before an UPDATE that may move a row's key (it sent an old row): the row marked deleted
+ * under the new key — this source's own, the key includes its discriminator — gives way,
+ * so that the moved row takes that key with the new values, live, as an INSERT of the key
+ * would revive it (docs/mapping.md "Keys that move"). A live row there is left alone: the
+ * UPDATE then meets it as update_exists. `tuple` is the new row (unsent values filled from
+ * the old one, filterRows); `except` the located row on the careful path.
+ */
+export function tombstoneDelete(rel: MappedRelation, soft: SoftDelete, tuple: Tuple, except: { reloid: string; tid: string } | null = null): Statement {
+  const loc = locator(rel, 'DELETE', rel.reshape?.rows?.key ? undefined : 'key', undefined, tuple);
+  const text = cached(rel, `TD|${loc.shape}${except ? '|e' : ''}`, () => {
+    const n = 1 + locatorParamCount(loc);
+    const notSelf = except ? ` AND NOT (tableoid = $${n}::pg_catalog.oid AND ctid = $${n + 1}::pg_catalog.tid)` : '';
+    return `DELETE FROM ${target(rel)} WHERE ${whereClause(rel, loc, 1)} AND ${softDeleted(soft, '')}${notSelf}`;
+  });
+  const params = new Params(rel);
+  addLocatorParams(params, loc);
+  if (except) {
+    params.addText(except.reloid);
+    params.addText(except.tid);
+  }
   return params.statement(text);
 }
 
@@ -183,8 +208,10 @@ export interface TargetUniqueIndex {
 /**
  * The careful path's search for local rows that the mapped new values of `tuple` collide
  * with, per unique index all of whose columns the mapping fills from sent values: one
- * query, `n` (the index's position) first, then `local` (the row's columns). Rows marked
- * deleted (soft delete) are not in the way: an INSERT revives them. Null: nothing to search.
+ * query, `n` (the index's position) first, then `local` (the row's columns). A row marked
+ * deleted (soft delete) under the new row's own key is not in the way (an INSERT revives
+ * it, an UPDATE moving onto it replaces it: tombstoneDelete); one under another key is.
+ * Null: nothing to search.
  */
 export function reshapedHitsStatement(
   rel: MappedRelation,
@@ -202,22 +229,30 @@ export function reshapedHitsStatement(
   for (const c of reshape.computed) if (c.uses.every(sent)) value.set(c.column.name, { sql: `CAST((${c.expr}) AS ${c.column.typeName})`, uses: c.uses });
   const usable = indexes.filter((x) => x.columns?.every((c) => value.has(c)));
   if (usable.length === 0) return null;
-  const slots = [...new Set(usable.flatMap((x) => x.columns!))];
+  const soft = reshape.rows?.softDelete;
+  // A row marked deleted under the new row's own key is revived, not in the way; one under
+  // another key (another shard's, in an index without the discriminator) is a collision.
+  const ownKey = soft && reshape.rows!.keyNames.every((c) => value.has(c)) ? reshape.rows!.keyNames : null;
+  const slots = [...new Set([...usable.flatMap((x) => x.columns!), ...(ownKey ?? [])])];
   const inRow = [...new Set(slots.flatMap((c) => value.get(c)!.uses))].sort((a, b) => a - b);
   const params = new Params(rel);
   for (const i of inRow) params.add(tuple, i);
   let n = inRow.length;
   const exceptParams = except ? [++n, ++n] : null;
-  const soft = reshape.rows?.softDelete;
+  const revivable = soft
+    ? ownKey
+      ? `NOT (${softDeleted(soft, 'pgsub_local.')} AND ${ownKey.map((c) => `pgsub_local.${quoteIdent(c)} = pgsub_new."v${slots.indexOf(c)}"`).join(' AND ')})`
+      : `NOT (${softDeleted(soft, 'pgsub_local.')})`
+    : null;
   const parts = usable.map((x, k) => {
     const conds = x.columns!.map((c) => `pgsub_local.${quoteIdent(c)} ${x.nullsNotDistinct ? 'IS NOT DISTINCT FROM' : '='} pgsub_new."v${slots.indexOf(c)}"`);
     if (exceptParams) conds.push(`NOT (pgsub_local.tableoid = $${exceptParams[0]}::pg_catalog.oid AND pgsub_local.ctid = $${exceptParams[1]}::pg_catalog.tid)`);
-    if (soft) conds.push(`NOT (${softDeleted(soft, 'pgsub_local.')})`);
+    if (revivable) conds.push(revivable);
     return `SELECT ${k}, ${local} FROM ${target(rel)} AS pgsub_local, pgsub_new WHERE ${conds.join(' AND ')}`;
   });
   const text = cached(
     rel,
-    `RH${usable.map((x) => x.name).join(',')}|${inRow.join(',')}|${except ? 'e' : ''}|${local.length}`,
+    `RH${usable.map((x) => x.name).join(',')}|${inRow.join(',')}|${except ? 'e' : ''}|${ownKey ? 'k' : ''}|${local.length}`,
     () =>
       `WITH pgsub_new AS (SELECT ${slots.map((c, k) => `${value.get(c)!.sql} AS "v${k}"`).join(', ')} FROM ${rowSubquery(rel, reshape, inRow, 1)}) ${parts.join(' UNION ALL ')}`,
   );
