@@ -75,7 +75,7 @@ export async function rowsUpdate(state: ApplyState, xact: RemoteTransaction, rel
     }
   }
   if (state.mode.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
-  if (state.session.groupTransactions > 1) noteRowWrite(state, m.relationId, m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null);
+  if (state.session.options.groupTransactions > 1) noteRowWrite(state, m.relationId, m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null);
   await flushForChange(state, m.relationId, rel);
   const d = detect(state);
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d, guard));
