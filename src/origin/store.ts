@@ -131,7 +131,7 @@ export function idleProgressStatement(subscription: string, lsn: Lsn): Statement
 
 /**
  * A transaction whose synchronous commit flushes the target's WAL up to it, and so every
- * asynchronous commit before it (loop.ts, when idle). It must assign an xid and write WAL
+ * asynchronous commit before it (apply/run/flush-tracker.ts, when idle). It must assign an xid and write WAL
  * to flush at all: a KEY SHARE lock of the origin row does both, and does not conflict with
  * the applier's updates of that row, which never change its key.
  */

@@ -8,6 +8,7 @@
  * the slot (preflight.ts). A lost apply connection ends the session at once, even idle.
  */
 import { isEmptyMapping } from '../config/mapping.js';
+import { applyOptions } from '../config/apply-options.js';
 import type { Config } from '../config/config.js';
 import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
 import { clearPassedError, loadControl } from '../conflict/control.js';
@@ -208,9 +209,15 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     );
     events.onStreaming?.({ startLsn, protoVersion, publisherVersion: replication.serverVersionNum });
     const tracker = flushTracker;
+    const options = applyOptions(config, { walSenderTimeoutMs });
+    const laneConnections = {
+      openConnection: (purpose: string) => openTarget(`${appName}_${purpose}`, sessionCommit),
+      originName: replicationOriginName(config.subscription),
+      targetVersionNum: applyConn.serverVersionNum,
+    };
     const loop: ApplyLoop = startApplyLoop({
+      options,
       flushTracker: tracker,
-      subscription: config.subscription,
       stream,
       conn: applyConn,
       relations,
@@ -218,43 +225,13 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       counters,
       sync: deps.sync,
       spool,
-      streamAbortInfo: config.streaming === 'parallel',
       onUnknownTable: deps.onUnknownTable,
       log,
-      // The walsender drops a subscriber silent for wal_sender_timeout, even one that is
-      // busy applying (not reading keepalives): report well within it.
-      statusIntervalMs: walSenderTimeoutMs > 0 ? Math.min(config.statusIntervalMs, Math.floor(walSenderTimeoutMs / 3)) : config.statusIntervalMs,
-      receiveTimeoutMs: config.receiveTimeoutMs,
-      maxInFlight: config.maxInFlight,
-      queueSize: config.queueSize,
-      groupTransactions: config.groupTransactions,
-      batchRows: config.batchRows,
-      copyInserts: config.copyInserts,
       noGroupUntil: deps.noGroupUntil ?? null,
-      lanes:
-        config.applyWorkers > 1
-          ? {
-              lanes: config.applyWorkers,
-              openConnection: (purpose) => openTarget(`${appName}_${purpose}`, sessionCommit),
-              originName: replicationOriginName(config.subscription),
-              targetVersionNum: applyConn.serverVersionNum,
-              binary: config.binary,
-              maxInFlight: config.maxInFlight,
-            }
-          : null,
+      lanes: config.applyWorkers > 1 ? laneConnections : null,
       // A session re-streaming from below the origin (a table catching up) would receive
       // applied streamed transactions again; those are only ever replayed from the spool.
-      parallel:
-        config.streaming === 'parallel' && startLsn >= originLsn
-          ? {
-              openConnection: (purpose) => openTarget(`${appName}_${purpose}`, sessionCommit),
-              originName: replicationOriginName(config.subscription),
-              targetVersionNum: applyConn.serverVersionNum,
-              binary: config.binary,
-              maxInFlight: config.maxInFlight,
-            }
-          : null,
-      conflicts: config.conflicts,
+      parallel: config.streaming === 'parallel' && startLsn >= originLsn ? laneConnections : null,
       originId,
       skipLsn: control.skipLsn,
       carefulLsn: deps.carefulLsn ?? null,

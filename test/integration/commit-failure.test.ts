@@ -5,7 +5,9 @@
  * committed, the origin and the slot stay before it, the error is logged at error level
  * naming the transaction, and once the trigger lets the row pass, the backlog is applied
  * exactly once. Run with the defaults (grouping, batches, COPY inserts) and with the
- * fastest settings (asynchronous commit, apply lanes, no grouping).
+ * fastest settings (asynchronous commit, apply lanes, no grouping). A commit sent when the
+ * queue has run dry is not waited for either (apply/run/applier.ts): its failure must stop
+ * the apply while it waits for the next message, and nothing sent later may commit.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -132,3 +134,33 @@ for (const [name, extra, expectLog] of [
     await stop();
   });
 }
+
+test('a COMMIT failing after the queue ran dry is seen at once; nothing sent later commits', async () => {
+  const sub = 'cf_dry_queue';
+  const base = (await target.query(`SELECT coalesce(max(id), 0)::int AS m FROM public.acct`, [], 'dst'))[0].m + 10_000;
+  await target.query(`UPDATE public.fault SET fail = true`, [], 'dst');
+  start(sub, { PGSUB_SYNCHRONOUS_COMMIT: 'off' });
+  await child!.waitForLog('streaming started');
+  // Caught up: each transaction arrives to an empty queue, and its commit goes out unanswered.
+  const good = await transactions(base, 1, 20, () => 1);
+  await waitForCatchUp(publisher, 'src', sub);
+  const appliedBefore = await applied(sub);
+  const bad = await transactions(base, 21, 21, () => -1);
+  // Nothing arrives after it: the failure is found while the applier waits for the queue.
+  await waitFor(async () => /negative v for id/.test(child!.output()), { timeoutMs: 30_000, intervalMs: 100, what: 'the commit failure' }).catch((err) =>
+    assert.fail(`${err}\n${child!.output().slice(-5000)}`),
+  );
+  await transactions(base, 22, 60, () => 1);
+  await new Promise((r) => setTimeout(r, 2000));
+  assert.equal(await count(`id > ${base + 20}`, base), 0, 'rows after the failing transaction were committed');
+  const origin = await originLsn(sub);
+  assert.ok(origin >= good - 200n && origin < bad, `origin ${origin} must be before the failing transaction (${good}..${bad})`);
+  assert.ok(((await slotConfirmedLsn(publisher, sub)) ?? 0n) < bad, 'slot confirmed past the failing transaction');
+  await target.query(`UPDATE public.fault SET fail = false`, [], 'dst');
+  await waitForCatchUp(publisher, 'src', sub, 120_000).catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  const cmp = await compareTables(publisher, 'src', target, 'dst', ['public.acct']);
+  assert.ok(cmp.equal, JSON.stringify(cmp));
+  assert.equal((await applied(sub)) - appliedBefore, 40);
+  assert.equal(await count('true', base), 60);
+  await stop();
+});

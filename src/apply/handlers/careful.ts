@@ -205,7 +205,7 @@ interface Seen {
 
 /** The policy for this conflict; `error` throws, anything else is logged and counted in the transaction. */
 async function decide(state: ApplyState, xact: RemoteTransaction, rel: MappedRelation, seen: Seen, override?: Policy): Promise<Policy> {
-  const policy = policyFor(state.session.conflicts, rel.displayName, seen.type);
+  const policy = policyFor(state.session.options.conflicts, rel.displayName, seen.type);
   const record: ConflictRecord = {
     type: seen.type,
     relation: rel,
@@ -298,7 +298,7 @@ export async function carefulUpdate(
       xact,
       rel,
       { type: 'update_missing', key, remote: newTuple, local: [], detail: impossible },
-      impossible && policyFor(state.session.conflicts, rel.displayName, 'update_missing') === 'apply_remote' ? 'skip' : undefined,
+      impossible && policyFor(state.session.options.conflicts, rel.displayName, 'update_missing') === 'apply_remote' ? 'skip' : undefined,
     );
     if (policy === 'apply_remote') await run(state, insertStatement(rel, newTuple));
     return;

@@ -27,7 +27,7 @@ export { detect } from './detect-option.js';
 export function fastTarget(state: ApplyState, relationId: number): MappedRelation | null {
   const xact = state.tx.xact;
   // Not open: a new remote transaction inside a group joins the open target one, no BEGIN.
-  if (xact === null || (!xact.open && state.tx.group === null) || xact.skip || xact.alreadyPrepared || state.mode.careful || state.session.batchRows <= 1) return null;
+  if (xact === null || (!xact.open && state.tx.group === null) || xact.skip || xact.alreadyPrepared || state.mode.careful || state.session.options.batchRows <= 1) return null;
   const rel = state.relations.cached(relationId);
   if (rel === undefined || rel.ordered || !applies(state, xact, relationId)) return null;
   xact.open = true;
@@ -35,12 +35,12 @@ export function fastTarget(state: ApplyState, relationId: number): MappedRelatio
 }
 
 /**
- * An Insert message before decoding (loop.ts, outside streams): batched as it came when its
+ * An Insert message before decoding (run/applier.ts, outside streams): batched as it came when its
  * relation's rows go to binary COPY as sent (copy-messages.ts) and the change takes the
  * fast path. False: decode it and dispatch as usual.
  */
 export function insertAsSent(state: ApplyState, message: Buffer): Promise<void> | void | false {
-  if (!state.session.copyInserts || state.mode.streamXid !== null || message.length < INSERT_TUPLE_OFFSET + 2) return false;
+  if (!state.session.options.copyInserts || state.mode.streamXid !== null || message.length < INSERT_TUPLE_OFFSET + 2) return false;
   const relationId = peekRelationId(message);
   const known = state.relations.cached(relationId);
   if (known === undefined || known.rowSecurity || !insertsCopyAsSent(known)) return false;
@@ -67,7 +67,7 @@ export async function insertChange(state: ApplyState, m: InsertMessage): Promise
   if (hasRowSemantics(rel)) return rowsInsert(state, xact, rel, m.relationId, m.newTuple);
   if (state.mode.careful) return carefulInsert(state, xact, rel, m.newTuple);
   // A unique violation aborts the transaction: with detection on, the loop replays it carefully.
-  if (state.session.batchRows > 1 && !rel.ordered) return batchInsert(state, xact, m.relationId, rel, m.newTuple);
+  if (state.session.options.batchRows > 1 && !rel.ordered) return batchInsert(state, xact, m.relationId, rel, m.newTuple);
   await flushForChange(state, m.relationId, rel);
   await sendStatement(state, insertStatement(rel, m.newTuple));
 }
@@ -97,11 +97,11 @@ export async function updateChange(state: ApplyState, m: UpdateMessage): Promise
   const key = m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null;
   const d = detect(state);
   // A batched update counts as a row write when its batch goes out (batch.ts).
-  if (state.session.batchRows > 1 && key !== null) {
+  if (state.session.options.batchRows > 1 && key !== null) {
     const batched = batchUpdate(state, xact, m.relationId, rel, m.oldTuple, m.newTuple, d, key);
     if (batched !== false) return batched;
   }
-  if (state.session.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
+  if (state.session.options.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
   await flushForChange(state, m.relationId, rel);
   if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {

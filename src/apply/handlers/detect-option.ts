@@ -12,6 +12,7 @@ const DETECT = new WeakMap<ApplyState, Detect | null>();
 export function detect(state: ApplyState): Detect | null {
   // Constant for a session: one object, not one per change (this runs per row).
   let d = DETECT.get(state);
-  if (d === undefined) DETECT.set(state, (d = state.session.conflicts.detect ? { originId: state.session.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null));
+  if (d === undefined)
+    DETECT.set(state, (d = state.session.options.conflicts.detect ? { originId: state.session.originId, returningOld: state.conn.serverVersionNum >= 180000 } : null));
   return d;
 }

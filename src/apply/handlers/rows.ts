@@ -75,7 +75,7 @@ export async function rowsUpdate(state: ApplyState, xact: RemoteTransaction, rel
     }
   }
   if (state.mode.careful) return carefulUpdate(state, xact, rel, m.oldKind, m.oldTuple, m.newTuple);
-  if (state.session.groupTransactions > 1) noteRowWrite(state, m.relationId, m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null);
+  if (state.session.options.groupTransactions > 1) noteRowWrite(state, m.relationId, m.oldKind !== 'old' ? rowKey(rel, m.oldTuple ?? m.newTuple) : null);
   await flushForChange(state, m.relationId, rel);
   // A key that may move (an old row was sent) onto one marked deleted: that row gives way (tombstoneDelete).
   const soft = rel.reshape!.rows!.softDelete;

@@ -2,7 +2,7 @@
  * Apply lanes (`apply_workers` > 1): independent source transactions applied in parallel
  * on several target connections while pgsub is behind, committed in source order.
  *
- * The leader (loop.ts) routes whole groups of consecutive source transactions — a group is
+ * The leader (applier.ts) routes whole groups of consecutive source transactions — a group is
  * one target transaction, as in serial grouping — to lanes in turn; each lane runs the
  * usual handlers on its own connection, pipeline and relation map. Three rules keep the
  * result the serial one:
@@ -33,7 +33,8 @@ import { TAG } from '../../protocol/tags.js';
 import { ApplyError } from '../../errors.js';
 import { decode } from '../../protocol/decoder.js';
 import { formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
-import type { BeginMessage, RelationMessage } from '../../protocol/messages.js';
+import type { BeginMessage, PgOutputMessage, RelationMessage } from '../../protocol/messages.js';
+import type { ApplyOptions } from '../../config/apply-options.js';
 import type { Logger } from '../../log.js';
 import { commitGroup, settleTarget } from '../txn/commit.js';
 import { insertAsSent } from '../handlers/changes.js';
@@ -58,25 +59,27 @@ const DEPENDENT_GROUPS = 4;
 const PAUSE_GROUPS = 64;
 const DECODE_CONTEXT = { inStream: false, streamAbortInfo: false };
 
-export interface ApplyLanesOptions {
-  lanes: number;
+export interface ApplyLanesOptions extends LaneConnections {
+  /** The settings (applyWorkers lanes, groupTransactions per group, maxInFlight per lane). */
+  options: ApplyOptions;
   /** The handler table (handlers/dispatch.ts), given by the loop. */
   dispatch: Dispatch;
-  /** A target connection set up like the apply connection (target.ts). */
-  openConnection(purpose: string): Promise<WireConnection>;
-  originName: string;
-  targetVersionNum: number;
-  binary: boolean;
-  maxInFlight: number;
-  /** Most source transactions per group. */
-  groupTransactions: number;
   /** No lane for transactions finishing at or before this LSN (after a group retry). */
   noGroupUntil: Lsn | null;
   /** A lane failed: `untilLsn` is the last transaction routed to a lane. */
   onFailure(err: unknown, untilLsn: Lsn): void;
 }
 
-type LaneItem = { raw: Buffer; waitFor: number } | { end: number };
+/** How a lane's connection is opened and set up, from the session. */
+export interface LaneConnections {
+  /** A target connection set up like the apply connection (target.ts). */
+  openConnection(purpose: string): Promise<WireConnection>;
+  originName: string;
+  targetVersionNum: number;
+}
+
+/** `message`: decoded by the leader already (null: the lane decodes it, if it is not copied as sent). */
+type LaneItem = { raw: Buffer; message: PgOutputMessage | null; waitFor: number } | { end: number };
 
 interface Lane {
   index: number;
@@ -153,21 +156,23 @@ export class ApplyLanes {
 
   /**
    * The leader's offer of the next message: true when a lane took it. False: the serial
-   * path applies it, after converge() if busy. `queued`: items behind it in the receive queue.
+   * path applies it, after converge() if busy. `message`: the leader's decoding of `raw`
+   * (null for an insert, decoded only if it cannot be copied as sent); `queued`: items
+   * behind it in the receive queue.
    */
-  route(raw: Buffer, queued: number): boolean | Promise<boolean> {
+  route(raw: Buffer, message: PgOutputMessage | null, queued: number): boolean | Promise<boolean> {
     this.#throwIfFailed();
     const tag = raw[0];
     const group = this.#open;
     if (group === null) {
       if (tag === TAG.BEGIN) {
         // Only while behind: a caught-up stream gains nothing from a second connection.
-        if (queued === 0 || this.#unavailable || this.opts.lanes < 2) return false;
+        if (queued === 0 || this.#unavailable || this.opts.options.applyWorkers < 2) return false;
         if (this.#pausedBegins > 0) {
           this.#pausedBegins--;
           return false;
         }
-        return this.#openFor(raw);
+        return this.#openFor(raw, message as BeginMessage);
       }
       // Every lane's relation map follows the stream, whoever applies the transaction.
       if ((tag === TAG.RELATION || tag === TAG.TYPE) && this.#lanes !== null) return this.#broadcast(raw).then(() => false);
@@ -180,22 +185,22 @@ export class ApplyLanes {
       case TAG.DELETE: {
         group.changes++;
         const waitFor = this.#dependency(group.seq, raw);
-        return typeof waitFor === 'number' ? this.#pushed(group, raw, waitFor) : waitFor.then((w) => this.#pushed(group, raw, w));
+        return typeof waitFor === 'number' ? this.#pushed(group, raw, message, waitFor) : waitFor.then((w) => this.#pushed(group, raw, message, w));
       }
       case TAG.BEGIN:
-        if (!this.#eligible(decode(raw, DECODE_CONTEXT) as BeginMessage)) {
+        if (!this.#eligible(message as BeginMessage)) {
           this.#closeGroup();
           return false;
         }
         this.#noteRouted(raw);
         group.inTransaction = true;
-        return this.#pushed(group, raw, 0);
+        return this.#pushed(group, raw, message, 0);
       case TAG.COMMIT: {
         group.transactions++;
         group.inTransaction = false;
-        const ends = group.changes >= GROUP_CHANGES || group.transactions >= this.opts.groupTransactions || queued === 0;
+        const ends = group.changes >= GROUP_CHANGES || group.transactions >= this.opts.options.groupTransactions || queued === 0;
         // The end marker goes after the COMMIT, also when that had to wait for room.
-        const pushed = this.#push(group, raw, 0);
+        const pushed = this.#push(group, raw, message, 0);
         if (pushed === undefined) {
           if (ends) this.#closeGroup();
           return true;
@@ -207,7 +212,7 @@ export class ApplyLanes {
       }
       case TAG.RELATION:
       case TAG.TYPE: {
-        const m = decode(raw, DECODE_CONTEXT);
+        const m = message!;
         if (m.tag === 'relation') {
           this.main.relations.onRelation(m);
           this.#unresolvable.delete(m.relationId);
@@ -224,7 +229,7 @@ export class ApplyLanes {
         const record = () => {
           for (const id of ids) this.#writers.wholeTable(group.seq, this.#tableKey(id));
           group.changes++;
-          return this.#pushed(group, raw, group.seq - 1);
+          return this.#pushed(group, raw, message, group.seq - 1);
         };
         if (unknown.length === 0) return record();
         return (async () => {
@@ -234,29 +239,29 @@ export class ApplyLanes {
       }
       case TAG.ORIGIN:
       case TAG.MESSAGE:
-        return this.#pushed(group, raw, 0);
+        return this.#pushed(group, raw, message, 0);
       default:
         // Not valid inside a transaction: the lane's handlers report it.
-        if (group.inTransaction) return this.#pushed(group, raw, 0);
+        if (group.inTransaction) return this.#pushed(group, raw, message, 0);
         this.#closeGroup();
         return false;
     }
   }
 
   /** A BEGIN with no group open: a new group on the next lane, if this transaction may have one. */
-  async #openFor(raw: Buffer): Promise<boolean> {
-    if (!(await this.#canOpen(raw))) return false;
+  async #openFor(raw: Buffer, begin: BeginMessage): Promise<boolean> {
+    if (!(await this.#canOpen(begin))) return false;
     const opened = await this.#openGroup();
     if (opened === null) return false;
     this.#noteRouted(raw);
     opened.inTransaction = true;
-    await this.#push(opened, raw, 0);
+    await this.#push(opened, raw, begin, 0);
     return true;
   }
 
   /** #push, answering true (taken) at once when the lane's queue had room. */
-  #pushed(group: OpenGroup, raw: Buffer, waitFor: number): true | Promise<boolean> {
-    const pushed = this.#push(group, raw, waitFor);
+  #pushed(group: OpenGroup, raw: Buffer, message: PgOutputMessage | null, waitFor: number): true | Promise<boolean> {
+    const pushed = this.#push(group, raw, message, waitFor);
     return pushed === undefined ? true : pushed.then(() => true);
   }
 
@@ -278,7 +283,7 @@ export class ApplyLanes {
 
   async close(): Promise<void> {
     this.#stopWatching();
-    if (this.counters.groups > 0) this.log.info({ ...this.counters, lanes: this.opts.lanes }, 'apply lanes stopped');
+    if (this.counters.groups > 0) this.log.info({ ...this.counters, lanes: this.opts.options.applyWorkers }, 'apply lanes stopped');
     this.#fail(new Error('apply lanes closed'), false);
     const lanes = this.#lanes ?? [];
     for (const lane of lanes) lane.queue.close();
@@ -288,10 +293,10 @@ export class ApplyLanes {
     await this.#watch.close();
   }
 
-  async #canOpen(raw: Buffer): Promise<boolean> {
+  async #canOpen(begin: BeginMessage): Promise<boolean> {
     const main = this.main;
     if (main.tx.xact !== null || main.mode.streamXid !== null || main.mode.careful) return false;
-    if (!this.#eligible(decode(raw, DECODE_CONTEXT) as BeginMessage)) return false;
+    if (!this.#eligible(begin)) return false;
     // Tables still syncing have per-table positions the lanes do not keep.
     if (main.session.sync.all().some((t) => t.state !== 'r')) return false;
     // What the main connection has under way commits first (its errors are the loop's).
@@ -338,7 +343,7 @@ export class ApplyLanes {
     this.#dependentRun = group.dependent ? this.#dependentRun + 1 : 0;
     if (this.#dependentRun >= DEPENDENT_GROUPS) {
       this.#dependentRun = 0;
-      this.#pausedBegins = PAUSE_GROUPS * this.opts.groupTransactions;
+      this.#pausedBegins = PAUSE_GROUPS * this.opts.options.groupTransactions;
       this.counters.pauses++;
       this.log.debug({ groups: DEPENDENT_GROUPS, transactions: this.#pausedBegins }, 'apply lanes paused: each group waited for the one before');
     }
@@ -346,8 +351,8 @@ export class ApplyLanes {
     group.lane.queue.putAlways({ end: group.seq });
   }
 
-  #push(group: OpenGroup, raw: Buffer, waitFor: number): Promise<void> | undefined {
-    const item = { raw, waitFor: waitFor > this.#committedThrough ? waitFor : 0 };
+  #push(group: OpenGroup, raw: Buffer, message: PgOutputMessage | null, waitFor: number): Promise<void> | undefined {
+    const item = { raw, message, waitFor: waitFor > this.#committedThrough ? waitFor : 0 };
     if (item.waitFor > 0) {
       this.counters.dependencyWaits++;
       if (group.transactions === 0) group.dependent = true;
@@ -357,7 +362,9 @@ export class ApplyLanes {
   }
 
   async #broadcast(raw: Buffer): Promise<void> {
-    for (const lane of this.#lanes ?? []) if (!lane.queue.tryPut({ raw, waitFor: 0 }, raw.length)) await lane.queue.put({ raw, waitFor: 0 }, raw.length);
+    // Each lane decodes its own copy: a relation map keeps the message it is given.
+    for (const lane of this.#lanes ?? [])
+      if (!lane.queue.tryPut({ raw, message: null, waitFor: 0 }, raw.length)) await lane.queue.put({ raw, message: null, waitFor: 0 }, raw.length);
   }
 
   /**
@@ -411,7 +418,7 @@ export class ApplyLanes {
     if (this.#lanes !== null) return this.#lanes;
     const lanes: Lane[] = [];
     try {
-      for (let index = 0; index < this.opts.lanes; index++) lanes.push(this.#newLane(index, await this.opts.openConnection(`lane${index + 1}`)));
+      for (let index = 0; index < this.opts.options.applyWorkers; index++) lanes.push(this.#newLane(index, await this.opts.openConnection(`lane${index + 1}`)));
     } catch (err) {
       // No extra connections (e.g. max_connections): apply serially.
       this.log.warn({ err }, 'apply lane connections unavailable; applying serially');
@@ -437,7 +444,7 @@ export class ApplyLanes {
       task: Promise.resolve(),
       state: null as unknown as ApplyState,
     };
-    lane.state = workerState(main, conn, relations, this.opts.maxInFlight, {
+    lane.state = workerState(main, conn, relations, this.opts.options.maxInFlight, {
       // The leader decides where a group ends (the end marker).
       canGroup: () => true,
       commitTurn: { originName: this.opts.originName, acquire: () => this.#untilCommitted(lane.seq - 1) },
@@ -456,7 +463,7 @@ export class ApplyLanes {
       if (item.waitFor > this.#committedThrough) await this.#untilCommitted(item.waitFor);
       const raw = item.raw;
       let pending = raw[0] === TAG.INSERT ? insertAsSent(lane.state, raw) : false;
-      if (pending === false) pending = this.opts.dispatch(lane.state, decode(raw, DECODE_CONTEXT), raw);
+      if (pending === false) pending = this.opts.dispatch(lane.state, item.message ?? decode(raw, DECODE_CONTEXT), raw);
       if (pending) await pending;
     }
   }

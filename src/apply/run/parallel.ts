@@ -24,6 +24,7 @@
  * Only one session may hold a replication origin, so for the eager commit the leader
  * hands `pgsub_<subscription>` to the eager connection and takes it back afterwards.
  */
+import type { ApplyOptions } from '../../config/apply-options.js';
 import { LockWatch } from './watchdog.js';
 import { ProtocolError } from '../../errors.js';
 import { asLsn, formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
@@ -45,20 +46,24 @@ const WATCH_INTERVAL_MS = 250;
 const LOCK_WAIT_LIMIT_MS = 5000;
 const DATA_CHANGES: ReadonlySet<PgOutputMessage['tag']> = new Set(['insert', 'update', 'delete', 'truncate']);
 
-export interface ParallelApplyOptions {
+export interface ParallelApplyOptions extends ParallelConnections {
+  /** The settings (maxInFlight of the worker's connection). */
+  options: ApplyOptions;
   /** The handler table (handlers/dispatch.ts), given by the loop. */
   dispatch: Dispatch;
-  /** Opens a target connection set up like the apply connection (target.ts). */
-  openConnection(purpose: 'parallel' | 'watch'): Promise<WireConnection>;
-  originName: string;
-  targetVersionNum: number;
-  binary: boolean;
-  maxInFlight: number;
   /**
    * Backends whose wait on the eager transaction stops the leader: its own connection and
    * the apply lanes' (the leader waits for every lane before the next stream message).
    */
   waiters?(): number[];
+}
+
+/** How the parallel apply worker's connections are opened and set up, from the session. */
+export interface ParallelConnections {
+  /** Opens a target connection set up like the apply connection (target.ts). */
+  openConnection(purpose: 'parallel' | 'watch'): Promise<WireConnection>;
+  originName: string;
+  targetVersionNum: number;
 }
 
 interface Worker {
@@ -352,7 +357,7 @@ export class ParallelApply implements ParallelPort {
     // Relation messages describe the table as that transaction sees it.
     const relations = leader.relations.sibling();
     // #finish drains the pipeline before the commit goes out.
-    const state = workerState(leader, conn, relations, this.opts.maxInFlight, { resultsBeforeCommit: true });
+    const state = workerState(leader, conn, relations, this.opts.options.maxInFlight, { resultsBeforeCommit: true });
     this.#worker = { conn, state };
     return this.#worker;
   }

@@ -53,6 +53,12 @@ export class BoundedQueue<T> {
     return this.putAlways(item, size);
   }
 
+  /** Resolves once an item is queued or the queue is closed (nothing taken). */
+  ready(): Promise<void> {
+    if (this.length > 0 || this.closed) return Promise.resolve();
+    return new Promise<void>((resolve) => (this.waitingTake = resolve));
+  }
+
   /** The next item, or undefined once closed. */
   async take(): Promise<T | undefined> {
     while (this.length === 0 && !this.closed) await new Promise<void>((resolve) => (this.waitingTake = resolve));

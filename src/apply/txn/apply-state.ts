@@ -16,7 +16,8 @@ import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../../tablesync/sync-state.js';
 import type { WireConnection } from '../../target/connect.js';
 import { Pipeline } from '../../target/pipeline.js';
-import { CONFLICT_TYPES, type ConflictConfig, type ConflictType } from '../../conflict/types.js';
+import { CONFLICT_TYPES, type ConflictType } from '../../conflict/types.js';
+import type { ApplyOptions } from '../../config/apply-options.js';
 
 export interface RemoteTransaction {
   xid: number;
@@ -73,17 +74,12 @@ export interface ApplySession {
   readonly counters: ApplyCounters;
   readonly sync: SyncStates;
   readonly spool: StreamSpool;
-  readonly conflicts: ConflictConfig;
+  /** The settings, as built once from the config (config/apply-options.ts). */
+  readonly options: ApplyOptions;
   /** This session's replication origin id when the target tracks commit origins (origin_differs checks); else null. */
   readonly originId: number | null;
   /** synchronous_commit = off for apply transactions, with flush tracking (txn/transaction.ts beginTarget). */
   readonly asyncCommit: boolean;
-  /** Most rows per multi-row INSERT (1: one statement per row). */
-  readonly batchRows: number;
-  /** Batched INSERTs as COPY … FROM STDIN where the values allow it (sql/copy-rows.ts). */
-  readonly copyInserts: boolean;
-  /** Most source transactions per target transaction (1: no grouping). */
-  readonly groupTransactions: number;
   /** A change for a table the sync states do not know: the publication gained a table. */
   onUnknownTable(schema: string, table: string): void;
   /** Called after the target committed a new durable position. */
@@ -107,7 +103,7 @@ export interface TxState {
   /**
    * The last target commit sent without waiting for its answer (commit.ts commitTarget):
    * its end LSN and the answer's outcome; null once the answer arrived. A failure while one
-   * is outstanding may belong to it, so it cannot be replayed from memory (run/loop.ts).
+   * is outstanding may belong to it, so it cannot be replayed from memory (run/applier.ts).
    */
   unconfirmed: { until: Lsn; answered: Promise<void> } | null;
 }

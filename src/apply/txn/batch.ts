@@ -166,7 +166,7 @@ function add(
   if (key !== null) batch.keys.set(key, batch.tuples.length);
   batch.tuples.push(tuple);
   batch.bytes += tupleBytes(tuple);
-  const limit = kind === 'insert' ? maxBatchRows(rel.targetColumns.length, state.session.batchRows) : Math.max(state.session.batchRows, UPDATE_BATCH_ROWS);
+  const limit = kind === 'insert' ? maxBatchRows(rel.targetColumns.length, state.session.options.batchRows) : Math.max(state.session.options.batchRows, UPDATE_BATCH_ROWS);
   if (batch.tuples.length >= limit || batch.bytes >= BATCH_BYTES) return flushBatch(state, batch);
 }
 
@@ -255,12 +255,12 @@ function insertedTuple(message: Buffer): Tuple {
 
 async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   state.tx.rowBatches.delete(batch.relationId);
-  if (batch.kind === 'update' && state.session.groupTransactions > 1) for (const key of batch.keys.keys()) noteRowWrite(state, batch.relationId, key);
+  if (batch.kind === 'update' && state.session.options.groupTransactions > 1) for (const key of batch.keys.keys()) noteRowWrite(state, batch.relationId, key);
   if (batch.messages.length >= COPY_MIN_ROWS) {
     // A long run as one COPY; a shorter one in COPYs of batch_rows (see AS_SENT_MAX_ROWS).
     // All encoded before any is sent: a message that does not fit sends the batch decoded.
     const messages = batch.messages;
-    const size = messages.length >= LARGE_COPY_ROWS ? messages.length : maxBatchRows(batch.rel.targetColumns.length, state.session.batchRows);
+    const size = messages.length >= LARGE_COPY_ROWS ? messages.length : maxBatchRows(batch.rel.targetColumns.length, state.session.options.batchRows);
     const copies: { copy: CopyStatement; rows: number }[] = [];
     for (let at = 0; at < messages.length; at += size) {
       const part = messages.slice(at, at + size);
@@ -275,7 +275,7 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   }
   if (batch.messages.length > 0) batch.tuples = batch.messages.map(insertedTuple);
   // A reshaped relation's rows need its expressions: INSERT … SELECT, never COPY.
-  if (batch.kind === 'insert' && state.session.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity && !batch.rel.reshape) {
+  if (batch.kind === 'insert' && state.session.options.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity && !batch.rel.reshape) {
     const copy = copyInsertStatement(batch.rel, batch.tuples);
     if (copy) return sendCopy(state, copy, batch.tuples.length);
   }
@@ -292,7 +292,7 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
     if (statement) return sendStatement(state, statement, undefined, batch.tuples.length);
   }
   // One statement carries at most this many rows (bind parameters are limited).
-  const most = batch.kind === 'insert' ? Infinity : maxBatchRows(batch.setIndexes.length + batch.rel.keyIndexes.length, state.session.batchRows);
+  const most = batch.kind === 'insert' ? Infinity : maxBatchRows(batch.setIndexes.length + batch.rel.keyIndexes.length, state.session.options.batchRows);
   let rest = batch.tuples;
   while (rest.length > 0) {
     let size = 1;

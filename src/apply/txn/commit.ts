@@ -97,8 +97,11 @@ export function finishTransaction(state: ApplyState, xact: RemoteTransaction, en
   return commitTarget(state, xact, endLsn, commitTime, ending);
 }
 
-/** Commit the open group of source transactions (the queue ran dry, or a boundary needs it). */
-export async function commitGroup(state: ApplyState): Promise<void> {
+/**
+ * Commit the open group of source transactions (the queue ran dry, or a boundary needs it).
+ * `ending`: PLAIN_COMMIT lets the commit go without waiting for its answer (commitTarget).
+ */
+export async function commitGroup(state: ApplyState, ending: Ending = { kind: 'commit' }): Promise<void> {
   const group = state.tx.group;
   if (!group) return;
   const xact: RemoteTransaction = {
@@ -113,7 +116,7 @@ export async function commitGroup(state: ApplyState): Promise<void> {
     skip: false,
   };
   // commitTarget counts the group's transactions; this empty one adds none.
-  await commitTarget(state, xact, group.endLsn, group.commitTime, { kind: 'commit' }, 0);
+  await commitTarget(state, xact, group.endLsn, group.commitTime, ending, 0);
 }
 
 export async function commitTarget(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending, own = 1): Promise<void> {
