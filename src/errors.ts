@@ -25,8 +25,8 @@ export abstract class PgsubError extends Error {
    * since then it is a change (a rotated password, a revoked grant) that may be undone.
    */
   readonly fatalAtStartup: boolean = false;
-  /** The exit code when this error stops the service: 2, setup the operator must fix; 4, the subscription is lost; 1, anything else. */
-  readonly exitCode: 1 | 2 | 4 = 1;
+  /** The exit code when this error stops the service: 2, setup the operator must fix; 4, the subscription is lost; 5, it was cut over; 1, anything else. */
+  readonly exitCode: 1 | 2 | 4 | 5 = 1;
   constructor(
     message: string,
     readonly context: ErrorContext = {},
@@ -39,6 +39,8 @@ export abstract class PgsubError extends Error {
 
 /** Exit code of `pgsub run` when the subscription cannot go on and must be re-created (slot lost, slot ahead of the target). */
 export const EXIT_SUBSCRIPTION_LOST = 4;
+/** Exit code of `pgsub run` for a subscription `pgsub cutover` finished: its work is done, not failed. */
+export const EXIT_CUT_OVER = 5;
 
 export type ProtocolErrorCode =
   | 'PGSUB_PROTOCOL_TRUNCATED'
@@ -183,6 +185,17 @@ export class SlotLostError extends PgsubError {
   override readonly exitCode = EXIT_SUBSCRIPTION_LOST;
 }
 
+/**
+ * The subscription was cut over (`pgsub cutover`, pgsub.cutover): the target is the
+ * primary and the forward stream has nothing more to do. Ends `pgsub run` with its own
+ * exit code (EXIT_CUT_OVER), and `pgsub enable` refuses it.
+ */
+export class CutOverError extends PgsubError {
+  readonly code = 'PGSUB_CUT_OVER';
+  readonly retryable = false;
+  override readonly exitCode = EXIT_CUT_OVER;
+}
+
 /** A command names a subscription the target has no trace of (`pgsub run` creates it). */
 export class SubscriptionNotFoundError extends PgsubError {
   readonly code = 'PGSUB_SUBSCRIPTION_NOT_FOUND';
@@ -282,13 +295,14 @@ export class SchemaCopyError extends PgsubError {
  * `pgsub cutover` did not switch: `PGSUB_CUTOVER_REFUSED` (exit 2) when a precondition does
  * not hold before anything was changed (lag, service not running, a table not ready);
  * `PGSUB_CUTOVER_FAILED` (exit 1) when a step failed after the fence — the fence is lifted
- * and the source left as it was before the command.
+ * and the source left as it was before the command; `PGSUB_CUTOVER_INTERRUPTED` (exit 1)
+ * for a SIGINT/SIGTERM before the point of no return, undone the same way.
  */
 export class CutoverError extends PgsubError {
   readonly retryable = false;
   override readonly exitCode: 1 | 2;
   constructor(
-    readonly code: 'PGSUB_CUTOVER_REFUSED' | 'PGSUB_CUTOVER_FAILED',
+    readonly code: 'PGSUB_CUTOVER_REFUSED' | 'PGSUB_CUTOVER_FAILED' | 'PGSUB_CUTOVER_INTERRUPTED',
     message: string,
     context: ErrorContext = {},
     options?: ErrorOptions,

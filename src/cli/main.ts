@@ -76,7 +76,7 @@ program
     } catch (err) {
       // Setup the operator must fix: one line saying what, as for a configuration error.
       const exitCode = err instanceof PgsubError ? err.exitCode : 1;
-      if (exitCode === 2) process.stderr.write(`pgsub: ${(err as PgsubError).code}: ${(err as PgsubError).message}\n`);
+      if (exitCode === 2 || exitCode === 5) process.stderr.write(`pgsub: ${(err as PgsubError).code}: ${(err as PgsubError).message}\n`);
       process.exitCode = exitCode;
     }
     supervisor.stop();

@@ -19,7 +19,23 @@ import { Findings } from '../migrate/findings.js';
 import { checkPreflightPrivileges, checkSchemaCopyPrivileges, cutoverFindings } from '../migrate/privileges.js';
 import { checkTablePrivileges } from '../service/preflight.js';
 import { createLogger } from '../log.js';
-import { renderCutover, runCutover } from './cutover.js';
+import { abortCutover, renderCutover, runCutover } from './cutover.js';
+
+interface CutoverFlags {
+  config?: string[];
+  fence: 'read-only' | 'none';
+  maxLagMb: string;
+  lagTimeout: string;
+  timeout: string;
+  fenceTimeout: string;
+  preparedTimeout: string;
+  refusePrepared?: boolean;
+  keepSlot?: boolean;
+  abort?: boolean;
+  reverse?: boolean;
+  reverseConfig: string;
+  json?: boolean;
+}
 
 /** Runs a command body; a PgsubError ends it with its own exit code and one line on stderr. */
 export async function withExitCode(body: () => Promise<number>): Promise<void> {
@@ -51,30 +67,53 @@ export function registerMigrationCommands(program: Command): void {
     .option('--timeout <seconds>', 'how long to wait, fenced, for the service to apply the fence LSN', '60')
     .option('--reverse', 'set up replication from the new primary back to the old one (origin = none)')
     .option('--reverse-config <file>', "where to write the reverse subscription's config", 'pgsub-reverse.yaml')
+    .option('--fence-timeout <seconds>', 'how long the fence may take to end every session from before it; longer is a failure', '10')
+    .option('--prepared-timeout <seconds>', "how long to wait, fenced, for the source's prepared transactions to be committed or rolled back", '30')
+    .option('--refuse-prepared', 'refuse before the fence while the source has prepared transactions')
+    .option('--keep-slot', 'keep the forward slot on the old primary (pgsub status shows the WAL it retains)')
+    .option('--abort', 'undo a cutover that stopped half-way (lift its fence, remove its reverse setup) and exit')
     .option('--json', 'print the summary as JSON')
-    .action((opts: { config?: string[]; fence: string; maxLagMb: string; lagTimeout: string; timeout: string; reverse?: boolean; reverseConfig: string; json?: boolean }) =>
+    .action((opts: CutoverFlags) =>
       withExitCode(async () => {
         if (opts.fence !== 'read-only' && opts.fence !== 'none')
           throw new ConfigError(`cutover: --fence must be read-only or none, not ${JSON.stringify(opts.fence)}`, { key: 'fence' });
         const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file }));
         const log = createLogger(configs[0]!.logLevel, process.stderr as never);
         const say = opts.json ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
+        if (opts.abort) {
+          process.stdout.write(`pgsub cutover --abort: ${await abortCutover(configs, say, log)}\n`);
+          return 0;
+        }
+        const options = {
+          fence: opts.fence,
+          maxLagBytes: Math.round(Number(opts.maxLagMb) * 1024 * 1024),
+          lagTimeoutMs: positive('--lag-timeout', opts.lagTimeout) * 1000,
+          applyTimeoutMs: positive('--timeout', opts.timeout) * 1000,
+          fenceTimeoutMs: positive('--fence-timeout', opts.fenceTimeout) * 1000,
+          preparedTimeoutMs: positive('--prepared-timeout', opts.preparedTimeout) * 1000,
+          refusePrepared: Boolean(opts.refusePrepared),
+          keepSlot: Boolean(opts.keepSlot),
+          reverse: Boolean(opts.reverse),
+          reverseConfigFile: opts.reverse ? opts.reverseConfig : null,
+        } as const;
         say(`pgsub cutover: ${configs.map((c) => c.subscription).join(', ')}, fence ${opts.fence}`);
-        const report = await runCutover(
-          configs,
-          {
-            fence: opts.fence,
-            maxLagBytes: Math.round(Number(opts.maxLagMb) * 1024 * 1024),
-            lagTimeoutMs: positive('--lag-timeout', opts.lagTimeout) * 1000,
-            applyTimeoutMs: positive('--timeout', opts.timeout) * 1000,
-            reverse: Boolean(opts.reverse),
-            reverseConfigFile: opts.reverse ? opts.reverseConfig : null,
-          },
-          say,
-          log,
-        );
-        process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderCutover(report));
-        return 0;
+        // Ctrl-C or SIGTERM: before the point of no return the cutover is undone, after it finished (cutover.ts).
+        const interrupt = new AbortController();
+        const onSignal = (signal: NodeJS.Signals) => {
+          if (interrupt.signal.aborted) return;
+          process.stderr.write(`pgsub cutover: ${signal} received: undoing the cutover unless it is past the point of no return\n`);
+          interrupt.abort(signal);
+        };
+        process.on('SIGINT', onSignal);
+        process.on('SIGTERM', onSignal);
+        try {
+          const report = await runCutover(configs, { ...options, signal: interrupt.signal }, say, log);
+          process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderCutover(report));
+          return 0;
+        } finally {
+          process.off('SIGINT', onSignal);
+          process.off('SIGTERM', onSignal);
+        }
       }),
     );
 

@@ -3,7 +3,8 @@
  * position on the publisher, and the lag between the publisher's WAL and what the target
  * holds, the conflict and apply-error counters (named as pg_stat_subscription_stats'),
  * whether the subscription is enabled, the last apply error with the finish LSN that
- * `pgsub skip --lsn` takes, a pending skip, and per table its sync state and last copy
+ * `pgsub skip --lsn` takes, a pending skip, whether `pgsub cutover` finished it (and its
+ * slot, if kept, with the WAL it retains), and per table its sync state and last copy
  * error. Read-only on both sides.
  *
  * Both sides are read independently: with one down, what the other holds is still shown,
@@ -21,7 +22,7 @@ import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection, type SlotInfo } from '../protocol/replication.js';
 import { formatBytes, formatSeconds } from '../tablesync/copy-report.js';
 import { STATE_NAMES, type RelState } from '../tablesync/sync-state.js';
-import { loadStats, type Stats } from '../conflict/control.js';
+import { cutOverAt, loadStats, type Stats } from '../conflict/control.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
 import { sequenceStatus, type SequenceStatus } from '../migrate/sequences.js';
 
@@ -86,6 +87,9 @@ export type StatusReport = {
   last_verify_result: string | null;
   last_verify_differences: number | null;
   last_verify_time: string | null;
+  /** `pgsub cutover` finished this subscription at this fence LSN (the target is the primary); null: not cut over. */
+  cut_over_lsn: string | null;
+  cut_over_at: string | null;
 } & Conflicts & {
     stats_reset: string | null;
     tables: TableStatus[] | null;
@@ -128,6 +132,7 @@ interface VerifyRead {
 
 interface TargetRead {
   verify: VerifyRead | null;
+  cutOver: { lsn: Lsn; at: string } | null;
   origin: OriginRead | null;
   tables: TableStatus[];
   stats: Stats | null;
@@ -221,7 +226,8 @@ async function readTarget(config: Config): Promise<TargetRead> {
       const stats = tables.stats ? await loadStats(sql, config.subscription) : null;
       const control = tables.stats ? await readControl(sql, config.subscription) : null;
       const verify = tables.verify ? await readVerify(sql, config.subscription) : null;
-      return { origin, tables: rels, stats, control, verify };
+      const cutOver = await cutOverAt(sql, config.subscription);
+      return { origin, tables: rels, stats, control, verify, cutOver };
     } catch (err) {
       if (err instanceof PgsubError) throw err;
       throw new SideError(true, reason(err));
@@ -367,6 +373,8 @@ function buildReport(config: Config, sourceRead: PromiseSettledResult<SourceRead
     last_verify_result: tgt?.verify?.result ?? null,
     last_verify_differences: tgt?.verify?.differences ?? null,
     last_verify_time: tgt?.verify?.at ?? null,
+    cut_over_lsn: tgt?.cutOver ? formatLsn(tgt.cutOver.lsn) : null,
+    cut_over_at: tgt?.cutOver?.at ?? null,
     ...conflicts,
     stats_reset: stats?.statsReset ?? null,
     tables: tgt?.tables ?? null,

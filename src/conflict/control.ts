@@ -134,9 +134,29 @@ export async function clearPassedError(sql: Sql, subscription: string): Promise<
   );
 }
 
-/** `pgsub enable`: returns whether it was disabled. */
+/**
+ * Where `pgsub cutover` finished this subscription (pgsub.cutover step done, migrations/0009),
+ * or null: a target not migrated that far has had no cutover.
+ */
+export async function cutOverAt(sql: Sql, subscription: string): Promise<{ lsn: Lsn; at: string } | null> {
+  const [exists] = await sql.unsafe<{ ok: string }[]>(`SELECT (pg_catalog.to_regclass('"pgsub"."cutover"') IS NOT NULL)::text AS ok`);
+  if (exists?.ok !== 'true') return null;
+  const [row] = await sql.unsafe<{ lsn: string | null; at: string | null }[]>(
+    `SELECT fence_lsn::text AS lsn, pg_catalog.to_json(done_at) #>> '{}' AS at FROM "pgsub"."cutover" WHERE subscription = $1 AND step = 'done'`,
+    [subscription],
+  );
+  return row?.lsn ? { lsn: parseLsn(row.lsn), at: row.at ?? '' } : null;
+}
+
+/** `pgsub enable`: returns whether it was disabled. A cut-over subscription is refused: its target is the primary now. */
 export async function enableSubscription(sql: Sql, subscription: string): Promise<boolean> {
   const control = await loadControl(sql, subscription);
+  const cut = await cutOverAt(sql, subscription);
+  if (cut)
+    throw new ControlError(
+      `subscription ${subscription} was cut over at ${formatLsn(cut.lsn)} (${cut.at}): the target is the primary now, and streaming from the old primary again would write into it. Start a new subscription instead`,
+      { lsn: formatLsn(cut.lsn) },
+    );
   await sql.unsafe('UPDATE "pgsub"."subscription" SET enabled = true, disabled_reason = NULL, disabled_at = NULL WHERE subscription = $1', [subscription]);
   return !control.enabled;
 }

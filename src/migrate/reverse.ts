@@ -15,11 +15,14 @@
  * The forward subscription must not stream changes of the old primary onward meanwhile:
  * a publisher before 16 cannot filter by origin, so the reverse stream's writes would come
  * back. The cutover disables the forward subscription at its end (cli/cutover.ts).
- * `undoReverse` removes all of it, for a cutover that fails.
+ * `undoReverse` removes all of it, for a cutover that fails — and so does a setup that
+ * fails half-way (a slot that cannot be created leaves no publication behind). A mapped
+ * subscription is refused before the fence: its tables have other names on the new primary.
  */
 import fs from 'node:fs';
 import YAML from 'yaml';
 import type { Config } from '../config/config.js';
+import { isEmptyMapping } from '../config/mapping.js';
 import type { ConnInfo } from '../config/conninfo.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
@@ -36,12 +39,17 @@ export interface ReverseNames {
   publication: string;
 }
 
-export interface ReverseSetup extends ReverseNames {
+/** What a reverse setup creates, known before it starts (the cutover records it first: cutover-record.ts). */
+export interface ReversePlan extends ReverseNames {
+  configFile: string | null;
+  /** The publication does not exist yet: the setup creates it, an undo drops it. */
+  createdPublication: boolean;
+}
+
+export interface ReverseSetup extends ReversePlan {
   consistentPoint: Lsn;
   /** The reverse subscription's settings, as written to the config file. */
   settings: Record<string, unknown>;
-  configFile: string | null;
-  createdPublication: boolean;
 }
 
 export function reverseNames(config: Config): ReverseNames {
@@ -60,6 +68,8 @@ function conninfoText(info: ConnInfo): string {
 /** What would stop the reverse setup, checked before the fence: a null answer means none. */
 export async function reverseRefusal(config: Config, target: Db): Promise<string | null> {
   const names = reverseNames(config);
+  if (!isEmptyMapping(config.mapping))
+    return `--reverse replicates every table back under the name it has on the new primary, and subscription ${config.subscription} maps tables or columns (mapping:): a reverse stream would need the inverse mapping. Cut over without --reverse`;
   if (target.versionNum < 160000) return `--reverse needs origin = none on the new primary, a PostgreSQL 16 or later server; the target is ${target.version}`;
   const [s] = await target.query(
     `SELECT pg_catalog.current_setting('wal_level') AS wal_level, (SELECT count(*) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1)::text AS slots`,
@@ -72,43 +82,47 @@ export async function reverseRefusal(config: Config, target: Db): Promise<string
   return null;
 }
 
-export async function setupReverse(config: Config, target: Db, tables: readonly Rel[], configFile: string | null): Promise<ReverseSetup> {
+export async function reversePlan(config: Config, target: Db, configFile: string | null): Promise<ReversePlan> {
   const names = reverseNames(config);
-  const appName = `pgsub_${config.subscription}_cutover`;
   const [pub] = await target.query(`SELECT count(*)::text AS n FROM pg_catalog.pg_publication WHERE pubname = $1`, [names.publication]);
-  const createdPublication = pub!.n === '0';
-  if (createdPublication) await target.query(`CREATE PUBLICATION ${quoteIdent(names.publication)} FOR TABLE ${tables.map((t) => quoteQualified(t.schema, t.table)).join(', ')}`);
-  const replication = await ReplicationConnection.open(config.target, appName);
-  let consistentPoint: Lsn;
+  return { ...names, configFile, createdPublication: pub!.n === '0' };
+}
+
+/** Creates what `plan` names; on any failure removes all of it again (the publication too) before it throws. */
+export async function setupReverse(config: Config, target: Db, tables: readonly Rel[], plan: ReversePlan): Promise<ReverseSetup> {
+  const appName = `pgsub_${config.subscription}_cutover`;
+  const setup: ReverseSetup = { ...plan, consistentPoint: 0n as Lsn, settings: {} };
   try {
-    ({ consistentPoint } = await replication.createSlot(names.slot));
-  } finally {
-    await replication.close();
-  }
-  const setup: ReverseSetup = { ...names, consistentPoint, settings: {}, configFile, createdPublication };
-  try {
+    if (plan.createdPublication)
+      await target.query(`CREATE PUBLICATION ${quoteIdent(plan.publication)} FOR TABLE ${tables.map((t) => quoteQualified(t.schema, t.table)).join(', ')}`);
+    const replication = await ReplicationConnection.open(config.target, appName);
+    try {
+      ({ consistentPoint: setup.consistentPoint } = await replication.createSlot(plan.slot));
+    } finally {
+      await replication.close();
+    }
     await migrateTarget(config.source, appName);
     const sql = openMaintenance(config.source, appName);
     try {
-      await createOrigin(sql, names.subscription, names.slot, consistentPoint);
-      await markReadyWithoutCopy(sql, names.subscription, [...tables]);
+      await createOrigin(sql, plan.subscription, plan.slot, setup.consistentPoint);
+      await markReadyWithoutCopy(sql, plan.subscription, [...tables]);
     } finally {
       await sql.end({ timeout: 5 }).catch(() => {});
     }
     setup.settings = {
-      subscription: names.subscription,
-      slot_name: names.slot,
+      subscription: plan.subscription,
+      slot_name: plan.slot,
       source: conninfoText(config.target),
       target: conninfoText(config.source),
-      publication: names.publication,
+      publication: plan.publication,
       origin: 'none',
       copy_data: false,
       create_slot: false,
       sequences: 'sync',
     };
-    if (configFile) {
-      const header = `# pgsub reverse subscription written by pgsub cutover (${new Date().toISOString()}): new primary -> old primary, from ${formatLsn(consistentPoint)}.\n# Start it with: pgsub run -c ${configFile}   (passwords as for the forward subscription: PGPASSFILE or password=credential:NAME)\n`;
-      fs.writeFileSync(configFile, header + YAML.stringify(setup.settings), { mode: 0o600 });
+    if (plan.configFile) {
+      const header = `# pgsub reverse subscription written by pgsub cutover (${new Date().toISOString()}): new primary -> old primary, from ${formatLsn(setup.consistentPoint)}.\n# Start it with: pgsub run -c ${plan.configFile}   (passwords as for the forward subscription: PGPASSFILE or password=credential:NAME)\n`;
+      fs.writeFileSync(plan.configFile, header + YAML.stringify(setup.settings), { mode: 0o600 });
     }
     return setup;
   } catch (err) {
@@ -118,11 +132,7 @@ export async function setupReverse(config: Config, target: Db, tables: readonly 
 }
 
 /** Remove what setupReverse made (the slot, a publication it created, the rows on the old primary). */
-export async function undoReverse(
-  config: Config,
-  target: Db,
-  setup: Pick<ReverseSetup, 'subscription' | 'slot' | 'publication' | 'createdPublication' | 'configFile'>,
-): Promise<void> {
+export async function undoReverse(config: Config, target: Db, setup: ReversePlan): Promise<void> {
   await target.query(`SELECT pg_catalog.pg_drop_replication_slot(slot_name)::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, [setup.slot]);
   if (setup.createdPublication) await target.query(`DROP PUBLICATION IF EXISTS ${quoteIdent(setup.publication)}`);
   const sql = openMaintenance(config.source, `pgsub_${config.subscription}_cutover`);

@@ -16,13 +16,17 @@
  * subscription instead of retrying; a disabled subscription — found so at start, or
  * disabled here — leaves the process up and idle, polling the target until `pgsub
  * enable` (SIGTERM still exits 0). Connection losses never disable it.
+ *
+ * A subscription `pgsub cutover` finished (its walsender ended by the cutover, or found so
+ * at start) is no failure: the service ends with CutOverError, "cut over at LSN X/Y", and
+ * its own exit code 5, which systemd does not restart (RestartPreventExitStatus).
  */
 import type { Config } from '../config/config.js';
-import { ApplyConflictError, ConnectionLostError, PgsubError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
+import { ApplyConflictError, ConnectionLostError, CutOverError, PgsubError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
 import { sqlstateOf } from '../connect-failure.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
 import { openMaintenance, setMaintenanceTimeout } from '../target/connect.js';
-import { loadControl, recordApplyError } from '../conflict/control.js';
+import { cutOverAt, loadControl, recordApplyError } from '../conflict/control.js';
 import type { ConflictRecord } from '../conflict/report.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { redactSecrets } from '../config/conninfo.js';
@@ -274,6 +278,20 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     }
   };
 
+  /** The cutover's end of this subscription, when that is why the session stopped (else null). */
+  const cutOver = async (err: unknown): Promise<CutOverError | null> => {
+    if (err instanceof CutOverError) return err;
+    const sql = openMaintenance(config.target, appName);
+    try {
+      const cut = await cutOverAt(sql, config.subscription);
+      return cut && new CutOverError(`cut over at LSN ${formatLsn(cut.lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(cut.lsn) });
+    } catch {
+      return null;
+    } finally {
+      await sql.end({ timeout: 5 }).catch(() => {});
+    }
+  };
+
   /** Record the error in the target; returns whether the subscription is now disabled. */
   const recordError = async (err: unknown, failed: { finishLsn: Lsn; xid: number } | null): Promise<boolean> => {
     // A lost connection is not the target's data disagreeing, and the target may be unreachable.
@@ -377,6 +395,11 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
         if (session?.madeProgress() || (startedAt !== null && Date.now() - startedAt > config.retryMaxDelayMs)) delay = config.retryMinDelayMs;
         session = null;
         if (stopped) return;
+        const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await cutOver(err);
+        if (cut) {
+          log.info({ subscription: config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
+          throw cut;
+        }
         const code = String((err as { code?: unknown })?.code ?? 'UNKNOWN');
         failures[code] = (failures[code] ?? 0) + 1;
         if (err instanceof SubscriptionDisabledError) {

@@ -10,8 +10,8 @@
 import { isEmptyMapping } from '../config/mapping.js';
 import { applyOptions } from '../config/apply-options.js';
 import type { Config } from '../config/config.js';
-import { ConfigError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
-import { clearPassedError, loadControl } from '../conflict/control.js';
+import { ConfigError, CutOverError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
+import { clearPassedError, cutOverAt, loadControl } from '../conflict/control.js';
 import type { SyncStates } from '../tablesync/sync-state.js';
 import { StreamSpool } from '../apply/txn/spool.js';
 import { quoteLiteral } from '../quote.js';
@@ -114,6 +114,8 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       await migrateWith(sql);
       // A failure recorded for a transaction applied since is no longer pending.
       await clearPassedError(sql, config.subscription);
+      const cut = await cutOverAt(sql, config.subscription);
+      if (cut) throw new CutOverError(`cut over at LSN ${formatLsn(cut.lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(cut.lsn) });
       return loadControl(sql, config.subscription);
     }).catch((err: unknown) => {
       // A wrong password, a pg_hba.conf line, no CREATE for pgsub's schema: say which.

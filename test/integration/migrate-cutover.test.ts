@@ -231,6 +231,7 @@ describe('a migration from PostgreSQL 14 to 18', () => {
   test('the fenced cutover under the workload: equal at the fence, sequences ahead, replication back', async () => {
     const workload = startWorkload();
     await new Promise((r) => setTimeout(r, 1500));
+    const serviceBefore = service.output().length;
     const reverseFile = path.join(tmp, 'reverse.yaml');
     let movedTo = 0n;
     const report: CutoverReport = await runCutover(
@@ -289,8 +290,18 @@ describe('a migration from PostgreSQL 14 to 18', () => {
     assert.equal(history.moved, true, 'moved at the cutover');
     assert.equal(BigInt(history.target_next_after!), movedTo + 1n + 1000n, 'exactly the source plus the margin');
 
-    // Replication back: the forward subscription is disabled, the reverse one carries writes on the new primary.
-    await service.waitForLog('subscription disabled; waiting for pgsub enable', 30_000);
+    // The forward service ends on its own, cut over (exit 5, no apply error), its slot dropped on the old primary.
+    assert.equal(await withTimeout(service.exited, 30_000, 'the forward service to end'), 5, service.output().slice(-3000));
+    const ending = service.output().slice(serviceBefore);
+    assert.match(ending, new RegExp(`PGSUB_CUT_OVER: cut over at LSN ${report.fence_lsn}`));
+    assert.doesNotMatch(ending, /57P01|apply failed|pgsub enable/);
+    assert.deepEqual(report.slots, ['slot mig dropped on the old primary']);
+    assert.equal((await source.query(`SELECT slot_name FROM pg_replication_slots WHERE slot_name = 'mig'`, [], DB)).length, 0);
+    const status = await cli(['status', '--json']);
+    assert.equal((JSON.parse(status.stdout) as { cut_over_lsn: string | null }).cut_over_lsn, report.fence_lsn);
+    const enable = await cli(['enable']);
+    assert.equal(enable.code, 2, 'enable refuses a cut-over subscription');
+    // Replication back: the reverse one carries writes on the new primary.
     const reverse = spawnPgsub({ PATH: process.env.PATH ?? '', PGSUB_STATE_DIR: path.join(tmp, 'reverse'), PGSUB_STATUS_INTERVAL: '1' }, ['run', '-c', reverseFile]);
     children.push(reverse);
     await reverse.waitForLog('streaming started', 60_000);

@@ -32,7 +32,7 @@ const MIGRATIONS = String(
   (JSON.parse(fs.readFileSync(path.join(import.meta.dirname, '..', '..', 'migrations', 'meta', '_journal.json'), 'utf8')) as { entries: unknown[] }).entries.length,
 );
 const BEHIND = String(Number(MIGRATIONS) - 1);
-const hasNewestTable = async () => (await target.query<{ t: string | null }>(`SELECT to_regclass('pgsub.relation_columns')::text AS t`, [], 'dst'))[0]!.t !== null;
+const hasNewestTable = async () => (await target.query<{ t: string | null }>(`SELECT to_regclass('pgsub.cutover')::text AS t`, [], 'dst'))[0]!.t !== null;
 
 /** Another session holding the migration lock, as a second pgsub migrating would. */
 async function holdLock(): Promise<pg.Client> {
@@ -59,11 +59,7 @@ test('a first start creates the schema; an up-to-date schema is left alone even 
 
 test('a target behind the newest migration waits for the lock, then gets the missing migration', async () => {
   // As a target last migrated by an older pgsub: the newest migration not applied.
-  await target.query(
-    `DROP TABLE pgsub.relation_columns; DELETE FROM pgsub.schema_migrations WHERE created_at = (SELECT max(created_at) FROM pgsub.schema_migrations)`,
-    undefined,
-    'dst',
-  );
+  await target.query(`DROP TABLE pgsub.cutover; DELETE FROM pgsub.schema_migrations WHERE created_at = (SELECT max(created_at) FROM pgsub.schema_migrations)`, undefined, 'dst');
   assert.equal(await applied(), BEHIND);
   const holder = await holdLock();
   let finished = false;
