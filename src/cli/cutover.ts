@@ -13,8 +13,9 @@
  *   4. wait until each running service has applied and recorded exactly that position —
  *      read from its origin row in the target, which it commits with the data — and, with
  *      two_phase, resolved its own prepared transactions on the target;
- *   5. sequences set from the fenced source exactly, plus sequence_margin;
- *   6. row counts of every table on both sides;
+ *   5. sequences set from the fenced source exactly, plus sequence_margin, each target
+ *      column's own sequence past every source merged into it (migrate/sequence-plan.ts);
+ *   6. row counts through the publication's filters and the mapping (migrate/cutover-counts.ts);
  *   7. --reverse: a reverse subscription from the new primary back to the old
  *      (migrate/reverse.ts);
  *   8. done, the point of no return: the forward subscription disabled and the cutover
@@ -40,8 +41,9 @@ import { describePrepared, sourcePrepared, targetPrepared, waitNoPrepared } from
 import { finishForwardSlot, undoCutover, type UndoWhat } from '../migrate/cutover-undo.js';
 import { faultPause } from '../faults.js';
 import type { Rel } from '../migrate/objects.js';
-import { listSyncedSequences, readSequenceValues, nextValue, ahead, syncSequences, type SequenceSync } from '../migrate/sequences.js';
-import { countRows, type TableCount } from '../migrate/verify.js';
+import { syncAtFence, type SequenceSync } from '../migrate/sequences.js';
+import { planSequences, type SequencePlan } from '../migrate/sequence-plan.js';
+import { countAtFence, countDifferences, countSummary, planCounts, renderCounts, type CountPlan, type TableCount } from '../migrate/cutover-counts.js';
 import { reversePlan, reverseRefusal, setupReverse, type ReverseSetup } from '../migrate/reverse.js';
 import { runLockKey } from '../service/preflight.js';
 import { checkCutoverPrivileges } from '../migrate/privileges.js';
@@ -101,6 +103,9 @@ interface Sub {
   config: Config;
   target: Db;
   tables: Rel[];
+  /** What step 6 counts (migrate/cutover-counts.ts) and step 5 sets (migrate/sequence-plan.ts), planned before the fence. */
+  counts: CountPlan;
+  sequencePlan: SequencePlan | null;
 }
 
 const refused = (message: string, context = {}) => new CutoverError('PGSUB_CUTOVER_REFUSED', message, context);
@@ -195,7 +200,8 @@ async function openRun(configs: Config[], opts: CutoverOptions, out: (line: stri
   const source = await dbFromClient(fenceClient, primary.source, 'source');
   const subs: Sub[] = [];
   try {
-    for (const config of configs) subs.push({ config, target: await openTargetDb(config.target, appName), tables: [] });
+    for (const config of configs)
+      subs.push({ config, target: await openTargetDb(config.target, appName), tables: [], counts: { counted: [], notCounted: [] }, sequencePlan: null });
   } catch (err) {
     await closeAll(source, subs);
     throw err;
@@ -249,6 +255,10 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     await cleanUpHalfDone(run, records);
     for (const sub of subs) sub.tables = (await publishedTables(source, sub.config.publications)).map((t) => ({ schema: t.schema, table: t.table }));
     await preconditions(subs);
+    for (const sub of subs) {
+      sub.counts = await planCounts(sub.target, sub.config, await publishedTables(source, sub.config.publications));
+      if (sub.config.sequences !== 'off') sub.sequencePlan = await planSequences(source, sub.target, sub.config);
+    }
     if (opts.reverse) {
       if (subs.length > 1) throw refused('--reverse takes one subscription');
       const why = await reverseRefusal(primary, subs[0]!.target);
@@ -332,29 +342,15 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     // 5. Sequences, exactly from the fenced source, plus the margin.
     await opts.hooks?.beforeSequences?.();
     const sequences: SequenceSync[] = [];
-    for (const sub of subs) {
-      if (sub.config.sequences === 'off') continue;
-      const seqs = await listSyncedSequences(source, sub.config);
-      const synced = await syncSequences(source, sub.target, seqs, sub.config.sequenceMargin);
-      const [src, tgt] = await Promise.all([readSequenceValues(source, seqs), readSequenceValues(sub.target, seqs)]);
-      const behind = seqs.filter((s) => {
-        const a = src.get(`${s.schema}.${s.name}`);
-        const b = tgt.get(`${s.schema}.${s.name}`);
-        return !a || !b || (!ahead(nextValue(b), nextValue(a), a.increment) && nextValue(b) !== nextValue(a));
-      });
-      if (behind.length > 0)
-        throw new Error(`sequence(s) ${behind.map((s) => `${s.schema}.${s.name}`).join(', ')} could not be set ahead of the source on the target (missing there?)`);
-      sequences.push(...synced);
-    }
+    for (const sub of subs) if (sub.sequencePlan) sequences.push(...(await syncAtFence(source, sub.target, sub.sequencePlan, sub.config.sequenceMargin)));
     done('sequences', `${sequences.filter((s) => s.moved).length} of ${sequences.length} moved, each at least the margin ahead of the source`);
 
     // 6. Row counts at the fence.
     const tables: TableCount[] = [];
-    for (const sub of subs) tables.push(...(await countRows(source, sub.target, sub.tables)));
-    const unequal = tables.filter((t) => !t.equal);
-    if (unequal.length > 0)
-      throw new Error(`row counts differ at the fence: ${unequal.map((t) => `${t.table} source ${t.source}, target ${t.target ?? 'unreadable'}`).join('; ')}`);
-    done('verify', `${tables.length} table(s), ${tables.reduce((s, t) => s + t.source, 0)} rows, equal on both sides`);
+    for (const sub of subs) tables.push(...(await countAtFence(source, sub.target, sub.counts)));
+    const unequal = countDifferences(tables);
+    if (unequal !== null) throw new Error(`row counts differ at the fence: ${unequal}`);
+    done('verify', countSummary(tables));
 
     // 7. Replication back, recorded before it creates anything.
     if (opts.reverse) {
@@ -554,12 +550,13 @@ export function renderCutover(r: CutoverReport): string {
     '',
     `cutover done: ${r.subscriptions.join(', ')} at ${r.fence_lsn}, write downtime ${(r.write_downtime_ms / 1000).toFixed(2)} s (fence ${r.fence}${r.fence === 'read-only' ? `, ${r.sessions_terminated} session(s) terminated` : ''})`,
   ];
-  lines.push(`  ${'table'.padEnd(32)} ${'source rows'.padStart(12)} ${'target rows'.padStart(12)}`);
-  for (const t of r.tables) lines.push(`  ${t.table.slice(0, 32).padEnd(32)} ${String(t.source).padStart(12)} ${String(t.target ?? '-').padStart(12)}`);
+  lines.push(...renderCounts(r.tables));
   if (r.sequences.length > 0) {
     lines.push(`  ${'sequence'.padEnd(32)} ${'source next'.padStart(12)} ${'target next'.padStart(12)}  moved`);
     for (const s of r.sequences)
-      lines.push(`  ${s.sequence.slice(0, 32).padEnd(32)} ${(s.source_next ?? '-').padStart(12)} ${(s.target_next_after ?? '-').padStart(12)}  ${s.moved ? 'yes' : 'no (ahead)'}`);
+      lines.push(
+        `  ${s.sequence.slice(0, 32).padEnd(32)} ${(s.source_next ?? '-').padStart(12)} ${(s.target_next_after ?? '-').padStart(12)}  ${s.reason ? `no: ${s.reason}` : s.moved ? 'yes' : 'no (ahead)'}`,
+      );
   }
   if (r.reverse)
     lines.push(

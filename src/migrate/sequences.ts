@@ -1,15 +1,19 @@
 /**
  * Sequences follow the data (config `sequences: sync`, the default). Logical replication
  * carries no sequence changes, so a target promoted without this would hand out values
- * the source already used. Every sequence the published tables use — identity and serial
- * columns, nextval() in a default — and those named in `sequence_names` is read on the
- * source (`SELECT last_value, is_called`, PostgreSQL 10+) and set on the target with
- * setval to the source's next value plus `sequence_margin` increments: periodically while
+ * the source already used. Which target sequence each source sequence moves is planned by
+ * sequence-plan.ts: the sequence feeding the column's target (under the mapping's names,
+ * found with pg_get_serial_sequence on the target), several sources where tables merge
+ * many-to-one, and `sequence_names` under their own names. Each source is read
+ * (`SELECT last_value, is_called`, PostgreSQL 10+) and the target sequence set with setval
+ * to the furthest source's next value plus `sequence_margin` increments — at the cutover
+ * also past max(column) by the margin, whatever wrote the column: periodically while
  * pgsub runs (every `sequence_interval`; the margin covers what the source hands out in
  * between, so a failover at any moment finds the target ahead) and exactly at cutover,
  * when the fenced source no longer moves. A target sequence is only ever moved forward
  * (in the direction of its increment): one already ahead, by use or by an earlier sync,
- * is left alone.
+ * is left alone. A permission error names the server, the sequences and the GRANT
+ * (grants.ts sequencePermissionError).
  *
  * Nothing is stored: `pgsub status` reads both sides (sequenceStatus).
  */
@@ -18,6 +22,8 @@ import type { Logger } from '../log.js';
 import { errorText, isTrue, openPgDb, openTargetDb, publishedTables, type Db, type Row } from './db.js';
 import { sequencePermissionError } from './grants.js';
 import { readDescendants, readSequenceUses, seqName, type Rel, type SequenceUse } from './objects.js';
+import { planSequences, planSources, type PlannedSequence, type SequencePlan } from './sequence-plan.js';
+import { quoteIdent, quoteQualified } from '../quote.js';
 
 export interface SequenceValue {
   lastValue: bigint;
@@ -36,19 +42,27 @@ export function nextValue(v: SequenceValue): bigint {
 export const ahead = (a: bigint, b: bigint, increment: bigint): boolean => (increment > 0n ? a > b : a < b);
 
 export interface SequenceSync {
+  /** The target's sequence (schema.name). */
   sequence: string;
+  /** The target column it feeds; for one not planned, the source column. */
   usedBy: string | null;
   kind: SequenceUse['kind'];
-  /** The source's next value; null when the source lacks the sequence. */
+  /** The source sequences merged into it (one, or several many-to-one). */
+  sources: string[];
+  /** The furthest source's next value; null when the source lacks them. */
   sourceNext: bigint | null;
+  /** The column's largest value (smallest for a descending sequence), as text, where the floor was read. */
+  columnLast: string | null;
   targetNextBefore: bigint | null;
   targetNextAfter: bigint | null;
   moved: boolean;
   /** Which side lacks it, if one does. */
   missing: 'source' | 'target' | null;
+  /** Why it is not synced (sequence-plan.ts), or null. */
+  reason: string | null;
 }
 
-/** The sequences to sync: the published tables' (with their partitions') and sequence_names. */
+/** The sequences to sync as the source names them: the published tables' (with their partitions') and sequence_names. */
 export async function listSyncedSequences(source: Db, config: Config): Promise<SequenceUse[]> {
   const roots: Rel[] = (await publishedTables(source, config.publications)).map((t) => ({ schema: t.schema, table: t.table }));
   const rels = [...roots, ...(await readDescendants(source, roots))];
@@ -87,62 +101,187 @@ export async function readSequenceValues(db: Db, seqs: readonly { schema: string
   return out;
 }
 
+/** The value a sequence must hand out next to be past `value` plus `margin` increments. */
+const pastBy = (value: bigint, increment: bigint, margin: number): bigint => value + increment * BigInt(1 + margin);
+
 /**
- * Set each target sequence to the source's next value plus `margin` increments, where
- * that is ahead of the target's own next value; never past the sequence's bounds.
+ * The column's largest value (smallest for a descending sequence) on the target: the values
+ * the sequence must get past, whichever source they came from (max(column): one index probe
+ * on a key). Null for an empty column or one whose values are not integers.
  */
-export async function syncSequences(source: Db, target: Db, seqs: readonly SequenceUse[], margin: number): Promise<SequenceSync[]> {
-  const [src, tgt] = await Promise.all([readSequenceValues(source, seqs), readSequenceValues(target, seqs)]);
+async function columnLast(target: Db, p: PlannedSequence, increment: bigint): Promise<bigint | null> {
+  if (!p.column) return null;
+  const fn = increment > 0n ? 'max' : 'min';
+  const [r] = await target.query<Row>(`SELECT pg_catalog.${fn}(${quoteIdent(p.column.column)})::text AS v FROM ${quoteQualified(p.column.schema, p.column.table)}`);
+  if (r?.v == null || !/^-?\d+$/.test(r.v)) return null;
+  return BigInt(r.v);
+}
+
+/** What the sync wants a target sequence's next value to be: past every source by the margin (and past the column). */
+function wanted(p: PlannedSequence, src: Map<string, SequenceValue>, b: SequenceValue, margin: number, last: bigint | null): { want: bigint; sourceNext: bigint } | null {
+  let want: bigint | null = null;
+  let sourceNext: bigint | null = null;
+  for (const s of p.sources) {
+    const a = src.get(seqName(s));
+    if (!a) continue;
+    const next = nextValue(a);
+    const w = next + BigInt(margin) * a.increment;
+    if (want === null || ahead(w, want, b.increment)) want = w;
+    if (sourceNext === null || ahead(next, sourceNext, b.increment)) sourceNext = next;
+  }
+  if (want === null || sourceNext === null) return null;
+  if (last !== null && ahead(pastBy(last, b.increment, margin), want, b.increment)) want = pastBy(last, b.increment, margin);
+  // setval takes a value within the target's bounds; an exhausted sequence stays at its end.
+  if (want > b.max) want = b.max;
+  if (want < b.min) want = b.min;
+  return { want, sourceNext };
+}
+
+export interface SyncOptions {
+  /** Also past max(column) + margin on the target (at the cutover and in one-off syncs; the periodic one skips the scan). */
+  columnFloor?: boolean;
+}
+
+/**
+ * Set each planned target sequence to the furthest of its sources' next values plus
+ * `margin` increments (and, with columnFloor, past its column's values by the margin),
+ * where that is ahead of the target's own next value; never past the sequence's bounds.
+ * What the plan could not place is returned with its reason, unmoved.
+ */
+export async function syncSequences(source: Db, target: Db, plan: SequencePlan, margin: number, opts: SyncOptions = {}): Promise<SequenceSync[]> {
+  const targets = plan.sequences.map((p) => ({ schema: p.schema, name: p.name }));
+  const [src, tgt] = await Promise.all([readSequenceValues(source, planSources(plan)), readSequenceValues(target, targets)]);
   const out: SequenceSync[] = [];
-  for (const s of seqs) {
-    const name = seqName(s);
-    const a = src.get(name);
+  for (const p of plan.sequences) {
+    const name = seqName(p);
     const b = tgt.get(name);
-    const base = { sequence: name, usedBy: s.usedBy, kind: s.kind };
-    if (!a || !b) {
+    const base = { sequence: name, usedBy: p.usedBy, kind: p.kind, sources: p.sources.map(seqName), reason: null };
+    const last = b && opts.columnFloor ? await columnLast(target, p, b.increment) : null;
+    const w = b ? wanted(p, src, b, margin, last) : null;
+    if (!b || !w) {
+      const firstSource = p.sources.map((s) => src.get(seqName(s))).find((v) => v !== undefined);
       out.push({
         ...base,
-        sourceNext: a ? nextValue(a) : null,
+        sourceNext: firstSource ? nextValue(firstSource) : null,
+        columnLast: null,
         targetNextBefore: b ? nextValue(b) : null,
         targetNextAfter: b ? nextValue(b) : null,
         moved: false,
-        missing: a ? 'target' : 'source',
+        missing: b ? 'source' : 'target',
       });
       continue;
     }
     const before = nextValue(b);
-    let want = nextValue(a) + BigInt(margin) * a.increment;
-    // setval takes a value within the target's bounds; an exhausted sequence stays at its end.
-    if (want > b.max) want = b.max;
-    if (want < b.min) want = b.min;
-    const move = ahead(want, before, b.increment);
+    const move = ahead(w.want, before, b.increment);
     if (move)
       await target
         .query(`SELECT pg_catalog.setval(pg_catalog.format('%I.%I', $1::text, $2::text)::pg_catalog.regclass, $3::pg_catalog.int8, false)::text`, [
-          s.schema,
-          s.name,
-          want.toString(),
+          p.schema,
+          p.name,
+          w.want.toString(),
         ])
         .catch(async (err: unknown) => {
-          throw (await sequencePermissionError(err, target, seqs, 'UPDATE')) ?? err;
+          throw (await sequencePermissionError(err, target, targets, 'UPDATE')) ?? err;
         });
-    out.push({ ...base, sourceNext: nextValue(a), targetNextBefore: before, targetNextAfter: move ? want : before, moved: move, missing: null });
+    out.push({
+      ...base,
+      sourceNext: w.sourceNext,
+      columnLast: last?.toString() ?? null,
+      targetNextBefore: before,
+      targetNextAfter: move ? w.want : before,
+      moved: move,
+      missing: null,
+    });
   }
+  for (const u of plan.unplanned)
+    out.push({
+      sequence: u.sequence,
+      usedBy: u.usedBy,
+      kind: u.kind,
+      sources: [u.sequence],
+      sourceNext: null,
+      columnLast: null,
+      targetNextBefore: null,
+      targetNextAfter: null,
+      moved: false,
+      missing: 'target',
+      reason: u.reason,
+    });
   return out;
 }
 
+/**
+ * The cutover's sync (its step 5): the plan made before the fence, applied to the fenced
+ * source exactly (with the column floor), then read back: a planned target sequence not
+ * at or past every one of its sources is a failure. Unplanned ones are reported, not
+ * failed: no target sequence of theirs could hand out a used value.
+ */
+export async function syncAtFence(source: Db, target: Db, plan: SequencePlan, margin: number): Promise<SequenceSync[]> {
+  const synced = await syncSequences(source, target, plan, margin, { columnFloor: true });
+  const [src, tgt] = await Promise.all([
+    readSequenceValues(source, planSources(plan)),
+    readSequenceValues(
+      target,
+      plan.sequences.map((p) => ({ schema: p.schema, name: p.name })),
+    ),
+  ]);
+  const behind = plan.sequences.filter((p) => {
+    const b = tgt.get(seqName(p));
+    return (
+      !b ||
+      p.sources.some((s) => {
+        const a = src.get(seqName(s));
+        return !a || ahead(nextValue(a), nextValue(b), b.increment);
+      })
+    );
+  });
+  if (behind.length > 0)
+    throw new Error(
+      `sequence(s) ${behind.map((p) => `${seqName(p)} (from ${p.sources.map(seqName).join(', ')})`).join(', ')} could not be set ahead of the source on the target (missing on a side?)`,
+    );
+  return synced;
+}
+
 export interface SequenceStatus {
+  /** The target's sequence; for one not planned, the source's. */
   sequence: string;
   used_by: string | null;
   kind: string;
+  /** The source sequences merged into it. */
+  sources: string[];
+  /** The furthest source's last value. */
   source_last_value: string | null;
   target_last_value: string | null;
   /** What nextval() returns next on the target (a sync sets this, without using a value). */
   target_next_value: string | null;
-  /** Increments the target's next value is ahead of the source's (negative: behind); null when a side lacks it. */
+  /** Increments the target's next value is ahead of the furthest source's (negative: behind); null when a side lacks it. */
   ahead_by: number | null;
-  /** The target's next value is at or ahead of the source's. */
+  /** The target's next value is at or ahead of every source's. */
   synced: boolean | null;
+  /** Why it is not synced (no target sequence for it), or null. */
+  reason: string | null;
+}
+
+/** One planned sequence's status from both sides' values. */
+function statusOf(p: PlannedSequence, src: Map<string, SequenceValue>, b: SequenceValue | undefined): SequenceStatus {
+  let a: SequenceValue | undefined;
+  for (const s of p.sources) {
+    const v = src.get(seqName(s));
+    if (v && (!a || ahead(nextValue(v), nextValue(a), v.increment))) a = v;
+  }
+  const diff = a && b ? (nextValue(b) - nextValue(a)) / (a.increment === 0n ? 1n : a.increment) : null;
+  return {
+    sequence: seqName(p),
+    used_by: p.usedBy,
+    kind: p.kind,
+    sources: p.sources.map(seqName),
+    source_last_value: a ? (a.isCalled ? a.lastValue.toString() : null) : null,
+    target_last_value: b ? (b.isCalled ? b.lastValue.toString() : null) : null,
+    target_next_value: b ? nextValue(b).toString() : null,
+    ahead_by: diff === null ? null : Number(diff),
+    synced: a && b ? !ahead(nextValue(a), nextValue(b), a.increment) : null,
+    reason: null,
+  };
 }
 
 /** For `pgsub status`: both sides read now; a side that cannot be read rejects (status shows why). */
@@ -154,23 +293,29 @@ export async function sequenceStatus(config: Config): Promise<SequenceStatus[]> 
   try {
     source = await openPgDb(withTimeout(config.source), appName);
     target = await openTargetDb(withTimeout(config.target), appName);
-    const seqs = await listSyncedSequences(source, config);
-    const [src, tgt] = await Promise.all([readSequenceValues(source, seqs), readSequenceValues(target, seqs)]);
-    return seqs.map((s) => {
-      const a = src.get(seqName(s));
-      const b = tgt.get(seqName(s));
-      const diff = a && b ? (nextValue(b) - nextValue(a)) / (a.increment === 0n ? 1n : a.increment) : null;
-      return {
-        sequence: seqName(s),
-        used_by: s.usedBy,
-        kind: s.kind,
-        source_last_value: a ? (a.isCalled ? a.lastValue.toString() : null) : null,
-        target_last_value: b ? (b.isCalled ? b.lastValue.toString() : null) : null,
-        target_next_value: b ? nextValue(b).toString() : null,
-        ahead_by: diff === null ? null : Number(diff),
-        synced: a && b ? !ahead(nextValue(a), nextValue(b), a.increment) : null,
-      };
-    });
+    const plan = await planSequences(source, target, config);
+    const [src, tgt] = await Promise.all([
+      readSequenceValues(source, planSources(plan)),
+      readSequenceValues(
+        target,
+        plan.sequences.map((p) => ({ schema: p.schema, name: p.name })),
+      ),
+    ]);
+    return [
+      ...plan.sequences.map((p) => statusOf(p, src, tgt.get(seqName(p)))),
+      ...plan.unplanned.map((u) => ({
+        sequence: u.sequence,
+        used_by: u.usedBy,
+        kind: u.kind,
+        sources: [u.sequence],
+        source_last_value: null,
+        target_last_value: null,
+        target_next_value: null,
+        ahead_by: null,
+        synced: null,
+        reason: u.reason,
+      })),
+    ];
   } finally {
     await source?.close();
     await target?.close();
@@ -208,12 +353,13 @@ export function startSequenceSync(config: Config, log: Logger): SequenceSyncServ
       // A server that does not answer delays one round, not the service's stop, by long.
       source = await openPgDb(shortConnect(config.source), appName);
       target = await openTargetDb(shortConnect(config.target), appName);
-      const result = await syncSequences(source, target, await listSyncedSequences(source, config), config.sequenceMargin);
+      const result = await syncSequences(source, target, await planSequences(source, target, config), config.sequenceMargin);
       last = result;
       const moved = result.filter((r) => r.moved);
       for (const r of result.filter((x) => x.missing !== null)) {
         const key = `missing:${r.sequence}:${r.missing}`;
-        if (!warned.has(key)) log.warn({ sequence: r.sequence, side: r.missing }, `sequence missing on the ${r.missing}; not synced`);
+        if (!warned.has(key))
+          log.warn({ sequence: r.sequence, side: r.missing, reason: r.reason }, r.reason ? `sequence not synced: ${r.reason}` : `sequence missing on the ${r.missing}; not synced`);
         warned.add(key);
       }
       if (moved.length > 0) log.info({ sequences: moved.length, of: result.length, margin: config.sequenceMargin }, 'sequences synced to the target');
