@@ -366,6 +366,11 @@ export function startSequenceSync(config: Config, log: Logger): SequenceSyncServ
       else log.debug({ sequences: result.length }, 'sequences: the target is ahead already');
     } catch (err) {
       const e = { code: (err as { code?: unknown })?.code, message: errorText(err) };
+      // A cutover's fence ends every source session, this round's too: expected, not a fault.
+      if (e.code === '57P01') {
+        log.info('sequence sync: its session was ended by the server (a fence ends sessions); retrying at the next interval');
+        return;
+      }
       const key = `error:${e.message}`;
       if (warned.has(key)) log.debug({ err: e }, 'sequence sync failed; retrying at the next interval');
       else log.warn({ err: e }, 'sequence sync failed; retrying at the next interval');

@@ -114,6 +114,8 @@ test('a filtered publication and a retargeted, many-to-one mapping cut over with
   // The shards' initial copy is not built (mapTable): the tables start empty, rows are streamed.
   const mapped = config('mapped', 'pub_mapped', { mapping: MAPPING, copy_data: false });
   runners.push(startRunner(filtered, createLogger('warn', destination)), startRunner(mapped, createLogger('warn', destination)));
+  // The cutover ends each forward service with PGSUB_CUT_OVER; the end of the test checks it.
+  for (const r of runners) r.done.catch(() => undefined);
   await waitFor(async () => (await q(tgt, 'shop_t', `SELECT 1 FROM pgsub.subscription_rel WHERE subscription = 'filtered' AND state = 'r'`)).length === 1, {
     timeoutMs: 60_000,
     what: 'the filtered copy',
@@ -208,6 +210,8 @@ test('a filtered publication and a retargeted, many-to-one mapping cut over with
   const [max] = await q<{ m: string }>(src, 'shop', `SELECT max(id)::text AS m FROM shop.orders`);
   const [order] = await q<{ id: string }>(tgt, 'shop_t', `INSERT INTO shop.orders (region) VALUES ('eu') RETURNING id::text`);
   assert.ok(BigInt(order!.id) > BigInt(max!.m), `order id ${order!.id} past the source's ${max!.m} (also the rows the filter dropped)`);
+  // Both forward services end with the cutover's own error, not an apply error.
+  for (const r of runners) await assert.rejects(r.done, (e: Error & { code?: string }) => e.code === 'PGSUB_CUT_OVER');
   // After the cutover only the ended walsenders (57P01) are logged by the services.
   assert.deepEqual(
     errors.filter((e) => (e as { err?: { code?: string } }).err?.code !== '57P01'),
