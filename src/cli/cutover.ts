@@ -247,7 +247,11 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     await checkCutoverPrivileges(source, subs, opts, log);
     const records = await Promise.all(subs.map((s) => readRecord(s.target, s.config.subscription)));
     if (records.some((r) => r?.step === 'done')) {
-      if (records.every((r) => r?.step === 'done')) return await resumeDone(run, records as CutoverRecord[]);
+      if (records.every((r) => r?.step === 'done')) {
+        const report = await resumeDone(run, records as CutoverRecord[]);
+        await closeAll(source, subs);
+        return report;
+      }
       throw refused(
         `subscriptions ${subs.map((s, i) => `${s.config.subscription} (${records[i]?.step ?? 'no cutover'})`).join(', ')} were not cut over together: cut over each on its own`,
       );
@@ -370,7 +374,9 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     for (const sub of subs) await recordDone(sub.target, sub.config.subscription, fenceLsn);
     pastNoReturn = true;
     const downtime = Date.now() - fencedAt;
-    if (opts.signal?.aborted) out(`  ${String(opts.signal.reason)} received past the point of no return: finishing the cutover`);
+    const finishing = () => out(`  ${String(opts.signal?.reason)} received past the point of no return: finishing the cutover`);
+    if (opts.signal?.aborted) finishing();
+    else opts.signal?.addEventListener('abort', finishing, { once: true });
     await faultPause('done', opts.signal);
     const slots = await finishSlots(run);
     done('finish', `subscription(s) ${subs.map((s) => s.config.subscription).join(', ')} cut over at ${formatLsn(fenceLsn)}; ${slots.join('; ')}`);

@@ -245,9 +245,10 @@ export interface CutoverSub {
  * database and the tables' ownership. What the reverse subscription's own `pgsub run`
  * will need is logged as a warning: it is checked when it starts.
  */
-export async function checkCutoverPrivileges(source: Db, subs: readonly CutoverSub[], opts: { fence: string; reverse: boolean }, log?: Logger): Promise<void> {
+export async function checkCutoverPrivileges(source: Db, subs: readonly CutoverSub[], opts: { fence: string; reverse: boolean; keepSlot?: boolean }, log?: Logger): Promise<void> {
   const s = await sideOf(source);
   const sides: SideLacks[] = [s];
+  if (!opts.keepSlot) needReplication(s, 'the cutover drops the forward slot on the old primary at its end (or --keep-slot)');
   if (opts.fence !== 'none') {
     await needRole(s, 'pg_read_all_stats', "the fence finds the database's other sessions: another role's show no backend type or start without it");
     await needRole(s, 'pg_signal_backend', "the fence terminates other roles' sessions");

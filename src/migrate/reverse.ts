@@ -92,12 +92,14 @@ export async function reversePlan(config: Config, target: Db, configFile: string
 export async function setupReverse(config: Config, target: Db, tables: readonly Rel[], plan: ReversePlan): Promise<ReverseSetup> {
   const appName = `pgsub_${config.subscription}_cutover`;
   const setup: ReverseSetup = { ...plan, consistentPoint: 0n as Lsn, settings: {} };
+  let slotCreated = false;
   try {
     if (plan.createdPublication)
       await target.query(`CREATE PUBLICATION ${quoteIdent(plan.publication)} FOR TABLE ${tables.map((t) => quoteQualified(t.schema, t.table)).join(', ')}`);
     const replication = await ReplicationConnection.open(config.target, appName);
     try {
       ({ consistentPoint: setup.consistentPoint } = await replication.createSlot(plan.slot));
+      slotCreated = true;
     } finally {
       await replication.close();
     }
@@ -126,14 +128,15 @@ export async function setupReverse(config: Config, target: Db, tables: readonly 
     }
     return setup;
   } catch (err) {
-    await undoReverse(config, target, setup).catch(() => {});
+    // A slot of that name that was there before is not this setup's to drop.
+    await undoReverse(config, target, setup, { dropSlot: slotCreated }).catch(() => {});
     throw err;
   }
 }
 
 /** Remove what setupReverse made (the slot, a publication it created, the rows on the old primary). */
-export async function undoReverse(config: Config, target: Db, setup: ReversePlan): Promise<void> {
-  await target.query(`SELECT pg_catalog.pg_drop_replication_slot(slot_name)::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, [setup.slot]);
+export async function undoReverse(config: Config, target: Db, setup: ReversePlan, opts = { dropSlot: true }): Promise<void> {
+  if (opts.dropSlot) await target.query(`SELECT pg_catalog.pg_drop_replication_slot(slot_name)::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, [setup.slot]);
   if (setup.createdPublication) await target.query(`DROP PUBLICATION IF EXISTS ${quoteIdent(setup.publication)}`);
   const sql = openMaintenance(config.source, `pgsub_${config.subscription}_cutover`);
   try {

@@ -42,6 +42,7 @@ interface Pair {
   source: Cluster;
   db: string;
   config: Config;
+  env: Record<string, string>;
   service: PgsubProcess;
 }
 
@@ -64,7 +65,7 @@ async function startPair(source: Cluster, db: string, twoPhase: boolean): Promis
   const service = spawnPgsub(env);
   children.push(service);
   await service.waitForLog('streaming started', 60_000);
-  return { source, db, config: loadConfig({ env }), service };
+  return { source, db, config: loadConfig({ env }), env, service };
 }
 
 /** A writer opening a new session per insert, as an application behind a pooler; counts writes refused read-only. */
@@ -209,7 +210,7 @@ describe('a cutover with a transaction prepared before the fence', () => {
     let committed = false;
     const report = await runCutover(
       [pair.config],
-      options(),
+      options({ keepSlot: true }),
       (line) => {
         if (!committed && /prepared +waiting for 1: gid "xa-2"/.test(line)) {
           committed = true;
@@ -225,5 +226,17 @@ describe('a cutover with a transaction prepared before the fence', () => {
     assert.equal(row!.n, '1');
     const cmp = await compareTables(src16, 'on', target, 'on', ['public.t']);
     assert.ok(cmp.equal, JSON.stringify(cmp));
+    // --keep-slot: the forward slot stays, and status shows it beside the cutover, with the WAL it pins.
+    assert.deepEqual(report.slots, ['slot on kept (--keep-slot): it retains WAL on the old primary until dropped; pgsub status shows how much']);
+    assert.equal(await withTimeout(pair.service.exited, 30_000, 'the forward service to end'), 5);
+    const status = spawnPgsub(pair.env, ['status', '--json']);
+    let stdout = '';
+    status.child.stdout!.on('data', (c: Buffer) => (stdout += c.toString('utf8')));
+    assert.equal(await withTimeout(status.exited, 60_000, 'pgsub status'), 0, status.output());
+    const st = JSON.parse(stdout) as { cut_over_lsn: string | null; slot_exists: boolean; slot_active: boolean; slot_retained_wal_bytes: number | null };
+    assert.equal(st.cut_over_lsn, report.fence_lsn);
+    assert.equal(st.slot_exists, true);
+    assert.equal(st.slot_active, false);
+    assert.ok(st.slot_retained_wal_bytes !== null && st.slot_retained_wal_bytes > 0, stdout);
   });
 });
