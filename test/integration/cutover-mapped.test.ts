@@ -21,13 +21,16 @@
  * the source's next value + margin — and new rows on the new primary take fresh ids.
  */
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { loadConfig, type Config } from '../../src/config/config.js';
 import { createLogger } from '../../src/log.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';
 import { renderCutover, runCutover } from '../../src/cli/cutover.js';
 import { sequenceStatus } from '../../src/migrate/sequences.js';
-import { currentWalLsn, slotConfirmedLsn, startCluster, waitFor, type Cluster } from '../harness/index.js';
+import { currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, withTimeout, type Cluster } from '../harness/index.js';
 
 const SOURCE = `
   CREATE SCHEMA shop; CREATE SCHEMA s1; CREATE SCHEMA s2;
@@ -167,6 +170,16 @@ test('a filtered publication and a retargeted, many-to-one mapping cut over with
     status.every((s) => s.reason === null),
     JSON.stringify(status),
   );
+  // The same in `pgsub status`'s text: the merged sequence with its sources (source last: the furthest, s2's 50).
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-cutmap-')), 'mapped.yaml');
+  fs.writeFileSync(
+    file,
+    JSON.stringify({ subscription: 'mapped', source: src.url('shop'), target: tgt.url('shop_t'), publication: 'pub_mapped', sequence_margin: MARGIN, mapping: MAPPING }),
+  );
+  const cli = spawnPgsub({}, ['status', '-c', file]);
+  await withTimeout(cli.exited, 30_000, 'pgsub status');
+  assert.match(cli.output(), /^sales\.items_id_seq +50 +\d+ +-?\d+( {2}BEHIND)? {2}from s1\.items_id_seq, s2\.items_id_seq$/m, cli.output());
+  fs.rmSync(path.dirname(file), { recursive: true, force: true });
 
   assert.deepEqual(errors, []);
   const lines: string[] = [];
