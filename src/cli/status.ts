@@ -425,7 +425,7 @@ function renderText(report: StatusReport): string {
     lines.push('', `${'sequence'.padEnd(32)} ${'source last'.padStart(14)} ${'target next'.padStart(14)} ${'ahead by'.padStart(9)}`);
     for (const q of sequences)
       lines.push(
-        `${q.sequence.slice(0, 32).padEnd(32)} ${(q.source_last_value ?? '-').padStart(14)} ${(q.target_next_value ?? '-').padStart(14)} ${String(q.ahead_by ?? '-').padStart(9)}${q.synced === false ? '  BEHIND' : ''}`,
+        `${q.sequence.slice(0, 32).padEnd(32)} ${(q.source_last_value ?? '-').padStart(14)} ${(q.target_next_value ?? '-').padStart(14)} ${String(q.ahead_by ?? '-').padStart(9)}${q.synced === false ? '  BEHIND' : ''}${q.sources.length > 1 ? `  from ${q.sources.join(', ')}` : ''}${q.reason ? `  not synced: ${q.reason}` : ''}`,
       );
   }
   return `${lines.join('\n')}\n`;

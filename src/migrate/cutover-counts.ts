@@ -74,7 +74,8 @@ function notCountable(rule: TableRule): string | null {
   const r = rule.rows;
   if (r.truncate === 'ignore') return 'truncate: ignore keeps the rows a source TRUNCATE removed';
   if (r.truncate === 'soft_delete' && !r.softDelete) return 'truncate: soft_delete without soft_delete columns';
-  if (r.key) return `key (${r.key.join(', ')}) overrides the replica identity: the target table may hold rows that did not come from this source`;
+  // A shard's slice holds its own rows only, whatever its key; without one the table is shared.
+  if (r.key && !r.discriminator) return `key (${r.key.join(', ')}) overrides the replica identity: the target table may hold rows that did not come from this source`;
   return null;
 }
 
@@ -100,19 +101,29 @@ async function readTargets(target: Db, cols: { schema: string; table: string; co
   return rows.map((r) => ({ exists: r.has_table === 'true', type: r.type ?? null }));
 }
 
+/** Where each published table's rows land: the mapping's target, else the same name. */
+function placed(mapping: Config['mapping'], published: readonly PublishedTable[]) {
+  return published.map((t) => {
+    const rule = ruleFor(mapping, t.schema, t.table);
+    return { t, rule, to: rule ? { schema: rule.targetSchema, table: rule.targetTable } : { schema: t.schema, table: t.table } };
+  });
+}
+
 /**
  * The counts to take at the fence, per published table (see the header). Throws, naming
  * them, when target tables are missing: the cutover refuses before its fence.
  */
 export async function planCounts(target: Db, config: Config, published: readonly PublishedTable[]): Promise<CountPlan> {
-  const entries = published.map((t) => {
-    const rule = ruleFor(config.mapping, t.schema, t.table);
-    return { t, rule, to: rule ? { schema: rule.targetSchema, table: rule.targetTable } : { schema: t.schema, table: t.table } };
-  });
   const found = await readTargets(
     target,
-    entries.map((e) => ({ ...e.to, column: e.rule?.rows.discriminator?.column ?? null })),
+    placed(config.mapping, published).map((e) => ({ ...e.to, column: e.rule?.rows.discriminator?.column ?? null })),
   );
+  return countPlanFrom(config.mapping, published, found);
+}
+
+/** The plan from what the target has (readTargets, in `published`' order): pure, for planCounts and its unit test. */
+export function countPlanFrom(mapping: Config['mapping'], published: readonly PublishedTable[], found: readonly { exists: boolean; type: string | null }[]): CountPlan {
+  const entries = placed(mapping, published);
   const missing = entries.filter((_, i) => !found[i]!.exists).map((e) => `${e.t.schema}.${e.t.table} → ${e.to.schema}.${e.to.table}`);
   if (missing.length > 0) throw new Error(`target table(s) missing, so their rows cannot be counted at the fence: ${missing.join(', ')}`);
 

@@ -8,22 +8,29 @@
  *    into sales.items with a discriminator (the target also holds a local row with an id
  *    far past both shards); shop.customers retargeted to crm.clients with its id renamed
  *    client_id (the target's sequence is crm.clients_client_id_seq); shop.notes with
- *    soft delete (deleted rows stay on the target, marked); shop.logs with truncate: ignore.
+ *    soft delete (deleted rows stay on the target, marked); shop.logs with truncate: ignore;
+ *    shop.eu_events and shop.us_events merged into shop.events without a discriminator;
+ *    shop.accounts with a key override (its target also holds a row of its own); shop.tickets
+ *    with the mapping's own filter.
  * Before the cutover `pgsub status`'s sequence list shows the merged and retargeted target
  * sequences with their sources. The cutover counts each shard as its slice, the soft-deleted
- * table by its live rows, names shop.logs "not counted" with its reason, and succeeds; every
+ * table by its live rows, the undiscriminated pair by their sum, names shop.logs and
+ * shop.accounts "not counted" with their reasons, and succeeds; every
  * target sequence ends past every value used on any source and in its column (the local row),
  * by the margin — the merged one exactly at max(column) + 1 + margin, the retargeted one at
  * the source's next value + margin — and new rows on the new primary take fresh ids.
  */
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { loadConfig, type Config } from '../../src/config/config.js';
 import { createLogger } from '../../src/log.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';
 import { renderCutover, runCutover } from '../../src/cli/cutover.js';
 import { sequenceStatus } from '../../src/migrate/sequences.js';
-import { currentWalLsn, slotConfirmedLsn, startCluster, waitFor, type Cluster } from '../harness/index.js';
+import { currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, withTimeout, type Cluster } from '../harness/index.js';
 
 const SOURCE = `
   CREATE SCHEMA shop; CREATE SCHEMA s1; CREATE SCHEMA s2;
@@ -35,7 +42,11 @@ const SOURCE = `
   CREATE TABLE shop.customers (id bigserial PRIMARY KEY, name text);
   CREATE TABLE shop.notes (id serial PRIMARY KEY, body text);
   CREATE TABLE shop.logs (id serial PRIMARY KEY, body text);
-  CREATE PUBLICATION pub_mapped FOR TABLE s1.items, s2.items, shop.customers, shop.notes, shop.logs;
+  CREATE TABLE shop.eu_events (id int PRIMARY KEY, what text);
+  CREATE TABLE shop.us_events (id int PRIMARY KEY, what text);
+  CREATE TABLE shop.accounts (code text PRIMARY KEY, name text);
+  CREATE TABLE shop.tickets (region text, id int, PRIMARY KEY (region, id));
+  CREATE PUBLICATION pub_mapped FOR TABLE s1.items, s2.items, shop.customers, shop.notes, shop.logs, shop.eu_events, shop.us_events, shop.accounts, shop.tickets;
 `;
 const TARGET = `
   CREATE SCHEMA shop; CREATE SCHEMA sales; CREATE SCHEMA crm;
@@ -45,6 +56,10 @@ const TARGET = `
   CREATE TABLE crm.clients (client_id bigserial PRIMARY KEY, name text);
   CREATE TABLE shop.notes (id serial PRIMARY KEY, body text, gone boolean NOT NULL DEFAULT false);
   CREATE TABLE shop.logs (id serial PRIMARY KEY, body text);
+  CREATE TABLE shop.events (id int PRIMARY KEY, what text);
+  CREATE TABLE shop.accounts (code text PRIMARY KEY, name text);
+  INSERT INTO shop.accounts VALUES ('local-1', 'a row of the target only');
+  CREATE TABLE shop.tickets (region text, id int, PRIMARY KEY (region, id));
 `;
 const MAPPING = {
   tables: {
@@ -53,6 +68,10 @@ const MAPPING = {
     'shop.customers': { target: 'crm.clients', columns: { id: 'client_id' } },
     'shop.notes': { soft_delete: 'gone' },
     'shop.logs': { truncate: 'ignore' },
+    'shop.eu_events': { target: 'shop.events' },
+    'shop.us_events': { target: 'shop.events' },
+    'shop.accounts': { key: ['code'] },
+    'shop.tickets': { filter: `region = 'eu'` },
   },
 };
 const MARGIN = 10;
@@ -134,6 +153,10 @@ test('a filtered publication and a retargeted, many-to-one mapping cut over with
      INSERT INTO shop.logs (body) SELECT 'l' || g FROM generate_series(1, 9) g;
      TRUNCATE shop.logs;
      INSERT INTO shop.logs (body) VALUES ('after the truncate');
+     INSERT INTO shop.eu_events SELECT g, 'eu' FROM generate_series(1, 15) g;
+     INSERT INTO shop.us_events SELECT g, 'us' FROM generate_series(101, 125) g;
+     INSERT INTO shop.accounts VALUES ('a-1', 'one'), ('a-2', 'two');
+     INSERT INTO shop.tickets SELECT CASE WHEN g % 3 = 0 THEN 'eu' ELSE 'us' END, g FROM generate_series(1, 30) g;
      INSERT INTO shop.orders (region, amount, secret) SELECT CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END, g, 's' FROM generate_series(1, 40) g;
      UPDATE shop.orders SET region = 'us' WHERE region = 'eu' AND amount < 20;`,
   );
@@ -149,6 +172,16 @@ test('a filtered publication and a retargeted, many-to-one mapping cut over with
     status.every((s) => s.reason === null),
     JSON.stringify(status),
   );
+  // The same in `pgsub status`'s text: the merged sequence with its sources (source last: the furthest, s2's 50).
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-cutmap-')), 'mapped.yaml');
+  fs.writeFileSync(
+    file,
+    JSON.stringify({ subscription: 'mapped', source: src.url('shop'), target: tgt.url('shop_t'), publication: 'pub_mapped', sequence_margin: MARGIN, mapping: MAPPING }),
+  );
+  const cli = spawnPgsub({}, ['status', '-c', file]);
+  await withTimeout(cli.exited, 30_000, 'pgsub status');
+  assert.match(cli.output(), /^sales\.items_id_seq +50 +\d+ +-?\d+( {2}BEHIND)? {2}from s1\.items_id_seq, s2\.items_id_seq$/m, cli.output());
+  fs.rmSync(path.dirname(file), { recursive: true, force: true });
 
   assert.deepEqual(errors, []);
   const lines: string[] = [];
@@ -176,12 +209,24 @@ test('a filtered publication and a retargeted, many-to-one mapping cut over with
       ['shop.notes', 'equal', 8, 'shop.notes'],
     ],
   );
+  // Merged without a discriminator: their sum against the one target.
+  assert.deepEqual(
+    [byTable['shop.eu_events + shop.us_events']?.status, byTable['shop.eu_events + shop.us_events']?.source, byTable['shop.eu_events + shop.us_events']?.target],
+    ['equal', 40, 40],
+  );
+  // The mapping's own filter: 10 of the 30 rows.
+  assert.deepEqual(
+    [byTable['shop.tickets']!.status, byTable['shop.tickets']!.source, byTable['shop.tickets']!.note],
+    ['equal', 10, "counted through the mapping's filter (region = 'eu')"],
+  );
+  assert.equal(byTable['shop.accounts']!.status, 'not counted');
+  assert.match(byTable['shop.accounts']!.note!, /^not counted: key \(code\) overrides the replica identity/);
   assert.equal(byTable['shop.logs']!.status, 'not counted');
   assert.match(byTable['shop.logs']!.note!, /^not counted: truncate: ignore keeps the rows a source TRUNCATE removed$/);
   const summary = renderCutover(report);
   console.log(summary);
   assert.match(summary, /^ {2}shop\.logs +- +- +not counted: truncate: ignore/m);
-  assert.match(lines.join('\n'), /5 table\(s\), \d+ rows, equal on both sides; 1 not counted/);
+  assert.match(lines.join('\n'), /7 table\(s\), \d+ rows, equal on both sides; 2 not counted/);
   const [held] = await q<{ n: string; live: string }>(tgt, 'shop_t', `SELECT count(*)::text AS n, count(*) FILTER (WHERE NOT gone)::text AS live FROM shop.notes`);
   assert.deepEqual(held, { n: '12', live: '8' }, 'soft-deleted rows stay, marked');
 
