@@ -120,6 +120,24 @@ export class ConnectionLostError extends PgsubError {
   readonly retryable = true;
 }
 
+/**
+ * Row-level security of a target table applies to pgsub's role (FORCE ROW LEVEL SECURITY,
+ * or a role that neither owns the table nor has BYPASSRLS): an UPDATE or DELETE would miss
+ * the rows the policies hide and the change would be lost, so pgsub refuses to apply into
+ * the table, as the native apply worker does (apply/sql/row-security.ts). Exit 2 at
+ * startup; later (a Relation message, a table's copy) retried with backoff, never skipped,
+ * until the table or the role is changed.
+ */
+export class RowSecurityError extends PgsubError {
+  readonly code = 'PGSUB_ROW_SECURITY';
+  readonly retryable = true;
+  override readonly fatalAtStartup = true;
+  override readonly exitCode = 2;
+  constructor(message: string, context: ErrorContext = {}) {
+    super(message, { ...context, side: 'target' });
+  }
+}
+
 /** The publisher's slot is ahead of what the target recorded: changes would be missing. */
 export class SlotAheadError extends PgsubError {
   readonly code = 'PGSUB_SLOT_AHEAD';

@@ -5,7 +5,7 @@
  * pgsub's apply needs (the startup check of service/preflight.ts, plus pgsub's schema,
  * session_replication_role, the replication origin functions, table ownership for
  * defer_indexes, UPDATE on the sequences it sets), max_prepared_transactions for
- * two_phase, tables that are not empty (but for those this subscription has copied
+ * two_phase, tables whose row-level security applies to pgsub's role, tables that are not empty (but for those this subscription has copied
  * already, readSubscribed), and free disk for the copy where it can be seen. Read-only.
  */
 import fs from 'node:fs';
@@ -16,6 +16,7 @@ import { isTrue, relationsParam, type Db, type Row } from './db.js';
 import { type Findings, ident, qualified } from './findings.js';
 import { existing, readColumns, readExtensions, relName, seqName } from './objects.js';
 import { readLocale, type SourceFacts } from './preflight-source.js';
+import { ROW_SECURITY_SQL, rowSecurityFix, rowSecurityReason, tablesParam, type RowSecurityRow } from '../apply/sql/row-security.js';
 
 export interface TargetCheck {
   /** What could not be checked, and why. */
@@ -115,6 +116,7 @@ export async function checkTarget(
   await checkDependencies(db, src, f);
   await checkLocale(db, src, f);
   await checkPrivileges(db, config, src, existingRels, roleName, superuser, checkTablePrivileges, f);
+  await checkRowSecurity(db, existingRels, f);
   await checkSettings(db, config, f);
   await checkEmpty(
     db,
@@ -125,6 +127,19 @@ export async function checkTarget(
   );
   const freeBytes = await checkDisk(db, neededBytes, f, notChecked);
   return { notChecked, freeBytes };
+}
+
+/** Tables whose row-level security applies to pgsub's role: the apply refuses them (apply/sql/row-security.ts). */
+async function checkRowSecurity(db: Db, rels: { schema: string; table: string }[], f: Findings): Promise<void> {
+  if (rels.length === 0) return;
+  for (const r of await db.query<RowSecurityRow>(ROW_SECURITY_SQL, [tablesParam(rels)]))
+    f.blocker(
+      'TARGET_ROW_SECURITY',
+      'target',
+      `${r.schema}.${r.table}`,
+      `row-level security of ${r.schema}.${r.table} applies to ${r.role} (${rowSecurityReason(r)}): pgsub refuses to apply into it (PGSUB_ROW_SECURITY), since its UPDATEs and DELETEs would miss the rows the policies hide`,
+      rowSecurityFix(r),
+    );
 }
 
 async function checkDependencies(db: Db, src: SourceFacts, f: Findings): Promise<void> {

@@ -9,7 +9,8 @@
  *    not ours is waited for on a short interval, anyone else's is a SlotInUseError;
  *  - the roles' privileges: everything `pgsub run` needs on both sides before the first
  *    session (checkRunPrivileges, migrate/privileges.ts), the tables a session registered
- *    at its start (checkTablePrivileges).
+ *    at its start (checkTablePrivileges), and that no row-level security of theirs applies
+ *    to the applying role (checkRowSecurity, apply/sql/row-security.ts).
  * Backends this process opened are remembered (OwnConnections), so only its own stale
  * connections are ever terminated, never another pgsub's.
  */
@@ -22,6 +23,8 @@ import { openTargetDb } from '../migrate/db.js';
 import { needOnRelations, privilegeError, sideOf } from '../migrate/grants.js';
 import type { ReplicationConnection, SlotInfo } from '../protocol/replication.js';
 import { runAlone, type WireConnection } from '../target/connect.js';
+import { ruleFor } from '../config/mapping.js';
+import { ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from '../apply/sql/row-security.js';
 
 /** What `pgsub run` needs on both sides, checked before its first session changes anything (migrate/privileges.ts). */
 export { checkRunPrivileges } from '../migrate/privileges.js';
@@ -176,6 +179,25 @@ export async function checkTablePrivileges(config: Config, tables: readonly { sc
     await needOnRelations(side, 'table', tables, 'pgsub applies changes to it', { privileges: ['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE'] });
     const err = privilegeError('run', [side]);
     if (err) throw err;
+  } finally {
+    await db.close();
+  }
+}
+
+/**
+ * The tables a session registered, under their target names: a RowSecurityError for the
+ * first whose row-level security applies to the applying role (exit 2 at startup).
+ */
+export async function checkRowSecurity(config: Config, tables: readonly { schema: string; table: string }[]): Promise<void> {
+  if (tables.length === 0) return;
+  const targets = tables.map((t) => {
+    const rule = ruleFor(config.mapping, t.schema, t.table);
+    return rule ? { schema: rule.targetSchema, table: rule.targetTable } : t;
+  });
+  const db = await openTargetDb(config.target, `pgsub_${config.subscription}_check`);
+  try {
+    const [applies] = await db.query<RowSecurityRow>(ROW_SECURITY_SQL, [tablesParam(targets)]);
+    if (applies) throw rowSecurityError(applies);
   } finally {
     await db.close();
   }

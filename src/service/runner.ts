@@ -22,7 +22,7 @@
  * its own exit code 5, which systemd does not restart (RestartPreventExitStatus).
  */
 import type { Config } from '../config/config.js';
-import { ApplyConflictError, ConnectionLostError, CutOverError, PgsubError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
+import { ApplyConflictError, ConnectionLostError, CutOverError, PgsubError, RowSecurityError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
 import { sqlstateOf } from '../connect-failure.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
 import { openMaintenance, setMaintenanceTimeout } from '../target/connect.js';
@@ -40,7 +40,7 @@ import { startSession, type SessionEvents, type SessionHandle } from './session.
 import { ProgressLog, type CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
 import type { SlotHealth } from './metrics.js';
-import { checkRunPrivileges, checkTablePrivileges, OwnConnections } from './preflight.js';
+import { checkRowSecurity, checkRunPrivileges, checkTablePrivileges, OwnConnections } from './preflight.js';
 import { checkMappingsAtStartup } from './mapping-plan.js';
 import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
 
@@ -84,7 +84,7 @@ function slotBusy(err: unknown): boolean {
 
 /** Not the target's data disagreeing: nothing to record as an apply error there. */
 function connectionFailure(err: unknown): boolean {
-  return err instanceof ConnectionLostError || slotBusy(err) || (err instanceof PgsubError && err.fatalAtStartup);
+  return err instanceof ConnectionLostError || slotBusy(err) || (err instanceof PgsubError && err.fatalAtStartup && !(err instanceof RowSecurityError));
 }
 
 async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
@@ -186,6 +186,8 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     await launcher.refresh();
     // At startup, before any copy: a role that cannot write the tables is a setup error.
     if (!streamedOnce) await checkTablePrivileges(config, sync.all());
+    // And one whose row-level security would hide rows from the apply (row-security.ts).
+    if (!streamedOnce) await checkRowSecurity(config, sync.all());
     if (!launcherStarted) {
       launcherStarted = true;
       launcher.startPeriodicRefresh();

@@ -20,6 +20,7 @@ import { formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteQualified } from '../quote.js';
 import { copyTarget, type PublishedTable } from './catalog.js';
+import { ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from '../apply/sql/row-security.js';
 import { differingTargetTypes, openCopyClient, relayInto, sourceColumnTypes, splitRanges, stagedCopySql, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
 import type { LanePool } from './copy-lanes.js';
@@ -172,6 +173,9 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
   );
   const info = target.rows[0];
   if (!info) throw new SchemaMismatchError(`logical replication target relation "${to.schema}.${to.table}" does not exist`, { relation: `${t.schema}.${t.table}` });
+  // Policies that apply to pgsub's role would make the table look empty below and hide rows from the stream's changes.
+  const [applies] = (await control.query<RowSecurityRow>(ROW_SECURITY_SQL, [tablesParam([to])])).rows;
+  if (applies) throw rowSecurityError(applies, { relation: `${t.schema}.${t.table}` });
   await control.query('BEGIN');
   try {
     const firstCopy = previous.state === 'i';

@@ -5,7 +5,8 @@
  * statement per SQL text, values in text or binary format as pgoutput sent them. Its
  * session behaves like the native apply worker's: session_replication_role = replica
  * (ordinary triggers and FK checks do not fire; ENABLE REPLICA/ALWAYS triggers do), an
- * empty search_path so only schema-qualified names resolve, and the configured
+ * empty search_path so only schema-qualified names resolve, row_security = off (a policy
+ * that would filter rows is an error, never a silently missed row), and the configured
  * synchronous_commit. These are startup parameters, set before the first statement.
  *
  * The maintenance connection (porsager `postgres`) serves drizzle: pgsub's schema
@@ -43,6 +44,9 @@ export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions
       session_replication_role: 'replica',
       // A target fenced read-only for a cutover (or the old primary taking changes back) still takes the apply.
       default_transaction_read_only: 'off',
+      // As a role under row-level security: a policy that would hide rows fails the statement
+      // instead (apply/sql/row-security.ts), so no change is lost to a filtered UPDATE.
+      row_security: 'off',
       synchronous_commit: opts.synchronousCommit,
       datestyle: 'ISO',
       intervalstyle: 'postgres',

@@ -36,6 +36,7 @@ import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetCo
 import { checkUniqueKey, compileRows } from './rows.js';
 import { checkMapped, type TargetExtra } from './plan-checks.js';
 import { Drift, type DriftOutcome } from './drift.js';
+import { ROW_SECURITY_COLUMNS, ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from './row-security.js';
 
 export type { DriftOutcome } from './drift.js';
 
@@ -185,6 +186,8 @@ export class RelationMap {
       drift = outcome.drift;
       if (outcome.drift.added.length > 0) ({ rows, byName, extra } = await this.readTarget(conn, target, rule, displayName));
     }
+    // Policies that apply to pgsub's role would hide rows from its UPDATEs and DELETEs (row-security.ts).
+    if (rows[0]!.rls === 'true') await refuseRowSecurity(conn, target, displayName);
     const { targetColumns, reshape } = matchColumns(remote, byName, displayName, `${target.schema}.${target.table}`, rule);
     if (reshape) await this.reshapeTypes(conn, remote, reshape);
     // Row semantics (rows.ts): key, filter, soft delete, discriminator.
@@ -343,6 +346,11 @@ export class RelationMap {
 }
 
 /** Whether the table or any partition below it has a trigger or rule enabled in replica mode. */
+async function refuseRowSecurity(conn: WireConnection, target: { schema: string; table: string }, displayName: string): Promise<void> {
+  const [applies] = await queryRows<RowSecurityRow>(conn, ROW_SECURITY_COLUMNS, ROW_SECURITY_SQL, [tablesParam([target])]);
+  if (applies) throw rowSecurityError(applies, { relation: displayName });
+}
+
 async function firesInReplicaMode(conn: WireConnection, schema: string, table: string): Promise<boolean> {
   const [row] = await queryRows<{ fires: string }>(
     conn,
