@@ -12,7 +12,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
 /** Lowest first; a module may import its own layer or a lower one. */
 export const LAYERS = [
-  ['ground', ['src/errors.ts', 'src/quote.ts', 'src/log.ts', 'src/faults.ts', 'src/connect-failure.ts', 'src/protocol/', 'src/config/', 'src/conflict/types.ts']],
+  ['ground', ['src/errors.ts', 'src/quote.ts', 'src/log.ts', 'src/faults.ts', 'src/connect-failure.ts', 'src/connect/', 'src/protocol/', 'src/config/', 'src/conflict/types.ts']],
   ['target', ['src/target/']],
   ['origin, conflict, sync states', ['src/origin/', 'src/conflict/', 'src/tablesync/sync-state.ts']],
   ['apply/sql', ['src/apply/sql/']],

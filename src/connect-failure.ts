@@ -1,12 +1,16 @@
 /**
- * What a failed connection (or the first statements on it) means for the operator: the
- * server's SQLSTATE turned into a typed error that names the side and what to change — a
- * password (28P01), a pg_hba.conf line (28000), a missing privilege (42501) — or, for
- * anything else (refused, reset, the server starting up), a ConnectionLostError to retry.
+ * What a failed connection (or the first statements on it) means for the operator, decided
+ * here once for every command: a TLS or certificate check (PGSUB_TLS_FAILED), the login
+ * (PGSUB_AUTH_FAILED: a password 28P01, a pg_hba.conf line 28000, require_auth,
+ * channel_binding), a setting that cannot work (PGSUB_CONFIG_INVALID), a missing
+ * privilege (42501) — all exit 2 at startup, naming the side and what to change — or, for
+ * anything else (refused, reset, timed out, the server starting up), a ConnectionLostError
+ * to retry.
  * Messages carry the redacted conninfo only, never a password.
  */
 import { redactConninfo, redactSecrets, type ConnInfo } from './config/conninfo.js';
-import { AuthenticationError, ConnectionLostError, type PgsubError, PrivilegeError, type Side } from './errors.js';
+import { HandshakeFailure } from './connect/failure.js';
+import { AuthenticationError, ConfigError, ConnectionLostError, PgsubError, PrivilegeError, type Side, TlsError } from './errors.js';
 
 /** What was being opened: the walsender, an apply session (session_replication_role), or pgsub's schema. */
 export type ConnectionPurpose = 'replication' | 'apply' | 'schema';
@@ -39,6 +43,30 @@ export function refusal(side: Side, info: ConnInfo, err: unknown, purpose: Conne
   const context = { [side]: where, sqlstate: code ?? undefined };
   const options = { cause: err };
   const server = side === 'source' ? 'publisher' : 'target server';
+  if (err instanceof PgsubError) return err;
+  if (err instanceof HandshakeFailure) {
+    const message = `${side}: ${detail} (${where})`;
+    if (err.kind === 'tls')
+      return new TlsError(
+        side,
+        `${message}: fix the TLS settings of the ${side} conninfo (sslmode, sslrootcert, sslcert/sslkey, sslcrl) or the ${server}'s certificate`,
+        context,
+        options,
+      );
+    if (err.kind === 'auth')
+      return new AuthenticationError(side, `${message}: fix the ${side} conninfo's password, require_auth or channel_binding, or the ${server}'s pg_hba.conf`, context, options);
+    if (err.kind === 'config') return new ConfigError(message, { ...context, key: side }, options);
+    return null;
+  }
+  // The server itself refuses a connection without the client certificate its pg_hba.conf line asks for.
+  if (code === '28000' && /certificate/i.test(detail)) {
+    return new TlsError(
+      side,
+      `${side}: the ${server} refused the connection (${detail}; ${where}): give a client certificate it accepts (sslcert, sslkey in the ${side} conninfo, or ~/.postgresql/postgresql.crt and .key)`,
+      context,
+      options,
+    );
+  }
   // pg throws this one itself when the server asks for a password and none was given.
   if (code === '28P01' || (code === null && /client password must be a string/.test(detail))) {
     const what = code === null ? 'the server asks for a password and none is given' : detail;

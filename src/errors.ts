@@ -239,6 +239,27 @@ export class AuthenticationError extends PgsubError {
   }
 }
 
+/**
+ * TLS could not be set up as the conninfo asks: the server's certificate failed a check
+ * (chain, host name, revocation), a client certificate or key is missing or not private,
+ * the server requires a client certificate, or the server does not offer TLS. Permanent
+ * until the operator fixes a file or a setting; the message names the side and the check.
+ */
+export class TlsError extends PgsubError {
+  readonly code = 'PGSUB_TLS_FAILED';
+  readonly retryable = true;
+  override readonly fatalAtStartup = true;
+  override readonly exitCode = 2;
+  constructor(
+    readonly side: Side,
+    message: string,
+    context: ErrorContext = {},
+    options?: ErrorOptions,
+  ) {
+    super(message, { ...context, side }, options);
+  }
+}
+
 /** A role lacks a privilege pgsub needs (REPLICATION, CREATE, table grants, SET of session_replication_role). */
 export class PrivilegeError extends PgsubError {
   readonly code = 'PGSUB_PRIVILEGE_MISSING';

@@ -1,21 +1,35 @@
 /**
  * Connection strings as libpq users write them — `postgresql://` URIs or `key=value`
- * conninfo — normalised into one explicit shape that both drivers (`pg` for the
- * replication connection, `postgres` for the apply connection) are given field by field.
- * Neither driver implements libpq's sslmode semantics, so TLS options are decided here.
+ * conninfo — resolved as libpq resolves them: the string first, then the service file's
+ * section (`service`/PGSERVICE), then the PG* environment variables, then the defaults.
+ * Every keyword of libpq's list is either checked here for a value libpq would take or
+ * refused by name (conninfo/keywords.ts); what each means at connect time is src/connect/.
  * `redactConninfo` is the only form of a conninfo that may reach a log line.
  */
 import fs from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
-import type { ConnectionOptions as TlsOptions } from 'node:tls';
-import type pg from 'pg';
 import { ConfigError } from '../errors.js';
+import { KEYWORDS } from './conninfo/keywords.js';
+import { homeDir, serviceSettings } from './conninfo/service.js';
+import { type Pairs, parseConninfoText, quoteValue } from './conninfo/text.js';
 
 export type SslMode = 'disable' | 'allow' | 'prefer' | 'require' | 'verify-ca' | 'verify-full';
 
+/** One server to try, in order: the name (for TLS and the password file) and where to connect. */
+export interface HostSpec {
+  /** A host name, an IP address, or a Unix-socket directory (starts with '/'). */
+  host: string;
+  /** hostaddr: the numeric address to connect to instead of resolving `host`. */
+  hostaddr?: string;
+  port: number;
+}
+
 export interface ConnInfo {
+  /** The first server (messages, pg_dump, preflight); `hosts` is what is tried. */
   host: string;
   port: number;
+  hosts: readonly HostSpec[];
   database: string;
   user: string;
   password?: string;
@@ -23,98 +37,103 @@ export interface ConnInfo {
   sslrootcert?: string;
   applicationName?: string;
   connectTimeoutSeconds?: number;
+  /** Every other keyword that was set (conninfo, service file, environment), checked; sslpassword included. */
+  settings: Readonly<Record<string, string>>;
+  /** $HOME as it was when parsed: libpq's default file locations (~/.pgpass, ~/.postgresql/). */
+  home: string;
+  /** Keywords whose value came from the conninfo or the service file, not the environment or a default. */
+  explicit: ReadonlySet<string>;
 }
 
-const SSL_MODES: readonly SslMode[] = ['disable', 'allow', 'prefer', 'require', 'verify-ca', 'verify-full'];
-
-/** libpq's connection keywords (PostgreSQL 18). Like libpq, any other key is an error, so a
- *  misspelt `sslmode` cannot silently connect without TLS. Keys outside ConnInfo are ignored. */
-const LIBPQ_KEYWORDS = new Set([
-  'host',
-  'hostaddr',
-  'port',
-  'dbname',
-  'user',
-  'password',
-  'passfile',
-  'require_auth',
-  'channel_binding',
-  'connect_timeout',
-  'client_encoding',
-  'options',
-  'application_name',
-  'fallback_application_name',
-  'keepalives',
-  'keepalives_idle',
-  'keepalives_interval',
-  'keepalives_count',
-  'tcp_user_timeout',
-  'replication',
-  'gssencmode',
-  'sslmode',
-  'sslnegotiation',
-  'sslcompression',
-  'sslcert',
-  'sslkey',
-  'sslpassword',
-  'sslcertmode',
-  'sslrootcert',
-  'sslcrl',
-  'sslcrldir',
-  'sslsni',
-  'requirepeer',
-  'ssl_min_protocol_version',
-  'ssl_max_protocol_version',
-  'krbsrvname',
-  'gsslib',
-  'gssdelegation',
-  'service',
-  'target_session_attrs',
-  'load_balance_hosts',
-  'min_protocol_version',
-  'max_protocol_version',
-  'scram_client_key',
-  'scram_server_key',
-  'oauth_issuer',
-  'oauth_client_id',
-  'oauth_client_secret',
-  'oauth_scope',
-]);
-
-/** Parse a URI or key=value conninfo; libpq environment variables fill what it omits. */
-export function parseConninfo(text: string, what: string, env: NodeJS.ProcessEnv = process.env): ConnInfo {
-  const raw = /^postgres(ql)?:\/\//i.test(text.trim()) ? parseUri(text.trim(), what) : parseKeyValue(text, what);
-  for (const key of Object.keys(raw)) {
-    if (!LIBPQ_KEYWORDS.has(key)) throw new ConfigError(`${what}: invalid connection option ${JSON.stringify(key)}`, { key: what, option: key });
+/** Parse a URI or key=value conninfo; service file and libpq environment variables fill what it omits. */
+export function parseConninfo(text: string, what: 'source' | 'target' | string, env: NodeJS.ProcessEnv = process.env): ConnInfo {
+  const side = what === 'target' ? 'target' : 'source';
+  const given = parseConninfoText(text, what);
+  checkKeywords(given, what, 'connection option');
+  const serviceName = given.service ?? env.PGSERVICE;
+  const service = serviceName ? serviceSettings(serviceName, env, what) : {};
+  checkKeywords(service, what, `keyword of service "${serviceName}"`);
+  const explicit = new Set([...Object.keys(given), ...Object.keys(service)]);
+  const all: Pairs = { ...service, ...given };
+  for (const [key, kw] of Object.entries(KEYWORDS)) {
+    if (all[key] === undefined && kw.env && env[kw.env] !== undefined) all[key] = env[kw.env]!;
   }
-  const get = (key: string, envKey: string) => raw[key] ?? env[envKey];
-  const host = get('host', 'PGHOST') ?? 'localhost';
-  const portText = get('port', 'PGPORT') ?? '5432';
-  const port = Number(portText);
-  if (!Number.isInteger(port) || port <= 0 || port > 65535) {
-    throw new ConfigError(`${what}: port ${JSON.stringify(portText)} is not a TCP port`, { key: what });
-  }
-  const user = get('user', 'PGUSER') ?? env.USER ?? 'postgres';
-  const sslmode = (get('sslmode', 'PGSSLMODE') ?? 'prefer') as SslMode;
-  if (!SSL_MODES.includes(sslmode)) {
-    throw new ConfigError(`${what}: sslmode ${JSON.stringify(sslmode)} is not one of ${SSL_MODES.join(', ')}`, { key: what });
-  }
-  const info: ConnInfo = { host, port, user, database: get('dbname', 'PGDATABASE') ?? user, sslmode };
-  const password = get('password', 'PGPASSWORD');
-  if (password !== undefined) info.password = credentialPassword(password, what, env);
-  const rootCert = get('sslrootcert', 'PGSSLROOTCERT');
-  if (rootCert !== undefined) info.sslrootcert = rootCert;
-  const app = get('application_name', 'PGAPPNAME');
-  if (app !== undefined) info.applicationName = app;
-  const timeout = get('connect_timeout', 'PGCONNECT_TIMEOUT');
-  if (timeout !== undefined) {
-    const secondsValue = Number(timeout);
-    if (timeout.trim() === '' || !Number.isInteger(secondsValue) || secondsValue < 0) {
-      throw new ConfigError(`${what}: connect_timeout ${JSON.stringify(timeout)} is not a whole number of seconds`, { key: what });
+  for (const [key, value] of Object.entries(all)) {
+    const problem = KEYWORDS[key]!.check?.(value, side);
+    if (problem) {
+      const shown = KEYWORDS[key]!.secret ? key : `${key} ${JSON.stringify(value)}`;
+      throw new ConfigError(`${what}: ${shown} ${problem}`, { key: what, option: key });
     }
-    info.connectTimeoutSeconds = secondsValue;
   }
+  if (all.sslrootcert === 'system' && all.sslmode === undefined) all.sslmode = 'verify-full';
+  const sslmode = (all.sslmode ?? 'prefer') as SslMode;
+  crossChecks(all, sslmode, what);
+  const user = all.user ?? env.USER ?? 'postgres';
+  const hosts = hostList(all, what);
+  const info: ConnInfo = {
+    host: hosts[0]!.host,
+    port: hosts[0]!.port,
+    hosts,
+    user,
+    database: all.dbname ?? user,
+    sslmode,
+    settings: Object.fromEntries(Object.entries(all).filter(([k]) => !['host', 'hostaddr', 'port', 'user', 'dbname', 'password', 'sslmode', 'service'].includes(k))),
+    home: homeDir(env),
+    explicit,
+  };
+  if (all.password !== undefined) info.password = credentialPassword(all.password, what, env);
+  if (all.sslrootcert !== undefined) info.sslrootcert = all.sslrootcert;
+  if (all.application_name !== undefined) info.applicationName = all.application_name;
+  if (all.connect_timeout !== undefined) info.connectTimeoutSeconds = Math.max(0, Number(all.connect_timeout));
   return info;
+}
+
+function checkKeywords(pairs: Pairs, what: string, kind: string): void {
+  for (const key of Object.keys(pairs)) {
+    if (!Object.hasOwn(KEYWORDS, key)) throw new ConfigError(`${what}: invalid ${kind} ${JSON.stringify(key)}`, { key: what, option: key });
+  }
+}
+
+/** Combinations libpq refuses before it connects (connectOptions2). */
+function crossChecks(all: Pairs, sslmode: SslMode, what: string): void {
+  const fail = (message: string) => {
+    throw new ConfigError(`${what}: ${message}`, { key: what });
+  };
+  if (all.sslrootcert === 'system' && sslmode !== 'verify-full') fail(`weak sslmode "${sslmode}" may not be used with sslrootcert=system (use "verify-full")`);
+  if (all.sslnegotiation === 'direct' && !['require', 'verify-ca', 'verify-full'].includes(sslmode)) {
+    fail(`weak sslmode "${sslmode}" may not be used with sslnegotiation=direct (use "require", "verify-ca", or "verify-full")`);
+  }
+  if (all.channel_binding === 'require' && sslmode === 'disable') fail('channel_binding=require needs TLS, but sslmode is disable');
+  const versions = ['TLSv1', 'TLSv1.1', 'TLSv1.2', 'TLSv1.3'];
+  if (all.ssl_min_protocol_version && all.ssl_max_protocol_version && versions.indexOf(all.ssl_min_protocol_version) > versions.indexOf(all.ssl_max_protocol_version)) {
+    fail('invalid SSL protocol version range (ssl_min_protocol_version above ssl_max_protocol_version)');
+  }
+}
+
+/** host, hostaddr and port lists as libpq pairs them: one port for all, or one per host. */
+function hostList(all: Pairs, what: string): HostSpec[] {
+  const hostNames = all.host !== undefined ? all.host.split(',') : null;
+  const addrs = all.hostaddr !== undefined ? all.hostaddr.split(',') : null;
+  const count = hostNames?.length ?? addrs?.length ?? 1;
+  if (hostNames && addrs && hostNames.length !== addrs.length) {
+    throw new ConfigError(`${what}: could not match ${hostNames.length} host names to ${addrs.length} hostaddr values`, { key: what });
+  }
+  const portTexts = (all.port ?? '').split(',');
+  if (portTexts.length !== 1 && portTexts.length !== count) {
+    throw new ConfigError(`${what}: could not match ${portTexts.length} port numbers to ${count} hosts`, { key: what });
+  }
+  const hosts: HostSpec[] = [];
+  for (let i = 0; i < count; i++) {
+    const portText = (portTexts.length === 1 ? portTexts[0] : portTexts[i])!.trim() || '5432';
+    const port = Number(portText);
+    if (!/^\d+$/.test(portText) || port <= 0 || port > 65535) throw new ConfigError(`${what}: port ${JSON.stringify(portText)} is not a TCP port`, { key: what });
+    const addr = addrs?.[i]?.trim();
+    if (addr && net.isIP(addr) === 0) throw new ConfigError(`${what}: hostaddr ${JSON.stringify(addr)} is not a numeric IP address`, { key: what });
+    // libpq's default without host or hostaddr is its Unix-socket directory; pgsub's is localhost (docs/conninfo.md).
+    const host = hostNames?.[i]?.trim() || (addr ? addr : 'localhost');
+    hosts.push(addr ? { host, hostaddr: addr, port } : { host, port });
+  }
+  return hosts;
 }
 
 /**
@@ -135,129 +154,43 @@ function credentialPassword(value: string, what: string, env: NodeJS.ProcessEnv)
   }
 }
 
-function parseUri(text: string, what: string): Record<string, string> {
-  let url: URL;
-  try {
-    url = new URL(text);
-  } catch {
-    throw new ConfigError(`${what}: not a valid postgresql:// URI`, { key: what });
-  }
-  const out: Record<string, string> = {};
-  if (url.hostname) out.host = decodeURIComponent(url.hostname.replace(/^\[|\]$/g, ''));
-  if (url.port) out.port = url.port;
-  if (url.username) out.user = decodeURIComponent(url.username);
-  if (url.password) out.password = decodeURIComponent(url.password);
-  const db = decodeURIComponent(url.pathname.replace(/^\//, ''));
-  if (db) out.dbname = db;
-  // Not url.searchParams: that is form decoding, which turns '+' into a space; libpq
-  // only percent-decodes.
-  for (const pair of url.search.replace(/^\?/, '').split('&')) {
-    if (!pair) continue;
-    const eq = pair.indexOf('=');
-    if (eq < 0) throw new ConfigError(`${what}: URI query parameter ${JSON.stringify(pair)} has no value`, { key: what });
-    try {
-      out[decodeURIComponent(pair.slice(0, eq))] = decodeURIComponent(pair.slice(eq + 1));
-    } catch {
-      throw new ConfigError(`${what}: bad percent-encoding in the URI query`, { key: what });
-    }
-  }
-  return out;
-}
-
-/** libpq's key=value form: values may be single-quoted with \' and \\ escapes. */
-function parseKeyValue(text: string, what: string): Record<string, string> {
-  const out: Record<string, string> = {};
-  let i = 0;
-  const skipSpace = () => {
-    while (i < text.length && /\s/.test(text[i]!)) i++;
-  };
-  while (true) {
-    skipSpace();
-    if (i >= text.length) break;
-    const keyStart = i;
-    while (i < text.length && /[A-Za-z0-9_]/.test(text[i]!)) i++;
-    const key = text.slice(keyStart, i);
-    skipSpace();
-    if (!key || text[i] !== '=') {
-      throw new ConfigError(`${what}: expected key=value at character ${keyStart + 1}`, { key: what });
-    }
-    i++;
-    skipSpace();
-    let value = '';
-    if (text[i] === "'") {
-      i++;
-      while (i < text.length && text[i] !== "'") {
-        if (text[i] === '\\' && i + 1 < text.length) i++;
-        value += text[i++];
-      }
-      if (text[i] !== "'") throw new ConfigError(`${what}: unterminated quoted value for ${key}`, { key: what });
-      i++;
-    } else {
-      while (i < text.length && !/\s/.test(text[i]!)) {
-        if (text[i] === '\\' && i + 1 < text.length) i++;
-        value += text[i++];
-      }
-    }
-    out[key] = value;
-  }
-  return out;
-}
-
-/** A conninfo fit for logs: everything but the password. */
+/** A conninfo fit for logs: everything but the password and the sslpassword. */
 export function redactConninfo(info: ConnInfo): string {
-  return `host=${info.host} port=${info.port} dbname=${info.database} user=${info.user} sslmode=${info.sslmode}`;
+  const hosts = info.hosts.length > 1 ? info.hosts.map((h) => `${h.host}:${h.port}`).join(',') : null;
+  return hosts
+    ? `host=${hosts} dbname=${info.database} user=${info.user} sslmode=${info.sslmode}`
+    : `host=${info.host} port=${info.port} dbname=${info.database} user=${info.user} sslmode=${info.sslmode}`;
 }
 
-/** Remove a password from free text (error messages echo conninfo strings sometimes). */
+/** Remove passwords from free text (error messages echo conninfo strings sometimes). */
 export function redactSecrets(text: string): string {
   return (
     text
-      // Up to the last '@' of the authority: a password may hold a raw '@' (URL parsing accepts it).
+      // Up to the last '@' of the authority: a password may hold a raw '@'.
       .replace(/(postgres(?:ql)?:\/\/[^:/@\s]*:)[^/?#\s]*@/gi, '$1****@')
-      .replace(/(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)/gi, '$1****')
+      .replace(/((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)/gi, '$1****')
   );
 }
 
-/** TLS options for sslmode, identical for both drivers (libpq semantics). */
-export function tlsOptions(info: ConnInfo): TlsOptions | false {
-  switch (info.sslmode) {
-    case 'disable':
-    case 'allow':
-    case 'prefer':
-      // Neither driver can fall back from TLS to plain; these modes connect without TLS.
-      return false;
-    case 'require':
-      return { rejectUnauthorized: false };
-    case 'verify-ca':
-    case 'verify-full': {
-      const tls: TlsOptions = { rejectUnauthorized: true, servername: info.host };
-      if (info.sslrootcert) tls.ca = fs.readFileSync(info.sslrootcert);
-      if (info.sslmode === 'verify-ca') tls.checkServerIdentity = () => undefined;
-      return tls;
-    }
-  }
+/**
+ * The conninfo as key=value text for a libpq program (pg_dump), every setting included
+ * but the password and the sslpassword, which travel separately (never in argv).
+ */
+export function conninfoKeywords(info: ConnInfo): Pairs {
+  const out: Pairs = {
+    host: info.hosts.map((h) => h.host).join(','),
+    port: info.hosts.map((h) => String(h.port)).join(','),
+    dbname: info.database,
+    user: info.user,
+    sslmode: info.sslmode,
+  };
+  if (info.hosts.some((h) => h.hostaddr)) out.hostaddr = info.hosts.map((h) => h.hostaddr ?? '').join(',');
+  for (const [k, v] of Object.entries(info.settings)) if (k !== 'sslpassword') out[k] = v;
+  return out;
 }
 
-/**
- * TCP keepalive idle time of pgsub's connections: a peer that vanished (host down, cable
- * cut) is found by the kernel's probes instead of a send that waits for hours. Silence on
- * a live socket is what receive_timeout and target_timeout are for.
- */
-export const KEEPALIVE_IDLE_MS = 10_000;
-
-/** node-postgres client settings for a conninfo; `extra` adds what the caller needs. */
-export function pgClientConfig(info: ConnInfo, applicationName: string, extra: Partial<pg.ClientConfig> & Record<string, unknown> = {}): pg.ClientConfig {
-  return {
-    host: info.host,
-    port: info.port,
-    user: info.user,
-    password: info.password,
-    database: info.database,
-    ssl: tlsOptions(info),
-    application_name: applicationName,
-    connectionTimeoutMillis: (info.connectTimeoutSeconds ?? 30) * 1000,
-    keepAlive: true,
-    keepAliveInitialDelayMillis: KEEPALIVE_IDLE_MS,
-    ...extra,
-  } as pg.ClientConfig;
+export function conninfoText(pairs: Pairs): string {
+  return Object.entries(pairs)
+    .map(([k, v]) => `${k}=${quoteValue(v)}`)
+    .join(' ');
 }

@@ -9,8 +9,9 @@
  * Every query of src/migrate returns text columns only (the maintenance connection hands
  * booleans and int8 back unparsed, `pg` parses them): SQL casts, callers parse.
  */
-import pg from 'pg';
-import { pgClientConfig, redactSecrets, type ConnInfo } from '../config/conninfo.js';
+import type pg from 'pg';
+import { redactSecrets, type ConnInfo } from '../config/conninfo.js';
+import { connectPgClient } from '../connect/drivers.js';
 import { connectFailure } from '../connect-failure.js';
 import { openMaintenance, type Sql } from '../target/connect.js';
 import type { Side } from '../errors.js';
@@ -57,15 +58,7 @@ export async function dbFromClient(client: pg.Client, info: ConnInfo, side: Side
 
 /** The raw `pg` client for statements that need the simple protocol (several in one string). */
 export async function openPgClient(info: ConnInfo, applicationName: string, side: Side): Promise<pg.Client> {
-  const client = new pg.Client(pgClientConfig(info, applicationName));
-  client.on('error', () => {});
-  try {
-    await client.connect();
-  } catch (err) {
-    client.connection.stream.destroy();
-    throw connectFailure(side, info, err, 'apply', 'a connection');
-  }
-  return client;
+  return connectPgClient(info, { side, purpose: 'apply', what: 'a connection', applicationName });
 }
 
 /** A maintenance session to the target (postgres.js); the first query connects. */

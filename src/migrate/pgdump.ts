@@ -2,17 +2,17 @@
  * pg_dump for `pgsub schema`: found on PATH or where config `pg_dump` / `--pg-dump` says,
  * refused when older than the source server (pg_dump reads only servers of its own major
  * or older; an older one fails part-way or misses what it does not know), run with the
- * source's connection given field by field (the password through PGPASSWORD in the child's
- * environment, never on its command line or in a log), and its plain-text output split into
+ * source's connection given keyword by keyword in a private service file (the password
+ * too, never on its command line, in its environment or in a log), and its plain-text output split into
  * the entries pg_dump heads with `-- Name: …; Type: …; Schema: …` — the unit schema copy
  * selects, orders and applies. psql meta-commands (`\restrict`, pg_dump 17.6/16.10/15.14
  * and later) are dropped: the SQL runs through the driver, where no meta-command could run.
  */
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
-import type { ConnInfo } from '../config/conninfo.js';
-import { redactSecrets } from '../config/conninfo.js';
+import { type ConnInfo, conninfoKeywords, redactSecrets } from '../config/conninfo.js';
 import { PgDumpError } from '../errors.js';
 
 export interface PgDump {
@@ -98,23 +98,35 @@ function resolvePath(file: string): string {
   return file;
 }
 
-/** The child's environment: the source's password and TLS settings as libpq reads them; nothing of ours. */
-function dumpEnv(info: ConnInfo): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: 'C', LC_ALL: 'C', PGSSLMODE: info.sslmode, PGAPPNAME: 'pgsub_schema' };
-  if (process.env.HOME) env.HOME = process.env.HOME;
-  if (info.password !== undefined) env.PGPASSWORD = info.password;
-  if (info.sslrootcert) env.PGSSLROOTCERT = info.sslrootcert;
-  env.PGCONNECT_TIMEOUT = String(info.connectTimeoutSeconds ?? 30);
-  return env;
+/**
+ * The child's connection: every setting of the source conninfo (src/config/conninfo.ts
+ * conninfoKeywords: hosts, TLS files, require_auth, target_session_attrs …) and the
+ * password in a service file of its own — a 0700 directory, a 0600 file, removed when
+ * pg_dump ends — named by PGSERVICEFILE/PGSERVICE. Nothing secret is in argv or the
+ * environment, and no PG* variable of ours reaches the child.
+ */
+async function withDumpEnv<T>(info: ConnInfo, use: (env: NodeJS.ProcessEnv) => Promise<T>): Promise<T> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-dump-'));
+  try {
+    const file = path.join(dir, 'pg_service.conf');
+    const keywords = conninfoKeywords(info);
+    keywords.application_name = 'pgsub_schema';
+    keywords.connect_timeout ??= String(info.connectTimeoutSeconds ?? 30);
+    if (info.password !== undefined) keywords.password = info.password;
+    if (info.settings.sslpassword !== undefined) keywords.sslpassword = info.settings.sslpassword;
+    const lines = Object.entries(keywords).map(([k, v]) => `${k}=${v}`);
+    fs.writeFileSync(file, `[pgsub]\n${lines.join('\n')}\n`, { mode: 0o600 });
+    const env: NodeJS.ProcessEnv = { PATH: process.env.PATH ?? '/usr/bin:/bin', LANG: 'C', LC_ALL: 'C', PGSERVICEFILE: file, PGSERVICE: 'pgsub' };
+    if (process.env.HOME) env.HOME = process.env.HOME;
+    return await use(env);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 /** `pg_dump --schema-only … args` against the source; the plain SQL it prints. */
 export async function runPgDump(dump: PgDump, info: ConnInfo, args: string[]): Promise<string> {
-  const r = await run(
-    dump.path,
-    ['--schema-only', '--no-owner', '--no-privileges', '--host', info.host, '--port', String(info.port), '--username', info.user, '--dbname', info.database, ...args],
-    dumpEnv(info),
-  );
+  const r = await withDumpEnv(info, (env) => run(dump.path, ['--schema-only', '--no-owner', '--no-privileges', ...args], env));
   if (r.error || r.code !== 0) {
     throw new PgDumpError(`pg_dump ${dump.version} failed (exit ${r.code ?? r.error?.code}): ${redactSecrets(r.stderr.trim() || String(r.error?.message ?? ''))}`, {
       pgDumpVersion: dump.version,

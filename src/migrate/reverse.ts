@@ -23,7 +23,7 @@ import fs from 'node:fs';
 import YAML from 'yaml';
 import type { Config } from '../config/config.js';
 import { isEmptyMapping } from '../config/mapping.js';
-import type { ConnInfo } from '../config/conninfo.js';
+import { type ConnInfo, conninfoKeywords, conninfoText } from '../config/conninfo.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteIdent, quoteQualified } from '../quote.js';
@@ -58,11 +58,8 @@ export function reverseNames(config: Config): ReverseNames {
 }
 
 /** A keyword conninfo without the password (it comes from PGPASSFILE or credential: as for the forward one). */
-function conninfoText(info: ConnInfo): string {
-  const q = (v: string) => (/^[^\s'\\]+$/.test(v) ? v : `'${v.replace(/(['\\])/g, '\\$1')}'`);
-  const parts = [`host=${q(info.host)}`, `port=${info.port}`, `dbname=${q(info.database)}`, `user=${q(info.user)}`, `sslmode=${info.sslmode}`];
-  if (info.sslrootcert) parts.push(`sslrootcert=${q(info.sslrootcert)}`);
-  return parts.join(' ');
+function reverseConninfo(info: ConnInfo): string {
+  return conninfoText(conninfoKeywords(info));
 }
 
 /** What would stop the reverse setup, checked before the fence: a null answer means none. */
@@ -114,8 +111,8 @@ export async function setupReverse(config: Config, target: Db, tables: readonly 
     setup.settings = {
       subscription: plan.subscription,
       slot_name: plan.slot,
-      source: conninfoText(config.target),
-      target: conninfoText(config.source),
+      source: reverseConninfo(config.target),
+      target: reverseConninfo(config.source),
       publication: plan.publication,
       origin: 'none',
       copy_data: false,

@@ -5,9 +5,9 @@
  * by copyboth.ts. Framing ('w'/'k' in, 'r' out) is in framing.ts and message decoding in
  * decoder.ts.
  */
-import pg from 'pg';
-import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
-import { connectFailure } from '../connect-failure.js';
+import type pg from 'pg';
+import { redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
+import { connectPgClient } from '../connect/drivers.js';
 import { ConnectionLostError, SourceSetupError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../quote.js';
 import { CopyBothReader, type ReceivedBatch } from './copyboth.js';
@@ -78,22 +78,17 @@ export class ReplicationConnection {
   ) {}
 
   static async open(info: ConnInfo, applicationName: string): Promise<ReplicationConnection> {
-    const client = new pg.Client(
-      pgClientConfig(info, applicationName, {
-        replication: 'database',
-        // As native's walreceiver: pgoutput's text output must not depend on the publisher
-        // database's DateStyle/IntervalStyle, and floats must round-trip exactly.
-        options: '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3',
-      }),
-    );
-    // Errors after connect surface through the stream; this keeps pg from throwing globally.
-    client.on('error', () => {});
-    try {
-      await client.connect();
-    } catch (err) {
-      client.connection.stream.destroy();
-      throw connectFailure('source', info, err, 'replication', 'replication connection');
-    }
+    // Errors after connect surface through the stream; connectPgClient keeps pg from throwing globally.
+    const client = await connectPgClient(info, {
+      side: 'source',
+      purpose: 'replication',
+      what: 'replication connection',
+      applicationName,
+      startup: { replication: 'database' },
+      // As native's walreceiver: pgoutput's text output must not depend on the publisher
+      // database's DateStyle/IntervalStyle, and floats must round-trip exactly.
+      options: '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3',
+    });
     const version = await client.query<{ server_version_num: string }>('SHOW server_version_num');
     const num = Number(version.rows[0]?.server_version_num);
     return new ReplicationConnection(client, num, redactConninfo(info), (client as unknown as { processID: number }).processID);

@@ -23,10 +23,10 @@
  * an old snapshot would have to take more from the stream afterwards, and an open
  * snapshot holds back the publisher's vacuum. A lane whose copy failed is closed.
  */
-import pg from 'pg';
+import type pg from 'pg';
 import type { Config } from '../config/config.js';
-import { pgClientConfig, redactSecrets } from '../config/conninfo.js';
-import { ConnectionLostError, SourceSetupError } from '../errors.js';
+import { connectPgClient } from '../connect/drivers.js';
+import { SourceSetupError } from '../errors.js';
 import { parseLsn, type Lsn } from '../protocol/lsn.js';
 import { quoteIdent } from '../quote.js';
 import { openCopyClient } from './copy.js';
@@ -51,24 +51,23 @@ export async function openLane(config: Config, applicationName: string): Promise
     .slice(0, 63)
     .toLowerCase()
     .replace(/[^a-z0-9_]/g, '_');
-  const source = new pg.Client(
-    pgClientConfig(config.source, applicationName, {
-      replication: 'database',
+  const opening = Promise.allSettled([
+    connectPgClient(config.source, {
+      side: 'source',
+      purpose: 'replication',
+      what: 'a replication connection for table sync',
+      applicationName,
+      startup: { replication: 'database' },
       // As the other source connections of the table sync (copy.ts).
       options: '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c search_path=',
-    }),
-  );
-  source.on('error', () => {});
-  const opening = Promise.allSettled([
-    source.connect().catch((err: Error) => {
-      throw new ConnectionLostError(`cannot open a replication connection for table sync: ${redactSecrets(err.message)}`, {}, { cause: err });
     }),
     openCopyClient(config.target, applicationName, 'target'),
   ]);
   const [s, t] = await opening;
   const target = t.status === 'fulfilled' ? t.value : null;
+  const source = s.status === 'fulfilled' ? s.value : null;
   try {
-    if (s.status === 'rejected') throw s.reason;
+    if (s.status === 'rejected' || !source) throw s.status === 'rejected' ? s.reason : new SourceSetupError('no source connection');
     if (t.status === 'rejected') throw t.reason;
     await source.query('BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ');
     const res = await source.query<{ consistent_point: string }>(`CREATE_REPLICATION_SLOT ${quoteIdent(slotName)} TEMPORARY LOGICAL pgoutput USE_SNAPSHOT`);
@@ -76,7 +75,7 @@ export async function openLane(config: Config, applicationName: string): Promise
     if (!point) throw new SourceSetupError(`CREATE_REPLICATION_SLOT ${slotName} returned no consistent point`);
     return { source, target: target!, syncLsn: parseLsn(point), openedAt: Date.now() };
   } catch (err) {
-    await Promise.all([source.end().catch(() => {}), target?.end().catch(() => {})]);
+    await Promise.all([source?.end().catch(() => {}), target?.end().catch(() => {})]);
     throw err;
   }
 }

@@ -7,9 +7,9 @@
  * nothing is held in memory beyond the stream buffers.
  */
 import { pipeline } from 'node:stream/promises';
-import pg from 'pg';
-import { pgClientConfig, redactSecrets, type ConnInfo } from '../config/conninfo.js';
-import { ConnectionLostError } from '../errors.js';
+import type pg from 'pg';
+import type { ConnInfo } from '../config/conninfo.js';
+import { connectPgClient } from '../connect/drivers.js';
 import { quoteIdent, quoteLiteral, quoteQualified } from '../quote.js';
 import type { PublishedTable } from './catalog.js';
 import { CopyOutRelay, rawCopyIn } from './relay.js';
@@ -22,21 +22,16 @@ export interface CopyRange {
 
 /** A pg client for COPY: on the target it runs with the apply session's settings. */
 export async function openCopyClient(info: ConnInfo, applicationName: string, role: 'source' | 'target'): Promise<pg.Client> {
-  const client = new pg.Client(
-    pgClientConfig(info, applicationName, {
-      options:
-        role === 'target'
-          ? '-c session_replication_role=replica -c search_path= -c datestyle=ISO -c default_transaction_read_only=off'
-          : '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c search_path=',
-    }),
-  );
-  client.on('error', () => {});
-  try {
-    await client.connect();
-  } catch (err) {
-    throw new ConnectionLostError(`cannot connect to the ${role} for table sync: ${redactSecrets((err as Error).message)}`, {}, { cause: err });
-  }
-  return client;
+  return connectPgClient(info, {
+    side: role,
+    purpose: 'apply',
+    what: `a ${role} connection for table sync`,
+    applicationName,
+    options:
+      role === 'target'
+        ? '-c session_replication_role=replica -c search_path= -c datestyle=ISO -c default_transaction_read_only=off'
+        : '-c datestyle=ISO -c intervalstyle=postgres -c extra_float_digits=3 -c search_path=',
+  });
 }
 
 /** `(a, b)`, or nothing for a table without columns (COPY takes no empty list). */

@@ -16,10 +16,10 @@
  * launcher's long-lived connection forever.
 
  */
-import net from 'node:net';
-import pg from 'pg';
+import type net from 'node:net';
 import postgres from 'postgres';
-import { KEEPALIVE_IDLE_MS, pgClientConfig, tlsOptions, type ConnInfo } from '../config/conninfo.js';
+import type { ConnInfo } from '../config/conninfo.js';
+import { connectPgClient, postgresSocket } from '../connect/drivers.js';
 import { WireConnection, type WireResult, type WireValue } from './wire.js';
 import type { Statement } from './statement.js';
 
@@ -62,10 +62,9 @@ export function openApplyConnection(info: ConnInfo, opts: ApplyConnectionOptions
  */
 async function backendBusy(info: ConnInfo, applicationName: string, pid: number, timeoutMs: number): Promise<boolean> {
   const limit = Math.min(timeoutMs, (info.connectTimeoutSeconds ?? 10) * 1000);
-  const client = new pg.Client(pgClientConfig(info, applicationName, { connectionTimeoutMillis: limit, query_timeout: limit }));
-  client.on('error', () => {});
+  let client: Awaited<ReturnType<typeof connectPgClient>> | null = null;
   try {
-    await client.connect();
+    client = await connectPgClient(info, { side: 'target', purpose: 'apply', what: 'probe connection', applicationName, connectTimeoutMs: limit }, { query_timeout: limit });
     const { rows } = await client.query<{ state: string | null; wait_event_type: string | null }>('SELECT state, wait_event_type FROM pg_catalog.pg_stat_activity WHERE pid = $1', [
       pid,
     ]);
@@ -73,8 +72,11 @@ async function backendBusy(info: ConnInfo, applicationName: string, pid: number,
   } catch {
     return false;
   } finally {
-    client.end().catch(() => {});
-    setTimeout(() => client.connection.stream.destroy(), 1000).unref();
+    if (client) {
+      const c = client;
+      c.end().catch(() => {});
+      setTimeout(() => c.connection.stream.destroy(), 1000).unref();
+    }
   }
 }
 
@@ -116,25 +118,16 @@ export function setMaintenanceTimeout(ms: number): void {
  * back for `timeoutMs` (a long statement on a maintenance connection is a bug; a lock wait
  * that long is retried).
  */
-async function watchedSocket(info: ConnInfo, timeoutMs: number): Promise<net.Socket> {
-  const socket = info.host.startsWith('/') ? net.connect(`${info.host}/.s.PGSQL.${info.port}`) : net.connect(info.port, info.host);
-  const connectMs = (info.connectTimeoutSeconds ?? 30) * 1000;
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => socket.destroy(new Error(`connect timeout (${connectMs / 1000} s) to ${info.host}:${info.port}`)), connectMs);
-    socket.once('connect', () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    socket.once('error', (err) => {
-      clearTimeout(timer);
-      reject(err);
-    });
+async function watchedSocket(info: ConnInfo, applicationName: string, timeoutMs: number): Promise<net.Socket> {
+  // Logged in by src/connect (libpq's conninfo semantics), Nagle off: postgres.js leaves it on,
+  // and a statement written in two pieces (BEGIN then the query) would wait ~40 ms for an ACK.
+  const socket = await postgresSocket(info, {
+    side: 'target',
+    purpose: 'apply',
+    what: 'a maintenance connection',
+    applicationName,
+    startup: { client_encoding: 'UTF8', default_transaction_read_only: 'off' },
   });
-  // What postgres.js names in its errors (it sets these on sockets it connects itself).
-  Object.assign(socket, { host: info.host, port: info.port });
-  // postgres.js leaves Nagle on (pg turns it off): a statement written in two pieces (BEGIN
-  // then the query, Parse then Execute) waits for the delayed ACK of the first, ~40 ms.
-  socket.setNoDelay(true);
   let waitingSince: number | null = null;
   const write = socket.write.bind(socket) as (...args: unknown[]) => boolean;
   socket.write = ((...args: unknown[]) => {
@@ -183,21 +176,22 @@ export function rolledBackOn(info: ConnInfo, applicationName: string): (sql: str
 export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
   const timeoutMs = maintenanceTimeoutMs;
   return postgres({
-    socket: () => watchedSocket(info, timeoutMs),
+    socket: () => watchedSocket(info, applicationName, timeoutMs),
     host: info.host,
     port: info.port,
     user: info.user,
-    pass: info.password ?? '',
     database: info.database,
-    ssl: tlsOptions(info) || false,
+    ssl: false,
     max: 1,
     idle_timeout: 0,
     max_lifetime: null,
-    connect_timeout: info.connectTimeoutSeconds ?? 30,
-    keep_alive: KEEPALIVE_IDLE_MS / 1000,
+    // src/connect bounds the login itself (connect_timeout per host); keepalives are set there too.
+    connect_timeout: 0,
+    keep_alive: null,
     fetch_types: false,
+    // postgres.js reads PGTARGETSESSIONATTRS itself (and throws on "any"); src/connect has checked the session already.
+    ...(process.env.PGTARGETSESSIONATTRS ? { target_session_attrs: info.settings.target_session_attrs === 'read-write' ? 'read-write' : 'primary' } : {}),
     prepare: true,
-    connection: { application_name: applicationName, default_transaction_read_only: 'off' },
     onnotice: () => {},
     types: {
       pgsubText: { to: 25, from: PASS_THROUGH_OIDS, serialize: (x: unknown) => String(x), parse: (x: string) => x },

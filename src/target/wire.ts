@@ -1,6 +1,6 @@
 /**
  * The apply connection's wire: a pipelined extended-query executor on top of node-postgres.
- * A `pg.Client` connects normally (auth, TLS from tlsOptions, startup parameters), then
+ * A `pg.Client` connects over a session src/connect opened (auth, TLS, startup parameters), then
  * this module takes its `Connection` over — it removes every listener the Client attached
  * and is the only reader of backend messages from then on; the Client object is never
  * used again (never call client.query on it). pg-protocol's Bind sends a Buffer parameter
@@ -36,9 +36,10 @@
  * Statement text and what the values mean live in statements.ts / handlers.ts; the ops,
  * errors and types in wire-ops.ts.
  */
-import pg from 'pg';
 import { copyFrames, Fifo, parseServerVersion, tagCommand, tagRowCount } from './wire-tags.js';
-import { pgClientConfig, redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
+import type pg from 'pg';
+import { redactConninfo, redactSecrets, type ConnInfo } from '../config/conninfo.js';
+import { openSession, pgClientOver } from '../connect/drivers.js';
 import { connectFailure } from '../connect-failure.js';
 import { ConnectionLostError } from '../errors.js';
 import {
@@ -144,11 +145,16 @@ export class WireConnection {
   }
 
   static async connect(info: ConnInfo, opts: WireOptions): Promise<WireConnection> {
-    const client = new pg.Client(pgClientConfig(info, opts.applicationName, { keepAlive: true }));
-    // pg only forwards a fixed set of startup keys; any GUC is a valid startup parameter.
-    const internals = client as unknown as { getStartupConf(): Record<string, string>; processID: number };
-    const baseConf = internals.getStartupConf.bind(client);
-    internals.getStartupConf = () => ({ ...baseConf(), ...opts.startupParameters });
+    // The login is src/connect's (libpq's conninfo semantics); the startup parameters go in its startup packet.
+    const opened = await openSession(info, {
+      side: 'target',
+      purpose: 'apply',
+      what: 'target connection',
+      applicationName: opts.applicationName,
+      startup: opts.startupParameters ?? {},
+    });
+    const client = pgClientOver(info, opened);
+    const internals = client as unknown as { processID: number };
     client.on('error', noop);
     const con = client.connection as unknown as PgConnection;
     const params = new Map<string, string>();

@@ -3,18 +3,16 @@
  * started with the session settings the normalised row text relies on (sql.ts
  * SESSION_OPTIONS), rows read as arrays of text.
  */
-import pg from 'pg';
+import type pg from 'pg';
 import type { ConnInfo } from '../config/conninfo.js';
-import { pgClientConfig } from '../config/conninfo.js';
+import { connectPgClient } from '../connect/drivers.js';
+import type { Side } from '../errors.js';
 import type { SideConnection } from './compare.js';
 import { SESSION_OPTIONS } from './sql.js';
 
 /** A connection of the comparison: a plain client with the session settings normalisation relies on. */
-export async function openSide(info: ConnInfo, applicationName: string, extraOptions = ''): Promise<pg.Client> {
-  const client = new pg.Client(pgClientConfig(info, applicationName, { options: `${SESSION_OPTIONS}${extraOptions}` }));
-  client.on('error', () => {});
-  await client.connect();
-  return client;
+export async function openSide(side: Side, info: ConnInfo, applicationName: string, extraOptions = ''): Promise<pg.Client> {
+  return connectPgClient(info, { side, purpose: 'apply', what: 'a connection', applicationName, options: `${SESSION_OPTIONS}${extraOptions}` });
 }
 
 export function sideConnection(client: pg.Client): SideConnection {

@@ -8,9 +8,9 @@
  * client: its backend holds the verify lock, so the request dies with this process.
  */
 import { randomUUID } from 'node:crypto';
-import pg from 'pg';
+import type pg from 'pg';
 import type { Config } from '../config/config.js';
-import { pgClientConfig } from '../config/conninfo.js';
+import { connectPgClient } from '../connect/drivers.js';
 import { VerifyError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
@@ -43,9 +43,7 @@ export interface Held {
 const ANSWER_MS = 15_000;
 
 export async function openControl(config: Config): Promise<Control> {
-  const client = new pg.Client(pgClientConfig(config.target, `pgsub_${config.subscription}_verify_cli`));
-  client.on('error', () => {});
-  await client.connect();
+  const client = await connectPgClient(config.target, { side: 'target', purpose: 'apply', what: 'a connection', applicationName: `pgsub_${config.subscription}_verify_cli` });
   const query: Query = async (text, params = []) => (await client.query({ text, values: params })).rows as Record<string, unknown>[];
   const control: Control = {
     client,

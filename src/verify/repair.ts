@@ -96,8 +96,8 @@ export async function repairDifferences(
   const repairable = work.filter((c) => c.report.keyed && !c.repairOverflow && c.repairKeys.size > 0);
   if (repairable.length === 0) return report;
   const app = `pgsub_${config.subscription}_verify_repair`;
-  const source = await openSide(config.source, app);
-  const target = await openSide(config.target, app, ` -c session_replication_role=replica -c lock_timeout=${LOCK_TIMEOUT}`);
+  const source = await openSide('source', config.source, app);
+  const target = await openSide('target', config.target, app, ` -c session_replication_role=replica -c lock_timeout=${LOCK_TIMEOUT}`);
   try {
     const held = await holdAtLsn(config, control, source, 'repair', opts.holdTimeoutMs);
     const heldAt = performance.now();

@@ -180,9 +180,9 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
       await lister.close();
     }
     const app = `pgsub_${config.subscription}_verify`;
-    const sources = await Promise.all(Array.from({ length: parallel }, () => openSide(config.source, app)));
+    const sources = await Promise.all(Array.from({ length: parallel }, () => openSide('source', config.source, app)));
     clients.push(...sources);
-    const targets = await Promise.all(Array.from({ length: parallel }, () => openSide(config.target, app)));
+    const targets = await Promise.all(Array.from({ length: parallel }, () => openSide('target', config.target, app)));
     clients.push(...targets);
     const targetVersion = Number((await targets[0]!.query('SHOW server_version_num')).rows[0].server_version_num);
 

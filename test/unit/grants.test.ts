@@ -7,12 +7,13 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { parseConninfo } from '../../src/config/conninfo.js';
 import type { Db } from '../../src/migrate/db.js';
 import { fixes, privilegeError, type Lack, type SideLacks } from '../../src/migrate/grants.js';
 
 const db = (side: 'source' | 'target', host: string, version: string): Db => ({
   side,
-  info: { host, port: 5432, database: 'shop', user: 'x', sslmode: 'disable' },
+  info: parseConninfo(`host=${host} port=5432 dbname=shop user=x sslmode=disable`, 'source', {}),
   versionNum: Number(version.split('.')[0]) * 10000,
   version,
   query: async () => [],
