@@ -2,11 +2,14 @@
  * `npm run bench:copy-mapped`: the initial copy of one table unmapped against the same
  * table under a mapping (retarget + a rename + one computed column, which takes the
  * staged path: COPY into a temporary table, then INSERT … SELECT; tablesync/copy.ts), and
- * retarget + rename only (the straight COPY with a column list), in one run on the same
+ * retarget + rename only (the straight COPY with a column list), and a shard of a
+ * many-to-one table (retarget + rename + a discriminator: staged, its emptiness check and
+ * cleanup scoped to the shard, no COPY FREEZE), in one run on the same
  * PostgreSQL 18 publisher and target (throw-away clusters from test/harness).
  *
  *   npm run bench:copy-mapped                       # 1,000,000 rows, 3 repetitions
  *   npm run bench:copy-mapped -- --rows 100000 --reps 1
+ *   npm run bench:copy-mapped -- --variants unmapped,discriminator
  *
  * Each measurement: a fresh target database with the same DDL, pgsub in this process
  * (startRunner, binary), timed by its own 'table copy finished' log line (rows, bytes of
@@ -21,7 +24,13 @@ import { createLogger } from '../src/log.js';
 import { startRunner } from '../src/service/runner.js';
 import { startCluster, stopAllClusters, waitFor, type Cluster } from '../test/harness/index.js';
 
-const { values } = parseArgs({ options: { rows: { type: 'string', default: '1000000' }, reps: { type: 'string', default: '3' } } });
+const { values } = parseArgs({
+  options: {
+    rows: { type: 'string', default: '1000000' },
+    reps: { type: 'string', default: '3' },
+    variants: { type: 'string', default: 'unmapped,renamed,computed,discriminator' },
+  },
+});
 const ROWS = Number(values.rows);
 const REPS = Number(values.reps);
 
@@ -29,16 +38,19 @@ const TARGET_DDL: Record<string, string> = {
   unmapped: `CREATE SCHEMA app; CREATE TABLE app.orders (id bigint PRIMARY KEY, customer int, amount_cents int, status text, note text, created timestamptz)`,
   renamed: `CREATE SCHEMA sales; CREATE TABLE sales.orders (id bigint PRIMARY KEY, client int, amount_cents int, status text, note text, created timestamptz)`,
   computed: `CREATE SCHEMA sales; CREATE TABLE sales.orders (id bigint PRIMARY KEY, client int, amount_cents int, status text, note text, created timestamptz, amount numeric)`,
+  discriminator: `CREATE SCHEMA sales; CREATE TABLE sales.orders (shard text NOT NULL, id bigint, client int, amount_cents int, status text, note text, created timestamptz, PRIMARY KEY (shard, id))`,
 };
 const MAPPING: Record<string, unknown> = {
   unmapped: undefined,
   renamed: { tables: { 'app.orders': { target: 'sales.orders', columns: { customer: 'client' } } } },
   computed: { tables: { 'app.orders': { target: 'sales.orders', columns: { customer: 'client' }, computed: { amount: 'amount_cents / 100.0' } } } },
+  discriminator: { tables: { 'app.orders': { target: 'sales.orders', columns: { customer: 'client' }, discriminator: { column: 'shard', value: 's1' } } } },
 };
 const CHECK: Record<string, string> = {
   unmapped: `SELECT count(*)::text AS n, sum(id)::text AS s FROM app.orders`,
   renamed: `SELECT count(*)::text AS n, sum(id)::text AS s FROM sales.orders`,
   computed: `SELECT count(*)::text AS n, sum(id)::text AS s FROM sales.orders WHERE amount = amount_cents / 100.0`,
+  discriminator: `SELECT count(*)::text AS n, sum(id)::text AS s FROM sales.orders WHERE shard = 's1'`,
 };
 
 async function measure(pub: Cluster, tgt: Cluster, variant: string, n: number): Promise<{ rows: number; bytes: number; seconds: number }> {
@@ -94,7 +106,7 @@ async function main(): Promise<void> {
       'bench',
     );
     await pub.query(`VACUUM ANALYZE app.orders`, [], 'bench');
-    const variants = ['unmapped', 'renamed', 'computed'];
+    const variants = values.variants.split(',');
     const results = new Map<string, { rows: number; bytes: number; seconds: number }[]>(variants.map((v) => [v, []]));
     for (let rep = 0; rep < REPS; rep++) {
       const order = variants.map((_, i) => variants[(i + rep) % variants.length]!);

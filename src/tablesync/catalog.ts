@@ -50,6 +50,13 @@ export interface CopyTarget {
    * `CopyTarget.columns`, in order); the others only feed the expressions.
    */
   staged?: { direct: boolean[]; computed: [string, string][] };
+  /**
+   * Many-to-one (a discriminator): the target table is shared with other source tables, so
+   * the copy's emptiness check and a retry's cleanup are scoped to this source's rows
+   * (`column = value`, a DELETE, never TRUNCATE), indexes are not deferred and nothing is
+   * loaded frozen (job.ts); the value is written as a computed constant (staged).
+   */
+  discriminator?: { column: string; value: string };
 }
 
 /** The target table of a copy: the mapped one, else the publisher's name. */
@@ -66,23 +73,21 @@ export function mapTable(t: PublishedTable, rule: TableRule | null): PublishedTa
   if (!rule) return t;
   const isDirect = (c: string) => !rule.excluded.has(c) && !rule.computed.has(rule.renames.get(c) ?? c);
   const kept = t.columns.filter(isDirect);
-  // Several source tables share a discriminated target: the copy's emptiness check and its
-  // TRUNCATE on retry are per table, so a shard's copy would meet (or remove) the others' rows.
-  const unsupported =
-    rule.rows.discriminator !== undefined
-      ? `mapping.tables.${rule.source}: the initial copy of a table with a discriminator is not built yet (set copy_data: false and load it yourself)`
-      : null;
+  const disc = rule.rows.discriminator;
+  // The discriminator's constant is a computed column of the copy, as of the apply (mapping.ts).
+  const computed: [string, string][] = [...rule.computed, ...(disc ? ([[disc.column, quoteLiteral(disc.value)]] as [string, string][]) : [])];
   // The mapping's row filter reads the remote row by the publisher's names: the copy pushes
   // it down to the publisher's SELECT, as native's copy does with publication row filters.
   const filter = rule.rows.filter;
   const rowFilter = filter === undefined ? t.rowFilter : t.rowFilter ? `(${t.rowFilter}) AND (${filter})` : `(${filter})`;
-  const target = { schema: rule.targetSchema, table: rule.targetTable, columns: kept.map((c) => rule.renames.get(c) ?? c), unsupported };
-  if (rule.computed.size === 0) return { ...t, columns: kept, rowFilter, target };
+  const target: CopyTarget = { schema: rule.targetSchema, table: rule.targetTable, columns: kept.map((c) => rule.renames.get(c) ?? c), unsupported: null };
+  if (disc) target.discriminator = { column: disc.column, value: disc.value };
+  if (computed.length === 0) return { ...t, columns: kept, rowFilter, target };
   // Computed columns: read the direct columns and every column an expression names.
   const asRelation = { columns: t.columns.map((name) => ({ name })) } as unknown as RelationMessage;
   const used = new Set([...rule.computed.values()].flatMap((e) => expressionColumns(e, asRelation)));
   const columns = t.columns.filter((c, i) => isDirect(c) || used.has(i));
-  return { ...t, columns, rowFilter, target: { ...target, staged: { direct: columns.map(isDirect), computed: [...rule.computed] } } };
+  return { ...t, columns, rowFilter, target: { ...target, staged: { direct: columns.map(isDirect), computed } } };
 }
 
 export async function listPublishedTables(replication: ReplicationConnection, publications: string[]): Promise<PublishedTable[]> {

@@ -18,7 +18,7 @@ import { ApplyError, NotImplementedError, SchemaMismatchError } from '../errors.
 import type { Logger } from '../log.js';
 import { formatLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
-import { quoteQualified } from '../quote.js';
+import { quoteIdent, quoteLiteral, quoteQualified } from '../quote.js';
 import { copyTarget, type PublishedTable } from './catalog.js';
 import { ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from '../apply/sql/row-security.js';
 import { differingTargetTypes, openCopyClient, relayInto, sourceColumnTypes, splitRanges, stagedCopySql, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
@@ -176,25 +176,29 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
   // Policies that apply to pgsub's role would make the table look empty below and hide rows from the stream's changes.
   const [applies] = (await control.query<RowSecurityRow>(ROW_SECURITY_SQL, [tablesParam([to])])).rows;
   if (applies) throw rowSecurityError(applies, { relation: `${t.schema}.${t.table}` });
+  // A shard (discriminator) owns only its rows of the shared table (catalog.ts CopyTarget.discriminator).
+  const disc = t.target?.discriminator;
+  const own = disc ? ` WHERE ${quoteIdent(disc.column)} = ${quoteLiteral(disc.value)}` : '';
+  const only = info.relkind === 'p' ? '' : 'ONLY ';
   await control.query('BEGIN');
   try {
     const firstCopy = previous.state === 'i';
     if (firstCopy && !config.truncateBeforeCopy) {
-      const rows = await control.query(`SELECT 1 FROM ${info.relkind === 'p' ? '' : 'ONLY '}${name} LIMIT 1`);
+      const rows = await control.query(`SELECT 1 FROM ${only}${name}${own} LIMIT 1`);
       if (rows.rowCount && rows.rowCount > 0) {
         throw new ApplyError(
-          `target table "${to.schema}.${to.table}" is not empty; the initial copy would duplicate rows. Empty it, or set truncate_before_copy: true to have pgsub empty it`,
+          `target table "${to.schema}.${to.table}" ${disc ? `holds rows of ${disc.column} = ${quoteLiteral(disc.value)}` : 'is not empty'}; the initial copy would duplicate rows. Empty it${disc ? ' of them' : ''}, or set truncate_before_copy: true to have pgsub empty it`,
           { relation: `${t.schema}.${t.table}` },
         );
       }
     } else {
-      // A retry (our own partial copy) or an explicit request: empty it. TRUNCATE cannot
-      // empty a table other tables reference; with replica role, DELETE skips FK checks.
-      if (info.referenced) await control.query(`DELETE FROM ${info.relkind === 'p' ? '' : 'ONLY '}${name}`);
-      else await control.query(`TRUNCATE ${info.relkind === 'p' ? '' : 'ONLY '}${name}`);
+      // A retry (our own partial copy) or an explicit request: empty it (a shard: of its own
+      // rows). TRUNCATE cannot empty a table other tables reference; with replica role, DELETE skips FK checks.
+      if (info.referenced || disc) await control.query(`DELETE FROM ${only}${name}${own}`);
+      else await control.query(`TRUNCATE ${only}${name}`);
     }
-    // Empty now: its indexes can be built once, after the rows are in (deferred-indexes.ts).
-    if (config.deferIndexes && info.relkind === 'r') await deferIndexes(runOn(control), config.subscription, to.schema, to.table);
+    // Empty now: its indexes can be built once, after the rows are in (deferred-indexes.ts). Not a shared table.
+    if (config.deferIndexes && info.relkind === 'r' && !disc) await deferIndexes(runOn(control), config.subscription, to.schema, to.table);
     const state = setStateStatement(config.subscription, t, 'd', syncLsn);
     await control.query(state.text, [...state.params]);
     const clear = clearSyncProgressStatement(config.subscription, t);
@@ -209,7 +213,7 @@ async function prepareTarget(control: pg.Client, config: Config, t: PublishedTab
     await control.query('ROLLBACK').catch(() => {});
     throw err;
   }
-  return { truncatable: info.truncatable && !info.referenced };
+  return { truncatable: info.truncatable && !info.referenced && !disc };
 }
 
 const runOn =

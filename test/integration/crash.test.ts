@@ -14,12 +14,15 @@
  * One more run applies through a mapping (docs/mapping.md): the tables retargeted into
  * another schema, columns renamed and excluded, computed columns filled by expressions,
  * and two source tables merged into one with a discriminator in a key override — the
- * reshaped statements, one per change — checked against the source read through the mapping.
+ * reshaped statements, one per change — checked against the source read through the mapping;
+ * two shards into one soft-deleting table move keys all along (onto keys the target holds
+ * marked deleted), their live rows checked equal to the source's.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import {
   checkLedger,
+  connect,
   currentWalLsn,
   LEDGER_SCHEMA,
   lsnToBigint,
@@ -53,7 +56,12 @@ const MAPPED_SCHEMA = `
   CREATE SCHEMA books;
   CREATE TABLE books.entries (client_id int NOT NULL, seq int NOT NULL, amount int NOT NULL, memo text, amount_x2 int);
   CREATE TABLE books.journal (src text, k1 int, k2 int, payload text, PRIMARY KEY (src, k1, k2));
-  INSERT INTO books.journal SELECT 'accounts', g, 0, '0/0' FROM generate_series(1, 100) g;`;
+  INSERT INTO books.journal SELECT 'accounts', g, 0, '0/0' FROM generate_series(1, 100) g;
+  CREATE TABLE books.merged (shard text NOT NULL, id int NOT NULL, v text, deleted boolean NOT NULL DEFAULT false, PRIMARY KEY (shard, id));`;
+/** The mapped run's shards on the publisher: rows inserted, deleted and moving keys (onto keys soft-deleted on the target). */
+const SHARDS_SCHEMA = `CREATE TABLE app.sa (id int PRIMARY KEY, v text); CREATE TABLE app.sb (id int PRIMARY KEY, v text);`;
+/** Transactions per shard of the mapped run's key workload. */
+const SHARD_TRANSACTIONS = FULL ? 1200 : 600;
 /** Ledger renamed with a computed column; accounts and tags both into books.journal (many-to-one). */
 const MAPPING = JSON.stringify({
   tables: {
@@ -66,6 +74,8 @@ const MAPPING = JSON.stringify({
       key: ['src', 'k1', 'k2'],
     },
     'app.tags': { target: 'books.journal', columns: { client: 'k1', seq: 'k2', tag: 'payload' }, discriminator: { column: 'src', value: 'tags' }, key: ['src', 'k1', 'k2'] },
+    'app.sa': { target: 'books.merged', discriminator: { column: 'shard', value: 'a' }, soft_delete: 'deleted' },
+    'app.sb': { target: 'books.merged', discriminator: { column: 'shard', value: 'b' }, soft_delete: 'deleted' },
   },
 });
 
@@ -119,14 +129,23 @@ const FAULTS = `
   CREATE CONSTRAINT TRIGGER ledger_flaky AFTER INSERT ON app.ledger DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION app.flaky();
   ALTER TABLE app.ledger ENABLE ALWAYS TRIGGER ledger_flaky;`;
 
-const SELECTED = RUNS.filter((r) => FULL || r.sub === 'crash' || r.sub === 'crashfault' || r.sub === 'crashmap');
+// PGSUB_CRASH_RUN=<sub> runs that one run alone (while working on it).
+const SELECTED = RUNS.filter((r) =>
+  process.env.PGSUB_CRASH_RUN ? r.sub === process.env.PGSUB_CRASH_RUN : FULL || r.sub === 'crash' || r.sub === 'crashfault' || r.sub === 'crashmap',
+);
 
 before(async () => {
   [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'crash-pub' }), startCluster({ major: 18, name: 'crash-tgt' })]);
   for (const run of SELECTED) {
     await publisher.createDatabase(run.db);
     await target.createDatabase(run.db);
-    await publisher.query(`${LEDGER_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`, [], run.db);
+    await publisher.query(
+      run.mapped
+        ? `${LEDGER_SCHEMA} ${SHARDS_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags, app.sa, app.sb;`
+        : `${LEDGER_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`,
+      [],
+      run.db,
+    );
     await target.query(run.mapped ? MAPPED_SCHEMA : LEDGER_SCHEMA, [], run.db);
     // The mapped run's ledger is books.entries on the target.
     if (run.faults) await target.query(run.mapped ? FAULTS.replace(/app\.ledger/g, 'books.entries').replace(/app\.flaky/g, 'books.flaky') : FAULTS, [], run.db);
@@ -138,6 +157,51 @@ after(async () => {
   await publisher?.stop();
   await target?.stop();
 });
+
+/**
+ * One shard's key workload: each transaction inserts an absent id, updates, deletes, or
+ * moves a row to an absent id — often one the target holds soft-deleted, so the move
+ * revives it — sometimes two of these at once.
+ */
+async function runShardWorkload(db: string, table: 'app.sa' | 'app.sb', seed: number): Promise<void> {
+  const rand = prng(seed);
+  const present = new Set<number>();
+  const client = await connect(publisher, db);
+  const absent = () => {
+    for (;;) {
+      const id = 1 + Math.floor(rand() * 40);
+      if (!present.has(id)) return id;
+    }
+  };
+  try {
+    for (let t = 0; t < SHARD_TRANSACTIONS; t++) {
+      await client.query('BEGIN');
+      for (let k = rand() < 0.25 ? 2 : 1; k > 0; k--) {
+        const ids = [...present];
+        const id = ids[Math.floor(rand() * ids.length)];
+        const op = id === undefined || present.size < 10 ? 0 : Math.floor(rand() * 4);
+        if (op === 0) {
+          const n = absent();
+          await client.query(`INSERT INTO ${table} VALUES ($1, $2)`, [n, `i${t}`]);
+          present.add(n);
+        } else if (op === 1) {
+          await client.query(`UPDATE ${table} SET v = $2 WHERE id = $1`, [id, `u${t}`]);
+        } else if (op === 2) {
+          await client.query(`DELETE FROM ${table} WHERE id = $1`, [id]);
+          present.delete(id!);
+        } else {
+          const n = absent();
+          await client.query(`UPDATE ${table} SET id = $2, v = $3 WHERE id = $1`, [id, n, `m${t}`]);
+          present.delete(id!);
+          present.add(n);
+        }
+      }
+      await client.query('COMMIT');
+    }
+  } finally {
+    await client.end();
+  }
+}
 
 /** checkLedger through the mapping: the source read with the mapping's expressions against the target's tables. */
 async function checkMappedLedger(db: string): Promise<{ sourceRows: number; targetRows: number; duplicates: unknown[]; equal: boolean }> {
@@ -157,7 +221,19 @@ async function checkMappedLedger(db: string): Promise<{ sourceRows: number; targ
             (SELECT md5(string_agg(format('%s|%s|%s', k1, k2, payload), ',' ORDER BY k1, k2)) FROM books.journal WHERE src = 'tags') AS tags`,
   );
   const duplicates = await target.query(`SELECT client_id, seq, count(*)::int AS n FROM books.entries GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 5`, [], db);
-  return { sourceRows: src!.n, targetRows: dst!.n, duplicates, equal: src!.ledger === dst!.ledger && src!.accounts === dst!.accounts && src!.tags === dst!.tags };
+  // The shards: the target's live rows are the source's rows; the rest are marked deleted.
+  const shards = async (c: Cluster, sql: string) => (await c.query<{ h: string | null }>(sql, [], db))[0]!.h;
+  const srcShards = await shards(
+    publisher,
+    `SELECT md5(string_agg(format('%s|%s|%s', s, id, v), ',' ORDER BY s, id)) AS h FROM (SELECT 'a' AS s, * FROM app.sa UNION ALL SELECT 'b', * FROM app.sb) u`,
+  );
+  const dstShards = await shards(target, `SELECT md5(string_agg(format('%s|%s|%s', shard, id, v), ',' ORDER BY shard, id)) AS h FROM books.merged WHERE NOT deleted`);
+  return {
+    sourceRows: src!.n,
+    targetRows: dst!.n,
+    duplicates,
+    equal: src!.ledger === dst!.ledger && src!.accounts === dst!.accounts && src!.tags === dst!.tags && srcShards === dstShards,
+  };
 }
 
 async function originLsn(sub: string, db: string): Promise<bigint | null> {
@@ -202,7 +278,10 @@ for (const run of SELECTED) {
     children.push(first);
     await first.waitForLog('streaming started');
     let workloadDone = false;
-    const workload = runLedgerWorkload(publisher, run.db, { clients: CLIENTS, transactionsPerClient: TRANSACTIONS_PER_CLIENT, seed: SEED }).then(() => {
+    const workload = Promise.all([
+      runLedgerWorkload(publisher, run.db, { clients: CLIENTS, transactionsPerClient: TRANSACTIONS_PER_CLIENT, seed: SEED }),
+      ...(run.mapped ? [runShardWorkload(run.db, 'app.sa', SEED + 1), runShardWorkload(run.db, 'app.sb', SEED + 2)] : []),
+    ]).then(() => {
       workloadDone = true;
     });
 
@@ -276,7 +355,7 @@ for (const run of SELECTED) {
     assert.equal(ledger.targetRows, ledger.sourceRows, 'lost transactions in the target');
     assert.ok(ledger.equal, 'target differs from source');
     const [applied] = await target.query(`SELECT transactions_applied::int AS n FROM pgsub.origin WHERE subscription = $1`, [run.sub], run.db);
-    assert.equal(applied.n, expected, 'each source transaction counted exactly once in the origin row');
+    assert.equal(applied.n, expected + (run.mapped ? 2 * SHARD_TRANSACTIONS : 0), 'each source transaction counted exactly once in the origin row');
     process.stdout.write(`# crash test (${run.name}): seed ${SEED}, ${kills} kills, ${samples} invariant samples, ${ledger.targetRows} ledger rows\n`);
   });
 }

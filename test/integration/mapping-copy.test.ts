@@ -1,0 +1,127 @@
+/**
+ * The initial copy of many-to-one tables (docs/mapping.md "Initial copy"), PG14 publisher →
+ * PG18 target, binary: two shards copied in parallel into one target table, each row with
+ * its shard's discriminator value; a row of a third source already in the table neither
+ * blocks the copies (the emptiness check is the shard's rows) nor is touched; then
+ * `pgsub resync` of one shard deletes and copies only that shard's rows while the other
+ * keeps streaming, and both stream afterwards.
+ */
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { loadConfig } from '../../src/config/config.js';
+import { createLogger } from '../../src/log.js';
+import { startRunner, type Runner } from '../../src/service/runner.js';
+import { currentWalLsn, slotConfirmedLsn, startCluster, waitFor, type Cluster } from '../harness/index.js';
+
+const ROWS = 20_000;
+const PUBLISHER = `
+  CREATE SCHEMA s;
+  CREATE TABLE s.a (id int PRIMARY KEY, v text, n int);
+  CREATE TABLE s.b (id int PRIMARY KEY, v text, n int);
+  INSERT INTO s.a SELECT g, 'a' || g, g FROM generate_series(1, ${ROWS}) g;
+  INSERT INTO s.b SELECT g, 'b' || g, g FROM generate_series(1, ${ROWS}) g;
+  CREATE PUBLICATION pub FOR TABLE s.a, s.b;
+`;
+const TARGET = `
+  CREATE SCHEMA t;
+  CREATE TABLE t.m (shard text NOT NULL, id int NOT NULL, v text, n2 int, PRIMARY KEY (shard, id));
+  INSERT INTO t.m VALUES ('other', 1, 'kept', 0);
+`;
+const MAPPING = {
+  tables: {
+    's.a': { target: 't.m', discriminator: { column: 'shard', value: 'a' }, columns: { n: null }, computed: { n2: 'n * 2' } },
+    's.b': { target: 't.m', discriminator: { column: 'shard', value: 'b' }, columns: { n: null }, computed: { n2: 'n * 2' } },
+  },
+};
+
+let pub: Cluster;
+let tgt: Cluster;
+let runner: Runner | undefined;
+const lines: { msg: string; table?: string; level: number; err?: unknown }[] = [];
+
+before(async () => {
+  [pub, tgt] = await Promise.all([startCluster({ major: 14, name: 'mcopy-pub14' }), startCluster({ major: 18, name: 'mcopy-tgt18' })]);
+  await Promise.all([pub.createDatabase('src'), tgt.createDatabase('dst')]);
+  await pub.query(PUBLISHER, [], 'src');
+  await tgt.query(TARGET, [], 'dst');
+});
+
+after(async () => {
+  runner?.stop();
+  await runner?.done.catch(() => undefined);
+  await pub?.stop();
+  await tgt?.stop();
+});
+
+const dst = (sql: string) => tgt.query(sql, [], 'dst');
+const summary = () => dst(`SELECT shard, count(*)::int AS c, sum(n2)::int8::text AS s, count(*) FILTER (WHERE v = shard || id)::int AS ok FROM t.m GROUP BY 1 ORDER BY 1`);
+const expected = (extraA = 0, extraB = 0) => [
+  { shard: 'a', c: ROWS + extraA, s: String(ROWS * (ROWS + 1) + extraA * 2 * (ROWS + 1)), ok: ROWS + extraA },
+  { shard: 'b', c: ROWS + extraB, s: String(ROWS * (ROWS + 1) + extraB * 2 * (ROWS + 1)), ok: ROWS + extraB },
+  { shard: 'other', c: 1, s: '0', ok: 0 },
+];
+
+async function caughtUp(): Promise<void> {
+  const end = await currentWalLsn(pub, 'src');
+  await waitFor(async () => ((await slotConfirmedLsn(pub, 'mc')) ?? 0n) >= end, { timeoutMs: 60_000, intervalMs: 100, what: `the slot to confirm ${end}` });
+}
+
+const ready = async () => (await dst(`SELECT count(*)::int AS n FROM pgsub.subscription_rel WHERE subscription = 'mc' AND state = 'r'`))[0]!.n as number;
+
+test('two shards copied in parallel into one table, each with its discriminator; a third source’s row kept', async () => {
+  const config = loadConfig({
+    env: {},
+    overrides: {
+      subscription: 'mc',
+      source: pub.url('src'),
+      target: tgt.url('dst'),
+      publication: 'pub',
+      copy_data: true,
+      binary: true,
+      status_interval: 1,
+      retry_min_delay: 0.2,
+      retry_max_delay: 1,
+      mapping: MAPPING,
+    },
+  });
+  runner = startRunner(
+    config,
+    createLogger('info', {
+      write: (line: string) => {
+        lines.push(JSON.parse(line));
+        if (process.env.MAPDEBUG) console.error(line);
+      },
+    }),
+  );
+  await waitFor(async () => (await ready()) === 2, { timeoutMs: 90_000, what: 'both shards copied' });
+  assert.deepEqual(await summary(), expected());
+  // In parallel: both copies started before either finished.
+  const events = lines.filter((l) => l.msg === 'table copy started' || l.msg === 'table copy finished').map((l) => `${l.msg === 'table copy started' ? '+' : '-'}${l.table}`);
+  assert.deepEqual(events.slice(0, 2).sort(), ['+s.a', '+s.b'], events.join(' '));
+  assert.deepEqual(await dst(`SELECT rows_copied::int AS r FROM pgsub.subscription_rel WHERE subscription = 'mc' ORDER BY table_name`), [{ r: ROWS }, { r: ROWS }]);
+  await pub.query(`INSERT INTO s.a VALUES (${ROWS + 1}, 'a${ROWS + 1}', ${ROWS + 1}); INSERT INTO s.b VALUES (${ROWS + 1}, 'b${ROWS + 1}', ${ROWS + 1})`, [], 'src');
+  await caughtUp();
+  assert.deepEqual(await summary(), expected(1, 1));
+});
+
+test('pgsub resync of one shard copies only its rows again while the other streams', async () => {
+  // A stray row of shard a on the target: the resync's cleanup removes it with the shard's rows.
+  await dst(`INSERT INTO t.m VALUES ('a', -1, 'stray', 0)`);
+  await runner!.launcher.resync('s', 'a');
+  // Shard b streams meanwhile.
+  for (let i = 2; i <= 20; i++) await pub.query(`INSERT INTO s.b VALUES (${ROWS + i}, 'b${ROWS + i}', ${ROWS + 1})`, [], 'src');
+  await waitFor(
+    async () =>
+      (await dst(`SELECT state FROM pgsub.subscription_rel WHERE subscription = 'mc' AND table_name = 'a'`))[0]?.state === 'r' &&
+      lines.filter((l) => l.msg === 'table copy finished' && l.table === 's.a').length === 2,
+    { timeoutMs: 90_000, what: 'shard a copied again' },
+  );
+  await caughtUp();
+  assert.deepEqual(await summary(), expected(1, 20));
+  assert.equal(lines.filter((l) => l.msg === 'table copy started' && l.table === 's.b').length, 1, 'shard b was not copied again');
+  assert.deepEqual(await dst(`SELECT count(*)::int AS n FROM t.m WHERE id = -1`), [{ n: 0 }]);
+  assert.deepEqual(
+    lines.filter((l) => l.level >= 50),
+    [],
+  );
+});
