@@ -10,6 +10,7 @@
  *   npm run bench -- --pgsub-env PGSUB_MAX_IN_FLIGHT=5000   # any pgsub setting, repeatable
  *   npm run bench -- --contestants pgsub,pgsub-lanes,native --lanes 2   # also pgsub with apply_workers = 2
  *   npm run bench -- --contestants pgsub,pgsub-metrics,native --workloads W1,W2   # the metrics endpoint's cost
+ *   npm run bench -- --baseline bac382c --workloads W1,W2,W4 --scale 0.1   # also an earlier commit, as pgsub-base
  *
  * Workloads (scripts/bench-apply-workloads.ts): W1 1,000,000 rows inserted in
  * transactions of 10,000; W2 pgbench's TPC-B-like transaction, 100,000 from 4 clients;
@@ -48,8 +49,18 @@
  * Measured meanwhile (scripts/bench-lib.ts): CPU seconds of the publisher and the
  * target clusters (exact, from /proc), of the walsender serving the slot (its
  * pg_replication_slots.active_pid, whole life: the decoding floor both contestants
- * share), of pgsub; pgsub's peak RSS (VmHWM). Slots, subscriptions and databases are
- * dropped after each round.
+ * share) and its busy share (CPU / the measured time: below ~90% the subscriber leaves
+ * the decoding floor waiting), of every target backend in the contestant's database
+ * (pg_stat_activity, sampled: pgsub's apply, lane, flush and helper connections, native's
+ * apply and parallel workers), of pgsub (all its threads); pgsub's peak RSS (VmHWM), and
+ * where its apply loop waited (its 'apply loop stopped' log line, src/apply/run/loop-times.ts:
+ * the receiver on the socket and on a full queue, the applier on an empty queue, on the
+ * target's results and on commits; pgsub is stopped right after the clock for it).
+ * Slots, subscriptions and databases are dropped after each round.
+ *
+ * --baseline <commit>: that commit's pgsub (git archive of bin/, src/, migrations/, built
+ * like the working tree's) runs as contestant pgsub-base in the same rounds, so a change's
+ * cost or gain is a ratio in one run, on the same backlogs.
  *
  * Duration: the full default run (2 pairs × 3 repetitions × 5 rounds) takes about 35
  * minutes on a 2-core machine with today's pgsub: one repetition of all workloads is
@@ -105,7 +116,7 @@ const SOURCE_DB = 'bench';
  * pgsub-lanes: pgsub with apply_workers = --lanes; pgsub-metrics: pgsub with the metrics
  * endpoint on, scraped every second while it applies (both opt-in: --contestants …).
  */
-const CONTESTANTS = ['pgsub', 'native', 'pgsub-lanes', 'pgsub-metrics'] as const;
+const CONTESTANTS = ['pgsub', 'native', 'pgsub-lanes', 'pgsub-metrics', 'pgsub-base'] as const;
 const SCRAPE_EVERY_MS = 1000;
 type Kind = (typeof CONTESTANTS)[number];
 const isPgsub = (kind: Kind) => kind !== 'native';
@@ -141,6 +152,7 @@ const { values: opts } = parseArgs({
     'quiet-seconds': { type: 'string', default: '30' },
     live: { type: 'boolean', default: false },
     tsx: { type: 'boolean', default: false },
+    baseline: { type: 'string' },
     help: { type: 'boolean', default: false },
   },
 });
@@ -157,6 +169,8 @@ if (!Number.isInteger(CROSS_REPEAT) || CROSS_REPEAT < 1) throw new Error(`--cros
 const SELECTED = opts.workloads.split(',').map((w) => w.trim().toUpperCase().replace(/M$/, 'm')) as WorkloadId[];
 for (const w of SELECTED) if (!WORKLOAD_IDS.includes(w)) throw new Error(`--workloads: unknown ${w} (known: ${WORKLOAD_IDS.join(', ')})`);
 const KINDS = opts.contestants.split(',').map((c) => c.trim()) as Kind[];
+if (opts.baseline && !KINDS.includes('pgsub-base')) KINDS.splice(1, 0, 'pgsub-base');
+if (KINDS.includes('pgsub-base') && !opts.baseline) throw new Error('--contestants pgsub-base needs --baseline <commit>');
 for (const c of KINDS) if (!CONTESTANTS.includes(c)) throw new Error(`--contestants: unknown ${c} (known: ${CONTESTANTS.join(', ')})`);
 const PAIRS = opts.pair.split(',').map((p) => {
   const m = /^(\d+)-(\d+)$/.exec(p.trim());
@@ -244,6 +258,8 @@ interface Entrant {
   check(): Promise<void>;
   /** For the JSON: pgsub's warnings and last log messages. */
   details?(): Record<string, unknown>;
+  /** After the clock: stops pgsub and returns where its apply loop waited (seconds, summed over its sessions). */
+  finish?(): Promise<Record<string, number> | undefined>;
   cleanup(): Promise<void>;
 }
 
@@ -260,8 +276,24 @@ async function dropSlot(s: Servers, slot: string): Promise<void> {
   }, 30_000);
 }
 
+/** The working tree's pgsub, and --baseline's (contestant pgsub-base). */
+interface Builds {
+  current: PgsubBuild;
+  base: PgsubBuild | null;
+}
+
+/** The fields of pgsub's 'apply loop stopped' lines (src/apply/run/loop-times.ts), summed; undefined when it logs none (an older pgsub). */
+function loopWaits(logs: Record<string, unknown>[]): Record<string, number> | undefined {
+  const lines = logs.filter((l) => l.msg === 'apply loop stopped');
+  if (lines.length === 0) return undefined;
+  const sum: Record<string, number> = {};
+  for (const l of lines) for (const [k, v] of Object.entries(l)) if (typeof v === 'number' && k !== 'level' && k !== 'time' && k !== 'pid') sum[k] = round((sum[k] ?? 0) + v, 3);
+  return sum;
+}
+
 /** `name`'s target database exists (createTargetDb); returns with the slot created. */
-async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, build: PgsubBuild, kind: Kind): Promise<Entrant> {
+async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, builds: Builds, kind: Kind): Promise<Entrant> {
+  const build = kind === 'pgsub-base' ? builds.base! : builds.current;
   const stateDir = mkdtempSync(path.join(os.tmpdir(), 'pgsub-bench-apply-'));
   const env = {
     PGSUB_SOURCE: s.pub.url(SOURCE_DB),
@@ -329,6 +361,10 @@ async function preparePgsub(s: Servers, w: Workload, mode: Mode, name: string, b
     async check() {
       if (child && child.exitCode() !== null) throw new Error(`pgsub exited (${child.exitCode()}):\n${child.output().slice(-4000)}`);
       scrape();
+    },
+    async finish() {
+      await child?.stop();
+      return loopWaits(child?.logs() ?? []);
     },
     details() {
       const messages = (child?.logs() ?? []).filter((l) => l.msg !== undefined);
@@ -414,9 +450,17 @@ interface RunResult {
   rowsPerSecond?: number;
   peakRssMB?: number;
   walsenderCpu?: number;
+  /** Walsender CPU / measured seconds. */
+  walsenderBusy?: number;
   pgsubCpu?: number;
+  /** pgsub's CPU per row change, µs. */
+  pgsubUsPerChange?: number;
+  /** Every backend of the contestant's target database (pg_stat_activity), summed. */
+  targetBackendsCpu?: number;
   targetCpu?: number;
   publisherCpu?: number;
+  /** pgsub's apply loop waits (loop-times.ts). */
+  waits?: Record<string, number>;
   quietWaitSeconds?: number;
   foreignCores?: number;
   /** pg_stat_replication_slots after the run: transactions and bytes decoded, streamed, spilled. */
@@ -427,7 +471,7 @@ interface RunResult {
 
 let roundCounter = 0;
 
-async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build: PgsubBuild): Promise<{ backlog: Backlog; runs: RunResult[] }> {
+async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, builds: Builds): Promise<{ backlog: Backlog; runs: RunResult[] }> {
   const n = ++roundCounter;
   // Native has no mapping: a mapped variant is pgsub's only.
   const kinds = w.mapped ? KINDS.filter(isPgsub) : KINDS;
@@ -449,7 +493,7 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build:
   try {
     const name = (kind: Kind) => `bench_${n}_${kind.replace('-', '_')}`;
     await Promise.all(order.map((kind) => createTargetDb(s, w, name(kind))));
-    for (const kind of order) entrants.push(isPgsub(kind) ? await preparePgsub(s, w, mode, name(kind), build, kind) : await prepareNative(s, w, mode, name(kind)));
+    for (const kind of order) entrants.push(isPgsub(kind) ? await preparePgsub(s, w, mode, name(kind), builds, kind) : await prepareNative(s, w, mode, name(kind)));
     // 3. The backlog, nobody consuming.
     await Promise.all([s.pub.query('CHECKPOINT'), s.tgt.query('CHECKPOINT')]);
     const startLsn = await currentLsn(s.pubMonitor);
@@ -477,7 +521,9 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, build:
         log(
           `  ${e.kind}: ${r.seconds} s (applied ${r.markerSeconds} s, confirmed ${r.confirmedSeconds} s${r.checksumLate ? ', checksums late' : ''}), ${fmtInt(r.rowsPerSecond!)} rows/s` +
             (r.peakRssMB !== undefined ? `, peak RSS ${r.peakRssMB} MB` : '') +
-            `, CPU walsender ${r.walsenderCpu} s, target ${r.targetCpu} s${r.pgsubCpu !== undefined ? `, pgsub ${r.pgsubCpu} s` : ''}` +
+            `, CPU walsender ${r.walsenderCpu} s (${pct(r.walsenderBusy)} busy), target ${r.targetCpu} s (its backends ${r.targetBackendsCpu} s)` +
+            (r.pgsubCpu !== undefined ? `, pgsub ${r.pgsubCpu} s (${r.pgsubUsPerChange} µs/change)` : '') +
+            (r.waits ? `, pgsub waits ${fmtWaits(r.waits)}` : '') +
             (r.slotStats?.stream_txns ? `, ${r.slotStats.stream_txns} streamed txn(s)` : '') +
             (r.slotStats?.spill_txns ? `, ${r.slotStats.spill_txns} spilled txn(s)` : '') +
             (r.foreignCores! > 0.25 ? `; other processes used ${r.foreignCores} cores meanwhile` : ''),
@@ -524,11 +570,30 @@ async function measure(
     }
     let walsender: number | null = null;
     let lastReport = Date.now();
+    let lastBackendScan = 0;
+    const backends = new Set<number>();
+    // Every backend in the contestant's database but the bench's own: pgsub's connections, native's workers.
+    const scanBackends = async () => {
+      if (Date.now() - lastBackendScan < 250) return;
+      lastBackendScan = Date.now();
+      const rows = (
+        await s.tgtMonitor.query<{ pid: number }>(
+          `SELECT pid FROM pg_catalog.pg_stat_activity WHERE datname = $1 AND pid <> pg_catalog.pg_backend_pid() AND application_name IS DISTINCT FROM 'bench'`,
+          [e.db],
+        )
+      ).rows;
+      for (const { pid } of rows) {
+        if (backends.has(pid)) continue;
+        backends.add(pid);
+        cpu.addProcess(`backend:${pid}`, pid, true);
+      }
+    };
     let tConfirmed = 0;
     let tMarker = 0;
     await pollUntil(
       async () => {
         await e.check();
+        await scanBackends();
         if (!tConfirmed) {
           const st = await slotState(s.pubMonitor, e.slot);
           if (walsender === null && st?.activePid) {
@@ -575,6 +640,14 @@ async function measure(
       tDone = performance.now();
     }
     const seconds = round((tDone - t0) / 1000);
+    // Stopped only now: the checksums above may still have needed it to apply.
+    const waits = await e.finish?.();
+    const backendsCpu = round(
+      Object.entries(report.groups)
+        .filter(([k]) => k.startsWith('backend:'))
+        .reduce((sum, [, v]) => sum + v, 0),
+    );
+    for (const k of Object.keys(report.groups)) if (k.startsWith('backend:')) delete report.groups[k];
     return {
       seconds,
       confirmedSeconds: round((tConfirmed - t0) / 1000),
@@ -583,7 +656,10 @@ async function measure(
       rowsPerSecond: Math.round(w.rowChanges / seconds),
       ...(peak ? { peakRssMB: round(peak.peakRssMiB * MIB_TO_MB, 0) } : {}),
       walsenderCpu: report.groups.walsender,
-      ...(report.groups.pgsub !== undefined ? { pgsubCpu: report.groups.pgsub } : {}),
+      ...(report.groups.walsender !== undefined ? { walsenderBusy: round(report.groups.walsender / ((tDone - t0) / 1000), 3) } : {}),
+      ...(report.groups.pgsub !== undefined ? { pgsubCpu: report.groups.pgsub, pgsubUsPerChange: round((report.groups.pgsub * 1e6) / w.rowChanges, 1) } : {}),
+      targetBackendsCpu: backendsCpu,
+      ...(waits ? { waits } : {}),
       targetCpu: report.groups.target,
       publisherCpu: report.groups.publisher,
       quietWaitSeconds: quiet.waitedSeconds,
@@ -618,8 +694,13 @@ interface Summary {
   speedup?: number;
   peakRssMB?: number;
   walsenderCpu?: number;
+  walsenderBusy?: number;
   pgsubCpu?: number;
+  pgsubUsPerChange?: number;
+  targetBackendsCpu?: number;
   targetCpu?: number;
+  /** Median of each of pgsub's apply loop waits. */
+  waits?: Record<string, number>;
 }
 
 function summarize(runs: RunResult[]): Summary[] {
@@ -644,7 +725,11 @@ function summarize(runs: RunResult[]): Summary[] {
       rowsPerSecond: Math.round(rows / medianSeconds),
       ...(isPgsub(contestant) ? { peakRssMB: Math.max(...ok.map((r) => r.peakRssMB ?? 0)) } : {}),
       walsenderCpu: med((r) => r.walsenderCpu),
+      walsenderBusy: med((r) => r.walsenderBusy),
       pgsubCpu: med((r) => r.pgsubCpu),
+      pgsubUsPerChange: med((r) => r.pgsubUsPerChange),
+      targetBackendsCpu: med((r) => r.targetBackendsCpu),
+      ...(ok.some((r) => r.waits) ? { waits: Object.fromEntries(WAIT_KEYS.map((k) => [k, med((r) => r.waits?.[k])!])) } : {}),
       targetCpu: med((r) => r.targetCpu),
     };
   });
@@ -683,6 +768,13 @@ function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
           text: `${pair.name} ${w.id}: native ${nat.medianSeconds} s (${nat.mode}) / pgsub ${p.medianSeconds} s (${p.mode}) = ${ratio.toFixed(2)}× (goal ≥ ${goal}×)`,
         });
       } else lines.push({ met: null, text: `${pair.name} ${w.id}: speedup not measured (goal ≥ ${goal}×)` });
+      const b = best(of('pgsub-base'));
+      if (p && b) {
+        lines.push({
+          met: null,
+          text: `${pair.name} ${w.id}: against --baseline: pgsub-base ${b.medianSeconds} s / pgsub ${p.medianSeconds} s = ${round(b.medianSeconds! / p.medianSeconds!).toFixed(2)}×; pgsub CPU ${b.pgsubUsPerChange ?? '-'} → ${p.pgsubUsPerChange ?? '-'} µs/change; walsender busy ${pct(b.walsenderBusy)} → ${pct(p.walsenderBusy)}`,
+        });
+      }
       const rss = Math.max(0, ...of('pgsub').map((x) => x.peakRssMB ?? 0));
       if (p) lines.push({ met: rss <= RSS_GOAL_MB, text: `${pair.name} ${w.id}: pgsub peak RSS ${rss} MB (goal ≤ ${RSS_GOAL_MB} MB)` });
     }
@@ -702,7 +794,9 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
       `  ${w.id}: ${w.title}${b.length ? `; backlog ${(median(b.map((x) => x.walBytes)) / 1e6).toFixed(0)} MB of WAL, generated in ${median(b.map((x) => x.seconds)).toFixed(1)} s (median)` : ''}`,
     );
   }
-  out('native/pgsub > 1: pgsub faster (median against median, same mode). CPU: seconds during the measurement (median); walsender = the one serving the slot');
+  out('native/pgsub > 1: pgsub faster (median against median, same mode). CPU: seconds during the measurement (median); walsender = the one serving the slot,');
+  out('  busy = its CPU / the time; backends = every backend of the contestant in the target; µs/change = pgsub CPU per row change;');
+  out('  pgsub waits (s): receiver on the socket / on a full queue, applier on an empty queue / on results / on commits (apply loop stopped)');
   out();
   const header = [
     'pair',
@@ -716,12 +810,16 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
     'native/pgsub',
     'pgsub peak RSS MB',
     'walsender CPU s',
+    'walsender busy',
     'pgsub CPU s',
+    'pgsub µs/change',
     'target CPU s',
+    'backends CPU s',
+    'pgsub waits s',
   ];
   const rows = summaries.map((x) =>
     x.refused && !x.runs
-      ? [x.pair, x.workload, x.mode, x.contestant, 0, 'refused', '', '', '', '', '', '', '']
+      ? [x.pair, x.workload, x.mode, x.contestant, 0, 'refused', '', '', '', '', '', '', '', '', '', '', '']
       : [
           x.pair,
           x.workload,
@@ -734,8 +832,12 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
           f(x.speedup),
           x.peakRssMB === undefined ? '-' : String(x.peakRssMB),
           f(x.walsenderCpu),
+          pct(x.walsenderBusy),
           f(x.pgsubCpu),
+          f(x.pgsubUsPerChange, 1),
           f(x.targetCpu),
+          f(x.targetBackendsCpu),
+          x.waits ? fmtWaits(x.waits) : '-',
         ],
   );
   out(formatTable(header, rows));
@@ -744,6 +846,10 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
 }
 
 const fmtInt = (n: number) => n.toLocaleString('en-US');
+const pct = (x: number | undefined) => (x === undefined ? '-' : `${Math.round(x * 100)}%`);
+/** The apply loop's waits in loop-times.ts order: socket / queue full / queue empty / results / commit. */
+const WAIT_KEYS = ['socketWaitSeconds', 'queueFullSeconds', 'queueWaitSeconds', 'resultsWaitSeconds', 'commitWaitSeconds'] as const;
+const fmtWaits = (w: Record<string, number>) => WAIT_KEYS.map((k) => (w[k] === undefined ? '-' : w[k]!.toFixed(1))).join('/');
 const fmtLsn = (lsn: bigint) => `${(lsn >> 32n).toString(16).toUpperCase()}/${(lsn & 0xffffffffn).toString(16).toUpperCase()}`;
 
 // ---------------------------------------------------------------------------------------
@@ -751,6 +857,9 @@ const fmtLsn = (lsn: bigint) => `${(lsn >> 32n).toString(16).toUpperCase()}/${(l
 async function main(): Promise<void> {
   const started = Date.now();
   const build = snapshotPgsub(opts.live, { build: !opts.tsx });
+  const base = opts.baseline ? snapshotPgsub(false, { build: !opts.tsx, commit: opts.baseline }) : null;
+  if (base) log(`pgsub-base: ${opts.baseline} (${base.head.slice(0, 12)}) copied to ${base.dir}, run as ${base.mode}${base.buildErrors ? `, ${base.buildErrors} tsc errors` : ''}`);
+  const builds: Builds = { current: build, base };
   log(
     `pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`} (src fingerprint ${build.fingerprint}, run as ${build.mode}${build.buildErrors ? `, ${build.buildErrors} tsc errors` : ''}); workloads ${WORKLOADS.map((w) => w.id).join(', ')}, scale ${SCALE}, pairs ${PAIRS.map((p) => `${p.name} (${p.repeat} repetition(s))`).join(', ')}`,
   );
@@ -766,7 +875,7 @@ async function main(): Promise<void> {
         for (let rep = 1; rep <= pair.repeat; rep++) {
           for (const w of WORKLOADS) {
             for (const mode of w.modes) {
-              const r = await runRound(s, w, mode, rep, build);
+              const r = await runRound(s, w, mode, rep, builds);
               backlogs.push(r.backlog);
               runs.push(...r.runs);
             }
@@ -791,6 +900,7 @@ async function main(): Promise<void> {
           copiedTree: !opts.live,
           runAs: build.mode,
           buildErrors: build.buildErrors,
+          ...(base ? { baseline: { commit: base.head, srcFingerprint: base.fingerprint, runAs: base.mode, buildErrors: base.buildErrors } } : {}),
           settings: { copy_data: false, binary: true, synchronous_commit: 'off', streaming: 'per workload', ...PGSUB_EXTRA_ENV },
         },
         native: { settings: 'enabled false until measured, copy_data false, binary true, streaming per workload, synchronous_commit off (default)' },
@@ -813,6 +923,7 @@ async function main(): Promise<void> {
   } finally {
     await stopAllClusters();
     build.remove();
+    base?.remove();
   }
 }
 

@@ -398,9 +398,11 @@ export interface PgsubBuild {
  * itself when `live`. With `build`, the copy is compiled (tsc -p tsconfig.build.json into
  * its own dist/, then bundled by scripts/bundle.mjs into dist/bundle/, which bin/pgsub.js
  * prefers), as an installed pgsub would run; the
- * working tree's dist/ is never touched.
+ * working tree's dist/ is never touched. With `commit`, the copy is that commit's tree
+ * (git archive, no worktree registered): an earlier pgsub run in the same benchmark, so a
+ * change is measured as a ratio against its own past (`--baseline`).
  */
-export function snapshotPgsub(live: boolean, options: { build?: boolean } = {}): PgsubBuild {
+export function snapshotPgsub(live: boolean, options: { build?: boolean; commit?: string } = {}): PgsubBuild {
   const git = (args: string[]) => {
     try {
       return execFileSync('git', args, { cwd: REPO_ROOT, encoding: 'utf8' }).trim();
@@ -412,11 +414,22 @@ export function snapshotPgsub(live: boolean, options: { build?: boolean } = {}):
   const buildMode = (root: string): PgsubBuild['mode'] =>
     existsSync(path.join(root, 'dist', 'bundle', 'main.js')) ? 'bundle' : existsSync(path.join(root, 'dist', 'src', 'cli', 'main.js')) ? 'dist' : 'tsx';
   const liveMode = buildMode(REPO_ROOT);
-  if (live) return { dir: REPO_ROOT, fingerprint: fingerprint(REPO_ROOT), ...info, mode: liveMode, buildErrors: 0, remove() {} };
+  if (options.commit) {
+    const head = git(['rev-parse', '--verify', `${options.commit}^{commit}`]);
+    if (!head) throw new Error(`--baseline ${options.commit}: not a commit of this repository`);
+    info.head = head;
+    info.dirty = [];
+  }
+  if (live && !options.commit) return { dir: REPO_ROOT, fingerprint: fingerprint(REPO_ROOT), ...info, mode: liveMode, buildErrors: 0, remove() {} };
   const dir = mkdtempSync(path.join(os.tmpdir(), 'pgsub-snapshot-'));
   snapshots.add(dir);
-  for (const item of ['bin', 'src', 'migrations', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'test/harness', 'scripts/bundle.mjs']) {
-    if (existsSync(path.join(REPO_ROOT, item))) cpSync(path.join(REPO_ROOT, item), path.join(dir, item), { recursive: true });
+  const items = ['bin', 'src', 'migrations', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'test/harness', 'scripts/bundle.mjs'];
+  if (options.commit) {
+    const present = items.filter((item) => git(['ls-tree', '--name-only', info.head, '--', item]) !== '');
+    const tar = execFileSync('git', ['archive', '--format=tar', info.head, ...present], { cwd: REPO_ROOT, maxBuffer: 1 << 30 });
+    execFileSync('tar', ['-x', '-C', dir], { input: tar });
+  } else {
+    for (const item of items) if (existsSync(path.join(REPO_ROOT, item))) cpSync(path.join(REPO_ROOT, item), path.join(dir, item), { recursive: true });
   }
   symlinkSync(path.join(REPO_ROOT, 'node_modules'), path.join(dir, 'node_modules'));
   let buildErrors = 0;

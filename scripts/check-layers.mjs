@@ -14,7 +14,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 export const LAYERS = [
   ['ground', ['src/errors.ts', 'src/quote.ts', 'src/log.ts', 'src/faults.ts', 'src/connect-failure.ts', 'src/connect/', 'src/protocol/', 'src/config/', 'src/conflict/types.ts']],
   ['target', ['src/target/']],
-  ['origin, conflict, sync states', ['src/origin/', 'src/conflict/', 'src/tablesync/sync-state.ts']],
+  ['origin, conflict, sync states', ['src/origin/', 'src/conflict/']],
   ['apply/sql', ['src/apply/sql/']],
   ['apply/txn', ['src/apply/txn/']],
   ['apply/handlers', ['src/apply/handlers/']],

@@ -21,7 +21,7 @@ import { PgsubError, SubscriptionNotFoundError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection, type SlotInfo } from '../protocol/replication.js';
 import { formatBytes, formatSeconds } from '../tablesync/copy-report.js';
-import { STATE_NAMES, type RelState } from '../tablesync/sync-state.js';
+import { STATE_NAMES, type RelState } from '../origin/sync-state.js';
 import { cutOverAt, loadStats, type Stats } from '../conflict/control.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
 import { sequenceStatus, type SequenceStatus } from '../migrate/sequences.js';

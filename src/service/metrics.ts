@@ -21,7 +21,7 @@ import type { Logger } from '../log.js';
 import { pgTimeToEpochMs, type Progress } from '../origin/positions.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
-import { STATE_NAMES, type SyncStates } from '../tablesync/sync-state.js';
+import { STATE_NAMES, type SyncStates } from '../origin/sync-state.js';
 import type { TableProgress } from '../tablesync/job.js';
 
 export interface SlotHealth {

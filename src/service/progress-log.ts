@@ -15,7 +15,7 @@ import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { lagSeconds } from './metrics.js';
 import { formatLsn } from '../protocol/lsn.js';
 import type { TableProgress } from '../tablesync/job.js';
-import type { SyncStates } from '../tablesync/sync-state.js';
+import type { SyncStates } from '../origin/sync-state.js';
 import type { SessionHandle } from './session.js';
 
 export const DEFAULT_PROGRESS_INTERVAL_MS = 30_000;

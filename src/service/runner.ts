@@ -34,7 +34,7 @@ import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
 import { Launcher } from '../tablesync/launcher.js';
 import { ProgressReporter } from '../tablesync/copy-report.js';
-import { SyncStates } from '../tablesync/sync-state.js';
+import { SyncStates } from '../origin/sync-state.js';
 import { VerifyHold, type VerifyOutcome } from '../verify/hold.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
 import { ProgressLog, type CopiedTotals } from './progress-log.js';

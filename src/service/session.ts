@@ -12,7 +12,7 @@ import { applyOptions } from '../config/apply-options.js';
 import type { Config } from '../config/config.js';
 import { ConfigError, CutOverError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
 import { clearPassedError, cutOverAt, loadControl } from '../conflict/control.js';
-import type { SyncStates } from '../tablesync/sync-state.js';
+import type { SyncStates } from '../origin/sync-state.js';
 import { StreamSpool } from '../apply/txn/spool.js';
 import { quoteLiteral } from '../quote.js';
 import type { Logger } from '../log.js';

@@ -14,7 +14,7 @@
  * Why sharing is exact: a table's copy must hold every change that committed before its
  * sync LSN and none after, and the stream must still be able to deliver everything after
  * it. The first holds for any snapshot with its consistent point. For the second, the
- * feedback hold (sync-state.ts: heldLsn) of every table of the batch is in place before any
+ * feedback hold (origin/sync-state.ts: heldLsn) of every table of the batch is in place before any
  * lane of the batch creates its slot, so the subscription's slot cannot have confirmed
  * past a lane's consistent point (launcher.ts sets the holds, then schedules). Lanes serve
  * only the batch they were opened for.

@@ -3,7 +3,7 @@
  * LSN from a temporary slot, record the table as datasync at that LSN, empty it in the
  * target if this is a retry (or the config asks), copy it, and record it as finishedcopy
  * at that LSN. The stream then applies exactly the transactions committing at or after it
- * (see sync-state.ts). A crash anywhere before finishedcopy leaves datasync, and the next
+ * (see origin/sync-state.ts). A crash anywhere before finishedcopy leaves datasync, and the next
  * attempt starts over with a new snapshot.
  *
  * A table copied whole runs on a lane (copy-lanes.ts): a walsender transaction holding a
@@ -24,7 +24,7 @@ import { ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } 
 import { differingTargetTypes, openCopyClient, relayInto, sourceColumnTypes, splitRanges, stagedCopySql, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
 import type { LanePool } from './copy-lanes.js';
-import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from './sync-state.js';
+import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from '../origin/sync-state.js';
 
 export interface TableProgress {
   schema: string;

@@ -6,7 +6,7 @@
  * periodically, on demand (`pgsub refresh`, or a Relation message for a table it does not
  * know), and `resync` copies one table again while the others keep streaming.
  * It tells the runner when a finished copy needs the stream to re-deliver what that table
- * missed (sync-state.ts), and holds the live progress shown by status and the terminal.
+ * missed (origin/sync-state.ts), and holds the live progress shown by status and the terminal.
  */
 import PQueue from 'p-queue';
 import type { Config } from '../config/config.js';
@@ -21,7 +21,7 @@ import { ruleFor } from '../config/mapping.js';
 import { restoreIndexes, runOnSql } from './deferred-indexes.js';
 import { syncTable, type TableProgress } from './job.js';
 import { LanePool, openLane } from './copy-lanes.js';
-import { rowToSync, type SyncStates, type TableSync } from './sync-state.js';
+import { rowToSync, type SyncStates, type TableSync } from '../origin/sync-state.js';
 
 export interface LauncherEvents {
   /** A table finished its copy; the stream must start from its position. */

@@ -21,13 +21,28 @@ export class Pipeline {
     private readonly byteLimit = 16 * 1024 * 1024,
   ) {}
 
-  async push<T>(promise: Promise<T>, bytes = 0, weight = 1): Promise<void> {
+  /** Undefined (no promise) while the window has room: most statements never wait. */
+  push<T>(promise: Promise<T>, bytes = 0, weight = 1): Promise<void> | undefined {
     // Rejections are observed when drained; this keeps Node from flagging them early.
     promise.catch(() => {});
     this.inFlight.push({ promise, bytes, weight });
     this.bytes += bytes;
     this.weight += weight;
-    while (this.size > 1 && (this.weight > this.limit || this.bytes > this.byteLimit)) await this.takeOldest();
+    if (this.#over()) return this.#makeRoom();
+    this.#compact();
+    return undefined;
+  }
+
+  #over(): boolean {
+    return this.size > 1 && (this.weight > this.limit || this.bytes > this.byteLimit);
+  }
+
+  async #makeRoom(): Promise<void> {
+    while (this.#over()) await this.takeOldest();
+    this.#compact();
+  }
+
+  #compact(): void {
     if (this.head > 4096) {
       this.inFlight.splice(0, this.head);
       this.head = 0;

@@ -26,7 +26,7 @@ import { RepairError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { quoteLiteral } from '../quote.js';
-import { STATE_NAMES, type RelState } from '../tablesync/sync-state.js';
+import { STATE_NAMES, type RelState } from '../origin/sync-state.js';
 import type { TableComparison } from './compare.js';
 import { holdAtLsn, release, type Control } from './handshake.js';
 import { deleteStatement, insertStatement, sourceRowsQuery, targetRowsQuery, updateStatement, type Statement } from './repair-sql.js';

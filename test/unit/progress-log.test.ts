@@ -11,7 +11,7 @@ import { Writable } from 'node:stream';
 import { newCounters } from '../../src/apply/txn/apply-state.js';
 import { Progress } from '../../src/origin/positions.js';
 import type { Lsn } from '../../src/protocol/lsn.js';
-import { SyncStates } from '../../src/tablesync/sync-state.js';
+import { SyncStates } from '../../src/origin/sync-state.js';
 import type { SessionHandle } from '../../src/service/session.js';
 import { CATCHING_UP_BYTES, DEFAULT_PROGRESS_INTERVAL_MS, ProgressLog, progressIntervalMs, runState } from '../../src/service/progress-log.js';
 

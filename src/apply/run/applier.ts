@@ -27,7 +27,7 @@ import type { DecodeContext, PgOutputMessage } from '../../protocol/messages.js'
 import { peekVisibleCommitLsn } from '../../protocol/peek.js';
 import { TAG } from '../../protocol/tags.js';
 import { idleProgressStatement } from '../../origin/store.js';
-import { clearSyncProgressStatement, setStateStatement } from '../../tablesync/sync-state.js';
+import { clearSyncProgressStatement, setStateStatement } from '../../origin/sync-state.js';
 import { runAlone } from '../../target/connect.js';
 import { PipelineAbortedError } from '../../target/wire.js';
 import { dispatch } from '../handlers/dispatch.js';

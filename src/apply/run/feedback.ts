@@ -1,7 +1,7 @@
 /**
  * Standby status ('r') to the publisher (worker.c's send_feedback): only the durable
  * position (origin/positions.ts), never past what a table being synced still needs
- * (tablesync/sync-state.ts heldLsn). Sent after applied commits (coalesced: one for a
+ * (origin/sync-state.ts heldLsn). Sent after applied commits (coalesced: one for a
  * burst), every status interval, at once when the publisher asks, and as a ping after
  * half the receive timeout of silence. This class is the one writer of when feedback was
  * last sent and whether a ping is outstanding.
@@ -10,7 +10,7 @@ import type { Logger } from '../../log.js';
 import { formatLsn } from '../../protocol/lsn.js';
 import type { ReplicationStream } from '../../protocol/replication.js';
 import type { Progress } from '../../origin/positions.js';
-import type { SyncStates } from '../../tablesync/sync-state.js';
+import type { SyncStates } from '../../origin/sync-state.js';
 
 /** Commits answered within this window share one feedback message. */
 const COALESCE_MS = 20;

@@ -178,8 +178,12 @@ export class ApplyLanes {
       if ((tag === TAG.RELATION || tag === TAG.TYPE) && this.#lanes !== null) return this.#broadcast(raw).then(() => false);
       return false;
     }
-    // The rest returns a promise only when a lane's queue is full.
-    switch (tag) {
+    return this.#routeInGroup(group, raw, message, queued);
+  }
+
+  /** A message while a group is open: it goes to the group's lane (a promise only when that lane's queue is full). */
+  #routeInGroup(group: OpenGroup, raw: Buffer, message: PgOutputMessage | null, queued: number): boolean | Promise<boolean> {
+    switch (raw[0]) {
       case TAG.INSERT:
       case TAG.UPDATE:
       case TAG.DELETE: {

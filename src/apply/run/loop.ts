@@ -21,7 +21,7 @@ import type { Logger } from '../../log.js';
 import type { Lsn } from '../../protocol/lsn.js';
 import type { ReplicationStream } from '../../protocol/replication.js';
 import type { Progress } from '../../origin/positions.js';
-import type { SyncStates } from '../../tablesync/sync-state.js';
+import type { SyncStates } from '../../origin/sync-state.js';
 import type { WireConnection } from '../../target/connect.js';
 import { Pipeline } from '../../target/pipeline.js';
 import { PipelineAbortedError } from '../../target/wire.js';

@@ -37,7 +37,7 @@ import { flushRowBatch } from '../txn/batch.js';
 import { workerState, type ApplyState, type RemoteTransaction, type Dispatch, type ParallelPort } from '../txn/apply-state.js';
 import { runAlone, type WireConnection } from '../../target/connect.js';
 import { advanceOrigin, targetGid } from '../handlers/twophase.js';
-import { syncKey } from '../../tablesync/sync-state.js';
+import { syncKey } from '../../origin/sync-state.js';
 import { startRemote } from '../txn/transaction.js';
 import { endTarget } from '../txn/commit.js';
 

@@ -13,7 +13,7 @@ import type { MappedRelation } from '../sql/relmap.js';
 import type { Detect } from '../sql/statements.js';
 import type { Tuple } from '../../protocol/messages.js';
 import type { StreamSpool } from './spool.js';
-import type { SyncStates, TableSync } from '../../tablesync/sync-state.js';
+import type { SyncStates, TableSync } from '../../origin/sync-state.js';
 import type { WireConnection } from '../../target/connect.js';
 import { Pipeline } from '../../target/pipeline.js';
 import { CONFLICT_TYPES, type ConflictType } from '../../conflict/types.js';
@@ -28,8 +28,10 @@ export interface RemoteTransaction {
   /** A target BEGIN has been sent (deferred until the first change). */
   open: boolean;
   changes: number;
-  /** Tables not ready yet that this transaction changed: their own positions advance with it. */
-  syncTouched: Set<TableSync>;
+  /** Tables not ready yet that this transaction changed: their own positions advance with it (NO_TABLES until one is). */
+  syncTouched: ReadonlySet<TableSync>;
+  /** The relation whose changes this transaction last found to apply (transaction.ts applies); -1: none yet. */
+  appliesTo: number;
   /** A resent BEGIN PREPARE whose transaction is already prepared on the target: body skipped. */
   alreadyPrepared: boolean;
   /** The transaction `pgsub skip --lsn` named: no change applied, the origin moves past it. */
@@ -96,8 +98,10 @@ export interface TxState {
   group: TargetGroup | null;
   /** Row changes waiting to go out as multi-row statements, per relation id (batch.ts). */
   readonly rowBatches: Map<number, RowBatch>;
-  /** Writes per row (relation and key) in the open target transaction; see batch.ts noteRowWrite. */
-  readonly rowWrites: Map<string, number>;
+  /** Writes per row (relation, then key) in the open target transaction; see batch.ts noteRowWrite. */
+  readonly rowWrites: Map<number, Map<string, number>>;
+  /** Rows in rowWrites, all relations together. */
+  rowWritesTracked: number;
   /** False once a row was written often enough in the open target transaction to end the group. */
   canGroupHotRows: boolean;
   /**
@@ -159,8 +163,11 @@ export interface ApplyState {
 
 /** A transaction state with nothing under way. */
 export function newTxState(): TxState {
-  return { xact: null, group: null, rowBatches: new Map(), rowWrites: new Map(), canGroupHotRows: true, unconfirmed: null };
+  return { xact: null, group: null, rowBatches: new Map(), rowWrites: new Map(), rowWritesTracked: 0, canGroupHotRows: true, unconfirmed: null };
 }
+
+/** The syncTouched of a transaction that changed no table being synced: shared, never written (no Set per transaction). */
+export const NO_TABLES: ReadonlySet<TableSync> = new Set();
 
 export function newCounters(): ApplyCounters {
   return {

@@ -100,15 +100,20 @@ const HOT_ROW_WRITES = 8;
  */
 export function noteRowWrite(state: ApplyState, relationId: number, key: string | null): void {
   if (key === null || state.tx.canGroupHotRows === false) return;
-  if (state.tx.rowWrites.size >= MAX_TRACKED_ROWS) {
+  const tx = state.tx;
+  if (tx.rowWritesTracked >= MAX_TRACKED_ROWS) {
     // A target transaction this large gains nothing from growing further; memory stays bounded.
-    state.tx.canGroupHotRows = false;
-    state.tx.rowWrites.clear();
+    tx.canGroupHotRows = false;
+    tx.rowWrites.clear();
+    tx.rowWritesTracked = 0;
     return;
   }
-  const id = `${relationId}\u0001${key}`;
-  const writes = (state.tx.rowWrites.get(id) ?? 0) + 1;
-  state.tx.rowWrites.set(id, writes);
+  // Per relation, then by key: no string built per row.
+  let rows = tx.rowWrites.get(relationId);
+  if (rows === undefined) tx.rowWrites.set(relationId, (rows = new Map()));
+  const writes = (rows.get(key) ?? 0) + 1;
+  if (writes === 1) tx.rowWritesTracked++;
+  rows.set(key, writes);
   if (writes >= HOT_ROW_WRITES) state.tx.canGroupHotRows = false;
 }
 
@@ -238,7 +243,7 @@ export async function flushRowBatch(state: ApplyState): Promise<void> {
   for (const batch of state.tx.rowBatches.values()) await flushBatch(state, batch);
 }
 
-function sendCopy(state: ApplyState, copy: CopyStatement, rows: number): Promise<void> {
+function sendCopy(state: ApplyState, copy: CopyStatement, rows: number): Promise<void> | undefined {
   let bytes = 0;
   for (const b of copy.data) bytes += b.length;
   state.session.counters.rowsCopied += rows;
@@ -313,7 +318,7 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
  * with detection (answers read before the commit) it fails the transaction as the
  * statement would have.
  */
-function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, rows: number, counted: boolean): Promise<void> {
+function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, rows: number, counted: boolean): Promise<void> | undefined {
   return sendStatement(
     state,
     statement,

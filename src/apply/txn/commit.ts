@@ -13,10 +13,10 @@ import { commitProgressStatement, idleProgressStatement, preparedRowStatement } 
 import { clearSkipStatement } from '../../conflict/control.js';
 import { conflictLogStatement } from '../../conflict/report.js';
 import { quoteLiteral } from '../../quote.js';
-import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../../tablesync/sync-state.js';
-import type { ApplyState, RemoteTransaction } from './apply-state.js';
+import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../../origin/sync-state.js';
+import { NO_TABLES, type ApplyState, type RemoteTransaction } from './apply-state.js';
 import type { TxStatus, WireResult } from '../../target/wire.js';
-import type { TableSync } from '../../tablesync/sync-state.js';
+import type { TableSync } from '../../origin/sync-state.js';
 import { flushRowBatch } from './batch.js';
 import { sendStatement } from './transaction.js';
 
@@ -111,7 +111,8 @@ export async function commitGroup(state: ApplyState, ending: Ending = { kind: 'c
     behind: false,
     open: true,
     changes: 0,
-    syncTouched: new Set(),
+    syncTouched: NO_TABLES,
+    appliesTo: -1,
     alreadyPrepared: false,
     skip: false,
   };
@@ -152,7 +153,7 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
     await sendStatement(state, setStateStatement(state.session.subscription, t, 'r', null));
     await sendStatement(state, clearSyncProgressStatement(state.session.subscription, t));
   }
-  // A table catching up, or becoming ready, moves the feedback hold (tablesync/sync-state.ts
+  // A table catching up, or becoming ready, moves the feedback hold (origin/sync-state.ts
   // heldLsn) once its commit is answered, without the flush tracking origin positions get:
   // that commit must be on disk when answered, so it is synchronous (the session's default).
   const synchronous = state.session.asyncCommit && !prepare && (xact.syncTouched.size > 0 || promoted.length > 0);
@@ -218,6 +219,7 @@ export function endTarget(state: ApplyState): void {
   state.tx.group = null;
   state.tx.rowBatches.clear();
   state.tx.rowWrites.clear();
+  state.tx.rowWritesTracked = 0;
   state.tx.canGroupHotRows = true;
 }
 

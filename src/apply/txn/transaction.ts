@@ -1,15 +1,16 @@
 /**
  * The remote transaction being applied, on the target side: opening it (its record in the
  * apply state, the skip or careful mark), which of its changes apply to which table (the
- * sync-state rule, tablesync/sync-state.ts), opening the target transaction at its first
+ * sync-state rule, origin/sync-state.ts), opening the target transaction at its first
  * change, and pipelining a statement into it. Only the txn layer writes the current
  * transaction (here and in commit.ts).
  */
 import { ProtocolError } from '../../errors.js';
 import { formatLsn, type Lsn } from '../../protocol/lsn.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
-import { syncKey } from '../../tablesync/sync-state.js';
-import type { ApplyState, RemoteTransaction } from './apply-state.js';
+import { syncKey } from '../../origin/sync-state.js';
+import { NO_TABLES, type ApplyState, type RemoteTransaction } from './apply-state.js';
+import type { TableSync } from '../../origin/sync-state.js';
 import type { Statement } from '../sql/statements.js';
 
 export function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
@@ -18,11 +19,14 @@ export function requireTransaction(state: ApplyState, what: string): RemoteTrans
 }
 
 /**
- * Whether this transaction's changes to a relation are applied (tablesync/sync-state.ts):
+ * Whether this transaction's changes to a relation are applied (origin/sync-state.ts):
  * ready tables take commits at or after the origin, syncing tables commits at or after
  * their own position, tables still being copied nothing.
  */
 export function applies(state: ApplyState, xact: RemoteTransaction, relationId: number): boolean {
+  // A run of changes to one relation asks once per transaction: the states that decide it
+  // change between transactions (commit.ts, the applier's idle record), not inside one.
+  if (xact.appliesTo === relationId) return true;
   const remote = state.relations.remoteRelation(relationId);
   // One lookup per change: this runs for every row, so the key is built once per Relation message.
   let key = SYNC_KEYS.get(remote);
@@ -34,7 +38,11 @@ export function applies(state: ApplyState, xact: RemoteTransaction, relationId: 
   const durable = state.session.progress.durable;
   const lsn = xact.behind || xact.finalLsn >= durable ? xact.finalLsn : durable;
   if (!state.session.sync.entryApplies(entry, lsn, durable)) return false;
-  if (entry && entry.state !== 'r') xact.syncTouched.add(entry);
+  if (entry && entry.state !== 'r') {
+    if (xact.syncTouched === NO_TABLES) xact.syncTouched = new Set();
+    (xact.syncTouched as Set<TableSync>).add(entry);
+  }
+  xact.appliesTo = relationId;
   return true;
 }
 
@@ -65,7 +73,7 @@ export async function changeTarget(state: ApplyState, what: string, relationId: 
 }
 
 /** Pipeline a statement; `rows`: how many changes it carries (a batch), for the in-flight bound. */
-export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void, rows = 1): Promise<void> {
+export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void, rows = 1): Promise<void> | undefined {
   const result = state.conn.execute(statement.text, statement.params, statement.paramTypes ? { paramTypes: statement.paramTypes } : undefined);
   let bytes = 0;
   for (const v of statement.params) if (v !== null) bytes += v.length;
@@ -83,7 +91,8 @@ export function startRemote(state: ApplyState, spec: { xid: number; finalLsn: Ls
     behind: spec.behind,
     open: false,
     changes: 0,
-    syncTouched: new Set(),
+    syncTouched: NO_TABLES,
+    appliesTo: -1,
     alreadyPrepared: spec.alreadyPrepared ?? false,
     skip: false,
   };
