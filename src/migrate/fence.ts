@@ -69,16 +69,23 @@ export async function raiseFence(client: pg.Client, previous: string | null, tim
     // Sessions of this database from before the fence are ended; a client backend with no
     // database yet that started before it may still be authenticating into this one: it is
     // waited for until it shows its database.
-    const { rows } = await client.query<{ pid: string; db: string | null; app: string; done: string | null }>(
-      `SELECT pid::text, datname::text AS db, coalesce(application_name, '') AS app,
-              CASE WHEN datname IS NOT NULL THEN pg_catalog.pg_terminate_backend(pid)::text END AS done
-         FROM pg_catalog.pg_stat_activity
-        WHERE (datname = pg_catalog.current_database() OR datname IS NULL) AND pid <> pg_catalog.pg_backend_pid()
-          AND backend_type = 'client backend' AND backend_start < $1::timestamptz`,
+    // A superuser's session is not a non-superuser's to end (pg_terminate_backend would
+    // raise): it is left, named, and the fence fails at its timeout unless it goes.
+    const { rows } = await client.query<{ pid: string; db: string | null; app: string; role: string; done: string | null }>(
+      `SELECT a.pid::text, a.datname::text AS db, coalesce(a.application_name, '') AS app, coalesce(a.usename::text, '') AS role,
+              CASE WHEN a.datname IS NOT NULL AND (NOT coalesce(r.rolsuper, false) OR me.rolsuper) THEN pg_catalog.pg_terminate_backend(a.pid)::text END AS done
+         FROM pg_catalog.pg_stat_activity a
+         LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid
+         CROSS JOIN (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) me
+        WHERE (a.datname = pg_catalog.current_database() OR a.datname IS NULL) AND a.pid <> pg_catalog.pg_backend_pid()
+          AND a.backend_type = 'client backend' AND a.backend_start < $1::timestamptz`,
       [at[0]!.now],
     );
     for (const k of rows) if (isTrue(k.done)) terminated.add(k.pid);
-    left = rows.map((r) => `pid ${r.pid}${r.app ? ` (${r.app})` : ''}${r.db === null ? ' still starting' : ''}`);
+    left = rows.map(
+      (r) =>
+        `pid ${r.pid}${r.app ? ` (${r.app})` : ''}${r.role ? ` of role ${r.role}` : ''}${r.db === null ? ' still starting' : r.done === null ? ', which this role cannot end' : ''}`,
+    );
     clean = rows.length === 0 ? clean + 1 : 0;
     await new Promise((r) => setTimeout(r, rows.length === 0 ? RECHECK_PAUSE_MS : 20));
   }
