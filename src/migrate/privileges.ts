@@ -97,9 +97,13 @@ async function sourceSequences(db: Db, config: Config, rels: readonly Rel[]): Pr
   return [...names.values()];
 }
 
-/** The sequences a sync sets on the target: those of the source by name, and the target tables' own (a mapping's). */
-async function targetSequences(db: Db, sourceSeqs: readonly RelName[], rels: readonly Rel[]): Promise<RelName[]> {
-  const names = new Map(sourceSeqs.map((s) => [`${s.schema}.${s.table}`, s]));
+/**
+ * The sequences a sync sets on the target (sequence-plan.ts): the target tables' own — a
+ * column's values set the sequence feeding its target, under the mapping's names, not the
+ * source's — and sequence_names by name.
+ */
+async function targetSequences(db: Db, config: Config, rels: readonly Rel[]): Promise<RelName[]> {
+  const names = new Map(config.sequenceNames.map((s) => [seqName(s), { schema: s.schema, table: s.name }]));
   for (const u of await readSequenceUses(db, rels)) names.set(seqName(u), { schema: u.schema, table: u.name });
   return [...names.values()];
 }
@@ -157,7 +161,7 @@ export async function checkRunPrivileges(config: Config): Promise<void> {
     if (config.copyData && config.deferIndexes) {
       await needOnRelations(t!, 'table', targetRels(config, await tablesToCopy(t!.db, config.subscription, rels)), WHY.defer, { own: true, createInSchema: true });
     }
-    if (seqs.length > 0) await needOnRelations(t!, 'sequence', await targetSequences(t!.db, seqs, applied), WHY.setSequence, { privileges: ['SELECT', 'UPDATE'] });
+    if (seqs.length > 0) await needOnRelations(t!, 'sequence', await targetSequences(t!.db, config, applied), WHY.setSequence, { privileges: ['SELECT', 'UPDATE'] });
   });
 }
 
@@ -271,7 +275,7 @@ export async function checkCutoverPrivileges(source: Db, subs: readonly CutoverS
     const applied = targetRels(config, rels);
     await needOnRelations(t, 'table', applied, 'the cutover counts their rows at the fence', { privileges: ['SELECT'] });
     if (seqs.length > 0)
-      await needOnRelations(t, 'sequence', await targetSequences(t.db, seqs, applied), 'the cutover sets them with setval', { privileges: ['SELECT', 'UPDATE'] });
+      await needOnRelations(t, 'sequence', await targetSequences(t.db, config, applied), 'the cutover sets them with setval', { privileges: ['SELECT', 'UPDATE'] });
     if (opts.reverse) {
       await needPgsubSchema(s, "--reverse records the reverse subscription's progress on the old primary");
       needReplication(t, "--reverse creates the reverse subscription's slot on the new primary");

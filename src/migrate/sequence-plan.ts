@@ -37,7 +37,7 @@ export interface PlannedSequence {
   kind: SequenceUse['kind'];
   /** The target column it feeds (schema.table.column); null for sequence_names. */
   usedBy: string | null;
-  /** Where the column-floor reads max(column); null for sequence_names. */
+  /** Where the column floor reads max(column); null for sequence_names and a column not of integers. */
   column: { schema: string; table: string; column: string } | null;
   /** The source sequences whose values reach the column (several: many-to-one). */
   sources: { schema: string; name: string; usedBy: string | null }[];
@@ -107,6 +107,8 @@ interface TargetFeed {
   tableExists: boolean;
   columnExists: boolean;
   sequence: { schema: string; name: string; kind: SequenceUse['kind'] } | null;
+  /** The column holds integers (int2, int4, int8, numeric; a domain over one): its max() is a floor. */
+  integer: boolean;
 }
 
 /**
@@ -117,11 +119,13 @@ async function readTargetFeeds(target: Db, cols: readonly TargetColumn[]): Promi
   if (cols.length === 0) return [];
   const rows = await target.query<Row>(
     `SELECT x.i::text AS i, (c.oid IS NOT NULL)::text AS has_table, (a.attnum IS NOT NULL)::text AS has_column,
-            sn.nspname::text AS seq_schema, s.relname::text AS seq_name, a.attidentity::text AS identity, (ser.oid IS NOT NULL)::text AS serial
+            sn.nspname::text AS seq_schema, s.relname::text AS seq_name, a.attidentity::text AS identity, (ser.oid IS NOT NULL)::text AS serial,
+            (COALESCE(NULLIF(ty.typbasetype, 0), ty.oid) IN (20, 21, 23, 1700))::text AS is_integer
        FROM pg_catalog.json_to_recordset($1::json) AS x(i int, schema text, tab text, col text)
        LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = x.schema
        LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = x.tab AND c.relkind IN ('r', 'p')
        LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = x.col AND a.attnum > 0 AND NOT a.attisdropped
+       LEFT JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
        LEFT JOIN LATERAL (SELECT CASE WHEN a.attnum IS NOT NULL
                    THEN pg_catalog.pg_get_serial_sequence(pg_catalog.format('%I.%I', x.schema, x.tab), x.col)::pg_catalog.regclass::pg_catalog.oid END AS oid) ser ON true
        LEFT JOIN LATERAL (SELECT d.refobjid AS oid FROM pg_catalog.pg_attrdef ad
@@ -138,6 +142,7 @@ async function readTargetFeeds(target: Db, cols: readonly TargetColumn[]): Promi
     tableExists: r.has_table === 'true',
     columnExists: r.has_column === 'true',
     sequence: r.seq_name ? { schema: r.seq_schema!, name: r.seq_name, kind: r.identity ? 'identity' : r.serial === 'true' ? 'owned' : 'default' } : null,
+    integer: r.is_integer === 'true',
   }));
 }
 
@@ -194,7 +199,7 @@ export async function planSequences(source: Db, target: Db, config: Config): Pro
       return;
     }
     const key = seqName(t.sequence);
-    const p = planned.get(key) ?? { schema: t.sequence.schema, name: t.sequence.name, kind: t.sequence.kind, usedBy: into, column: to, sources: [] };
+    const p = planned.get(key) ?? { schema: t.sequence.schema, name: t.sequence.name, kind: t.sequence.kind, usedBy: into, column: t.integer ? to : null, sources: [] };
     if (!p.sources.some((s) => seqName(s) === sequence)) p.sources.push({ schema: feed.seqSchema, name: feed.seqName, usedBy });
     planned.set(key, p);
   });

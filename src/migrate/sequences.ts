@@ -105,16 +105,24 @@ export async function readSequenceValues(db: Db, seqs: readonly { schema: string
 const pastBy = (value: bigint, increment: bigint, margin: number): bigint => value + increment * BigInt(1 + margin);
 
 /**
- * The column's largest value (smallest for a descending sequence) on the target: the values
- * the sequence must get past, whichever source they came from (max(column): one index probe
- * on a key). Null for an empty column or one whose values are not integers.
+ * Each planned column's largest value (smallest for a descending sequence) on the target:
+ * the values its sequence must get past, whichever source they came from (max(column): one
+ * index probe on a key), all in one statement. Absent for an empty column or one whose
+ * values are not integers.
  */
-async function columnLast(target: Db, p: PlannedSequence, increment: bigint): Promise<bigint | null> {
-  if (!p.column) return null;
-  const fn = increment > 0n ? 'max' : 'min';
-  const [r] = await target.query<Row>(`SELECT pg_catalog.${fn}(${quoteIdent(p.column.column)})::text AS v FROM ${quoteQualified(p.column.schema, p.column.table)}`);
-  if (r?.v == null || !/^-?\d+$/.test(r.v)) return null;
-  return BigInt(r.v);
+async function columnLasts(target: Db, plan: SequencePlan, tgt: Map<string, SequenceValue>): Promise<Map<string, bigint>> {
+  const parts = plan.sequences.flatMap((p, i) => {
+    const b = tgt.get(seqName(p));
+    if (!p.column || !b) return [];
+    const fn = b.increment > 0n ? 'max' : 'min';
+    return [`(SELECT ${i}::text AS i, pg_catalog.${fn}(${quoteIdent(p.column.column)})::text AS v FROM ${quoteQualified(p.column.schema, p.column.table)})`];
+  });
+  const out = new Map<string, bigint>();
+  if (parts.length === 0) return out;
+  for (const r of await target.query<Row>(parts.join(' UNION ALL '))) {
+    if (r.v != null && /^-?\d+$/.test(r.v)) out.set(seqName(plan.sequences[Number(r.i)]!), BigInt(r.v));
+  }
+  return out;
 }
 
 /** What the sync wants a target sequence's next value to be: past every source by the margin (and past the column). */
@@ -151,12 +159,13 @@ export interface SyncOptions {
 export async function syncSequences(source: Db, target: Db, plan: SequencePlan, margin: number, opts: SyncOptions = {}): Promise<SequenceSync[]> {
   const targets = plan.sequences.map((p) => ({ schema: p.schema, name: p.name }));
   const [src, tgt] = await Promise.all([readSequenceValues(source, planSources(plan)), readSequenceValues(target, targets)]);
+  const lasts = opts.columnFloor ? await columnLasts(target, plan, tgt) : new Map<string, bigint>();
   const out: SequenceSync[] = [];
   for (const p of plan.sequences) {
     const name = seqName(p);
     const b = tgt.get(name);
     const base = { sequence: name, usedBy: p.usedBy, kind: p.kind, sources: p.sources.map(seqName), reason: null };
-    const last = b && opts.columnFloor ? await columnLast(target, p, b.increment) : null;
+    const last = lasts.get(name) ?? null;
     const w = b ? wanted(p, src, b, margin, last) : null;
     if (!b || !w) {
       const firstSource = p.sources.map((s) => src.get(seqName(s))).find((v) => v !== undefined);

@@ -10,8 +10,9 @@
  * (PostgreSQL 14 publisher): a retargeted table's values reach the target column's own
  * sequence (another name), two shards merged many-to-one set one target sequence past the
  * furthest of them, the column floor puts it past the target column's largest value, and
- * an excluded column and a target column no sequence feeds are named, not synced; a
- * cutover through the mapping in cutover-mapped.test.
+ * an excluded column and a target column no sequence feeds are named, not synced, and a
+ * target role that cannot set the mapped sequences is refused naming the server and the
+ * GRANT; a cutover through the mapping in cutover-mapped.test.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -269,6 +270,25 @@ describe('sequence sync', () => {
       assert.equal(again.find((r) => r.sequence === 'm.t_id_seq')!.moved, false);
       const [row] = await pg18.query<{ id: string }>(`INSERT INTO m.t (src, v) VALUES ('new', 'n') RETURNING id::text`, [], 'm14_t');
       assert.equal(row!.id, '4101');
+      // A target role that may read the mapped sequence but not set it: refused naming the server and the GRANT.
+      await pg18.query(`CREATE ROLE seq_low LOGIN; GRANT USAGE ON SCHEMA m, a TO seq_low; GRANT SELECT ON ALL SEQUENCES IN SCHEMA m TO seq_low;`, [], 'm14_t');
+      await pg14.query(`SELECT nextval('b.t_id_seq') FROM generate_series(1, 5000)`, [], 'm14');
+      const low = await openTargetDb({ ...config.target, user: 'seq_low' }, 'test');
+      try {
+        await assert.rejects(syncSequences(source, low, plan, config.sequenceMargin), (err: Error & { code?: string }) => {
+          assert.equal(err.code, 'PGSUB_PRIVILEGE_MISSING');
+          assert.match(
+            err.message,
+            new RegExp(
+              `target ${pg18.host}:${pg18.port} \\(PostgreSQL 18[.0-9]*\\): role "seq_low" lacks UPDATE on sequence m\\.persons_person_id_seq, UPDATE on sequence m\\.t_id_seq \\(the sequence sync sets them with setval\\)`,
+            ),
+          );
+          assert.match(err.message, /Run on the target: GRANT UPDATE ON SEQUENCE m\.persons_person_id_seq, m\.t_id_seq TO seq_low;/);
+          return true;
+        });
+      } finally {
+        await low.close();
+      }
     } finally {
       await source.close();
       await target.close();
