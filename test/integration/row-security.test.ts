@@ -1,7 +1,8 @@
 /**
  * Row-level security on the target never costs a change (PostgreSQL 18 → 18, pgsub's target
  * role the README's, not a superuser, owning the table). A table whose policies apply to
- * that role (FORCE ROW LEVEL SECURITY) is a `pgsub preflight` blocker and makes `pgsub run`
+ * that role (FORCE ROW LEVEL SECURITY; or, on a table it does not own, plain RLS without
+ * BYPASSRLS) is a `pgsub preflight` blocker with the fix for each case, and makes `pgsub run`
  * exit 2 before copying anything, naming the table, the policy and the fix. Forced while pgsub
  * runs, an UPDATE of a row the policy hides stops the apply — first as the statement the
  * session's row_security = off makes fail, then as PGSUB_ROW_SECURITY at the Relation
@@ -12,7 +13,8 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { compareTables, spawnPgsub, startCluster, waitFor, waitForCatchUp, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
 
-const TABLE = `CREATE TABLE public.acct (id int PRIMARY KEY, tenant text NOT NULL, balance int NOT NULL);`;
+const TABLE = `CREATE TABLE public.acct (id int PRIMARY KEY, tenant text NOT NULL, balance int NOT NULL);
+  CREATE TABLE public.shared (id int PRIMARY KEY);`;
 let source: Cluster;
 let target: Cluster;
 let child: PgsubProcess | null = null;
@@ -22,7 +24,7 @@ before(async () => {
   await Promise.all([source.createDatabase('src'), target.createDatabase('dst')]);
   await source.query(
     `${TABLE} INSERT INTO public.acct VALUES (1, 'visible', 100), (2, 'hidden', 200);
-     CREATE PUBLICATION pub FOR TABLE public.acct;`,
+     CREATE PUBLICATION pub FOR TABLE public.acct, public.shared;`,
     [],
     'src',
   );
@@ -38,7 +40,10 @@ before(async () => {
      ${TABLE}
      ALTER TABLE public.acct OWNER TO pgsub;
      CREATE POLICY only_visible ON public.acct USING (tenant = 'visible');
-     ALTER TABLE public.acct ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;`,
+     ALTER TABLE public.acct ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+     -- Not pgsub's: its policies apply to a role without BYPASSRLS even unforced.
+     GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON public.shared TO pgsub;
+     ALTER TABLE public.shared ENABLE ROW LEVEL SECURITY;`,
     [],
     'dst',
   );
@@ -56,6 +61,8 @@ const env = () => ({
   PGSUB_TARGET: `host=${target.host} port=${target.port} dbname=dst user=pgsub`,
   PGSUB_PUBLICATION: 'pub',
   PGSUB_SUBSCRIPTION: 'rls',
+  // public.shared is not pgsub's: its indexes stay during the copy.
+  PGSUB_DEFER_INDEXES: 'false',
   PGSUB_STATUS_INTERVAL: '1',
   PGSUB_RETRY_MIN_DELAY: '0.2',
   PGSUB_RETRY_MAX_DELAY: '0.5',
@@ -82,10 +89,13 @@ test('a table whose row-level security applies to the applying role: a preflight
   const report = JSON.parse(pre.output.slice(pre.output.indexOf('{\n'))) as {
     findings: { severity: string; code: string; side: string; object: string; remediation: string | null }[];
   };
-  const blocker = report.findings.find((f) => f.code === 'TARGET_ROW_SECURITY');
+  const blocker = report.findings.find((f) => f.code === 'TARGET_ROW_SECURITY' && f.object === 'public.acct');
   assert.ok(blocker, pre.output.slice(-3000));
   assert.deepEqual([blocker.severity, blocker.side, blocker.object], ['blocker', 'target', 'public.acct']);
   assert.match(blocker.remediation ?? '', /ALTER TABLE "public"\."acct" NO FORCE ROW LEVEL SECURITY;/);
+  const shared = report.findings.find((f) => f.code === 'TARGET_ROW_SECURITY' && f.object === 'public.shared');
+  assert.ok(shared, pre.output.slice(-3000));
+  assert.match(shared.remediation ?? '', /^ALTER ROLE "pgsub" BYPASSRLS;/);
 
   const run = await pgsub(['run']);
   assert.equal(run.code, 2, run.output.slice(-3000));
@@ -97,7 +107,7 @@ test('a table whose row-level security applies to the applying role: a preflight
 });
 
 test('forced while running, row-level security stops the apply of an UPDATE it would hide until the role sees every row; nothing is lost', async () => {
-  await target.query(`ALTER TABLE public.acct NO FORCE ROW LEVEL SECURITY`, [], 'dst');
+  await target.query(`ALTER TABLE public.acct NO FORCE ROW LEVEL SECURITY; ALTER TABLE public.shared DISABLE ROW LEVEL SECURITY`, [], 'dst');
   child = spawnPgsub(env());
   await child.waitForLog('streaming started');
   // A change after the copy: the session has the relation mapped when the policy is forced.

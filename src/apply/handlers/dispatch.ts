@@ -9,7 +9,8 @@
  * find no row or a foreign last writer, and INSERTs abort on an existing key; the loop
  * then replays the transaction with `state.mode.careful`, where the change handlers hand each
  * change to conflict/resolve.ts. The transaction `pgsub skip` names applies nothing and
- * only moves the origin (finishSkipped).
+ * only moves the origin (finishSkipped); its Relation and Type messages still update the
+ * relation map (worker.c handles them while skipping), streamed ones as they arrive.
  */
 import type { MessageTag, PgOutputMessage } from '../../protocol/messages.js';
 import type { ApplyState, Dispatch } from '../txn/apply-state.js';
@@ -55,7 +56,16 @@ export const SPOOLED: ReadonlySet<MessageTag> = new Set(['relation', 'type', 'or
 
 /** worker.c's apply_dispatch, with handle_streamed_transaction's diversion first. */
 export function dispatch(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> | void {
-  if (state.mode.streamXid !== null && SPOOLED.has(message.tag)) return spoolMessage(state, message, raw);
+  if (state.mode.streamXid !== null && SPOOLED.has(message.tag)) {
+    // Relation and Type messages also update the relation map at once, as worker.c's leader
+    // does while it spools: once a streamed transaction commits, the publisher counts the
+    // relations described inside it as described (pgoutput's cleanup_rel_sync_cache), even
+    // if pgsub skips that transaction, discards it as prepared already, or a parallel worker
+    // applies it. Its replay describes them again, in order.
+    if (message.tag === 'relation') onRelation(state, message);
+    else if (message.tag === 'type') onType(state, message);
+    return spoolMessage(state, message, raw);
+  }
   const handler = handlers[message.tag] as Handler<typeof message.tag>;
   // A batch lives across changes of its kind and across the source commits of a group
   // (commitTarget sends it before the target commit); anything else that writes goes after it.
