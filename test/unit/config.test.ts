@@ -77,7 +77,9 @@ describe('config file', () => {
     assert.equal(c.subscription, 'orders_sub');
     assert.equal(c.slotName, 'orders_sub');
     assert.deepEqual(c.publications, ['pub_a', 'pub_b']);
-    assert.deepEqual({ ...c.source }, { host: 'pub', port: 5433, user: 'rep', password: 'pw', database: 'shop', sslmode: 'require' });
+    const { host, port, user, password, database, sslmode } = c.source;
+    assert.deepEqual({ host, port, user, password, database, sslmode }, { host: 'pub', port: 5433, user: 'rep', password: 'pw', database: 'shop', sslmode: 'require' });
+    assert.deepEqual(c.source.hosts, [{ host: 'pub', port: 5433 }]);
     assert.equal(c.target.password, 'a b');
     assert.equal(c.target.database, 'shop');
     assert.equal(c.copyData, false);
