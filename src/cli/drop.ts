@@ -20,7 +20,18 @@ import { quoteLiteral } from '../quote.js';
 import { restoreIndexes, runOnSql, tablesWithDeferredIndexes } from '../tablesync/deferred-indexes.js';
 
 /** pgsub's tables with a row (or rows) per subscription, children before parents. */
-const SUBSCRIPTION_TABLES = ['relation_columns', 'deferred_index', 'sync_progress', 'subscription_rel', 'prepared', 'conflict_log', 'subscription_stats', 'subscription', 'origin'];
+const SUBSCRIPTION_TABLES = [
+  'cutover',
+  'relation_columns',
+  'deferred_index',
+  'sync_progress',
+  'subscription_rel',
+  'prepared',
+  'conflict_log',
+  'subscription_stats',
+  'subscription',
+  'origin',
+];
 
 export interface DropReport {
   slot: 'dropped' | 'absent' | 'kept';

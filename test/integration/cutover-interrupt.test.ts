@@ -10,7 +10,8 @@
  * done, a re-run finishes only the slot work, `--abort` is refused (exit 2), the forward
  * service has ended with exit 5 and its slot is gone. A reverse setup that fails after it
  * created its publication drops it again; `--reverse` is refused before the fence for a
- * subscription with a mapping.
+ * subscription with a mapping. A fence that cannot end a session (a superuser's, for the
+ * database's owner) fails at --fence-timeout naming it, and is lifted.
  */
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -163,6 +164,41 @@ describe('an interrupted cutover', () => {
     );
     assert.equal(await setting(), null, 'before the fence');
     assert.equal((await target.query(`SELECT 1 FROM pg_publication`, [], DB)).length, 0, 'no reverse publication');
+  });
+
+  test('a fence that cannot end a session from before it fails at --fence-timeout naming it, and is lifted', async () => {
+    // The cutover as the database's owner, not a superuser: a superuser's session is not its to end.
+    await source.query(`CREATE ROLE fence_owner LOGIN REPLICATION; GRANT pg_read_all_stats, pg_signal_backend TO fence_owner; ALTER DATABASE ${DB} OWNER TO fence_owner`);
+    await source.query(`GRANT SELECT ON ALL TABLES IN SCHEMA public TO fence_owner; GRANT SELECT ON ALL SEQUENCES IN SCHEMA public TO fence_owner`, [], DB);
+    const admin = new pg.Client({ connectionString: source.url(DB) });
+    await admin.connect();
+    try {
+      const config = loadConfig({ env: { ...env(), PGSUB_SOURCE: source.url(DB).replace('postgres://postgres@', 'postgres://fence_owner@') } });
+      const options = {
+        fence: 'read-only' as const,
+        maxLagBytes: 1 << 24,
+        lagTimeoutMs: 30_000,
+        applyTimeoutMs: 30_000,
+        reverse: false,
+        reverseConfigFile: null,
+        fenceTimeoutMs: 1500,
+      };
+      await assert.rejects(
+        runCutover([config], options, () => {}, createLogger('fatal', process.stderr as never)),
+        (err: unknown) => {
+          assert.ok(err instanceof CutoverError && err.code === 'PGSUB_CUTOVER_FAILED' && err.exitCode === 1, String(err));
+          assert.match(err.message, /the fence could not be established within 1.5 s: .*of role postgres, which this role cannot end/);
+          assert.match(err.message, /fence lifted on database shop \(default_transaction_read_only not set, read back\)/);
+          return true;
+        },
+      );
+      assert.equal(await setting(), null);
+      assert.equal((await admin.query('SELECT 1 AS one')).rows[0].one, 1, "the superuser's session was left alone");
+    } finally {
+      await admin.end();
+      await source.query(`ALTER DATABASE ${DB} OWNER TO postgres`);
+    }
+    await asBefore('after a fence that timed out');
   });
 
   test("a cutover killed with its fence up: the next run lifts it to the application's own value, not to the fence's on; --abort too", async () => {
