@@ -9,6 +9,8 @@
  *
  * Both sides are read independently: with one down, what the other holds is still shown,
  * the unreachable side is named (host:port, never the password) and the exit code is 3.
+ * A side that refuses pgsub (TLS, authentication, configuration: connect-failure.ts) is
+ * exit 2 with its error code, as for every other command.
  * A subscription the target has never heard of is an error (exit 2), not a record with
  * defaults. The JSON form is a stable interface, documented key by key in
  * docs/status-json.md: a key is renamed or removed only with that document.
@@ -156,6 +158,10 @@ export async function printStatus(config: Config, json: boolean): Promise<number
     readTarget(config),
     config.sequences === 'sync' ? sequenceStatus(config) : Promise.resolve([]),
   ]);
+  // A refusal (TLS, authentication, configuration: exit 2) is the operator's to fix, not a side that is down.
+  for (const side of [source, target]) {
+    if (side.status === 'rejected' && side.reason instanceof PgsubError && !(side.reason instanceof SubscriptionNotFoundError)) throw side.reason;
+  }
   if (target.status === 'rejected' && target.reason instanceof PgsubError) throw target.reason;
   const report = buildReport(config, source, target);
   report.sequences = sequences.status === 'fulfilled' ? sequences.value : null;
@@ -188,6 +194,7 @@ async function readSource(config: Config): Promise<SourceRead> {
   try {
     replication = await ReplicationConnection.open(withTimeout(config.source), `pgsub_${config.subscription}_status`);
   } catch (err) {
+    if (err instanceof PgsubError && err.exitCode === 2) throw err;
     throw new SideError(false, reason(err));
   }
   try {
@@ -215,6 +222,7 @@ async function readTarget(config: Config): Promise<TargetRead> {
       );
       tables = row!;
     } catch (err) {
+      if (err instanceof PgsubError && err.exitCode === 2) throw err;
       throw new SideError(false, reason(err));
     }
     try {

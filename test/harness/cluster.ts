@@ -26,6 +26,10 @@ export interface ClusterOptions {
   settings?: Record<string, string | number>;
   /** Used in the temp dir name (pgsub-<name>-XXXXXX); default `pg<major>`. */
   name?: string;
+  /** pg_hba.conf's whole text (default: initdb's, trust). */
+  hba?: string;
+  /** Files written into the data directory before the start (certificates, keys, CRLs): name → content, mode 0600, owned by the server's user. */
+  files?: Record<string, string | Buffer>;
 }
 
 export interface Cluster {
@@ -346,6 +350,16 @@ export async function startCluster(opts: ClusterOptions): Promise<Cluster> {
     // Harness settings live in their own file, included from postgresql.conf, so that the
     // port can be rewritten on a retry and everything survives restart(). ALTER SYSTEM
     // (postgresql.auto.conf) still overrides it.
+    const serverOwned = async (file: string, content: string | Buffer) => {
+      await fsp.writeFile(file, content, { mode: 0o600 });
+      await fsp.chmod(file, 0o600);
+      if (isRoot()) {
+        const u = serverUser();
+        await fsp.chown(file, u.uid, u.gid);
+      }
+    };
+    if (opts.hba !== undefined) await serverOwned(path.join(dataDir, 'pg_hba.conf'), opts.hba);
+    for (const [file, content] of Object.entries(opts.files ?? {})) await serverOwned(path.join(dataDir, file), content);
     const confFile = path.join(dataDir, 'postgresql.conf');
     const harnessConf = path.join(dataDir, 'pgsub_harness.conf');
     await fsp.appendFile(confFile, `\n# added by pgsub test harness\ninclude 'pgsub_harness.conf'\n`);
