@@ -16,7 +16,8 @@
  * and two source tables merged into one with a discriminator in a key override — the
  * reshaped statements, one per change — checked against the source read through the mapping;
  * two shards into one soft-deleting table move keys all along (onto keys the target holds
- * marked deleted), their live rows checked equal to the source's.
+ * marked deleted), their live rows checked equal to the source's; a reshaped table without
+ * row rules takes UPDATEs, batched as column arrays, also in the backlog applied while commits fail.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -57,9 +58,12 @@ const MAPPED_SCHEMA = `
   CREATE TABLE books.entries (client_id int NOT NULL, seq int NOT NULL, amount int NOT NULL, memo text, amount_x2 int);
   CREATE TABLE books.journal (src text, k1 int, k2 int, payload text, PRIMARY KEY (src, k1, k2));
   INSERT INTO books.journal SELECT 'accounts', g, 0, '0/0' FROM generate_series(1, 100) g;
-  CREATE TABLE books.merged (shard text NOT NULL, id int NOT NULL, v text, deleted boolean NOT NULL DEFAULT false, PRIMARY KEY (shard, id));`;
+  CREATE TABLE books.merged (shard text NOT NULL, id int NOT NULL, v text, deleted boolean NOT NULL DEFAULT false, PRIMARY KEY (shard, id));
+  CREATE TABLE books.counters (id int PRIMARY KEY, n int, memo text, n_x2 int);
+  INSERT INTO books.counters SELECT g, 0, NULL, 0 FROM generate_series(1, 50) g;`;
 /** The mapped run's shards on the publisher: rows inserted, deleted and moving keys (onto keys soft-deleted on the target). */
-const SHARDS_SCHEMA = `CREATE TABLE app.sa (id int PRIMARY KEY, v text); CREATE TABLE app.sb (id int PRIMARY KEY, v text);`;
+const SHARDS_SCHEMA = `CREATE TABLE app.sa (id int PRIMARY KEY, v text); CREATE TABLE app.sb (id int PRIMARY KEY, v text);
+  CREATE TABLE app.counters (id int PRIMARY KEY, n int, note text); INSERT INTO app.counters SELECT g, 0 FROM generate_series(1, 50) g;`;
 /** Transactions per shard of the mapped run's key workload. */
 const SHARD_TRANSACTIONS = FULL ? 1200 : 600;
 /** Ledger renamed with a computed column; accounts and tags both into books.journal (many-to-one). */
@@ -76,6 +80,8 @@ const MAPPING = JSON.stringify({
     'app.tags': { target: 'books.journal', columns: { client: 'k1', seq: 'k2', tag: 'payload' }, discriminator: { column: 'src', value: 'tags' }, key: ['src', 'k1', 'k2'] },
     'app.sa': { target: 'books.merged', discriminator: { column: 'shard', value: 'a' }, soft_delete: 'deleted' },
     'app.sb': { target: 'books.merged', discriminator: { column: 'shard', value: 'b' }, soft_delete: 'deleted' },
+    // Reshaped without row rules: its UPDATEs are batched as column arrays (update-rows.ts).
+    'app.counters': { target: 'books.counters', columns: { note: 'memo' }, computed: { n_x2: 'n * 2' } },
   },
 });
 
@@ -141,7 +147,7 @@ before(async () => {
     await target.createDatabase(run.db);
     await publisher.query(
       run.mapped
-        ? `${LEDGER_SCHEMA} ${SHARDS_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags, app.sa, app.sb;`
+        ? `${LEDGER_SCHEMA} ${SHARDS_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags, app.sa, app.sb, app.counters;`
         : `${LEDGER_SCHEMA} CREATE PUBLICATION pub FOR TABLE app.ledger, app.accounts, app.tags;`,
       [],
       run.db,
@@ -179,7 +185,8 @@ async function runShardWorkload(db: string, table: 'app.sa' | 'app.sb', seed: nu
       for (let k = rand() < 0.25 ? 2 : 1; k > 0; k--) {
         const ids = [...present];
         const id = ids[Math.floor(rand() * ids.length)];
-        const op = id === undefined || present.size < 10 ? 0 : Math.floor(rand() * 4);
+        // Between 10 and 30 of the 40 ids present: an absent one is always there to insert or move to.
+        const op = id === undefined || present.size < 10 ? 0 : present.size >= 30 ? 2 : Math.floor(rand() * 4);
         if (op === 0) {
           const n = absent();
           await client.query(`INSERT INTO ${table} VALUES ($1, $2)`, [n, `i${t}`]);
@@ -196,6 +203,8 @@ async function runShardWorkload(db: string, table: 'app.sa' | 'app.sb', seed: nu
           present.add(n);
         }
       }
+      // One counter row per transaction (two clients never deadlock): reshaped updates, batched.
+      await client.query(`UPDATE app.counters SET n = n + 1, note = $2 WHERE id = $1`, [1 + Math.floor(rand() * 50), `${table} ${t}`]);
       await client.query('COMMIT');
     }
   } finally {
@@ -228,11 +237,13 @@ async function checkMappedLedger(db: string): Promise<{ sourceRows: number; targ
     `SELECT md5(string_agg(format('%s|%s|%s', s, id, v), ',' ORDER BY s, id)) AS h FROM (SELECT 'a' AS s, * FROM app.sa UNION ALL SELECT 'b', * FROM app.sb) u`,
   );
   const dstShards = await shards(target, `SELECT md5(string_agg(format('%s|%s|%s', shard, id, v), ',' ORDER BY shard, id)) AS h FROM books.merged WHERE NOT deleted`);
+  const srcCounters = await shards(publisher, `SELECT md5(string_agg(format('%s|%s|%s|%s', id, n, note, n * 2), ',' ORDER BY id)) AS h FROM app.counters`);
+  const dstCounters = await shards(target, `SELECT md5(string_agg(format('%s|%s|%s|%s', id, n, memo, n_x2), ',' ORDER BY id)) AS h FROM books.counters`);
   return {
     sourceRows: src!.n,
     targetRows: dst!.n,
     duplicates,
-    equal: src!.ledger === dst!.ledger && src!.accounts === dst!.accounts && src!.tags === dst!.tags && srcShards === dstShards,
+    equal: src!.ledger === dst!.ledger && src!.accounts === dst!.accounts && src!.tags === dst!.tags && srcShards === dstShards && srcCounters === dstCounters,
   };
 }
 
@@ -306,7 +317,12 @@ for (const run of SELECTED) {
       current.kill('SIGKILL');
       await current.exited;
       // One-row transactions, as many as fit in flight: the pipelining at its deepest.
-      const backlog = Array.from({ length: FAULT_BACKLOG }, (_, seq) => `BEGIN; INSERT INTO app.ledger VALUES (${CLIENTS}, ${seq}, ${1 + (seq % 997)}, 'backlog ${seq}'); COMMIT;`);
+      // The mapped run's backlog also updates the reshaped counters: batched updates while commits fail.
+      const counter = (seq: number) => (run.mapped ? ` UPDATE app.counters SET n = n + 1, note = 'backlog ${seq}' WHERE id = ${1 + (seq % 50)};` : '');
+      const backlog = Array.from(
+        { length: FAULT_BACKLOG },
+        (_, seq) => `BEGIN; INSERT INTO app.ledger VALUES (${CLIENTS}, ${seq}, ${1 + (seq % 997)}, 'backlog ${seq}');${counter(seq)} COMMIT;`,
+      );
       await publisher.query(backlog.join('\n'), [], run.db);
       expected += FAULT_BACKLOG;
       await target.query(`UPDATE public.fault SET on_ = true`, [], run.db);
@@ -320,7 +336,11 @@ for (const run of SELECTED) {
       current = spawnPgsub(env);
       children.push(current);
       const end = await currentWalLsn(publisher, run.db);
-      await waitFor(async () => ((await slotConfirmedLsn(publisher, run.sub)) ?? 0n) >= end, { timeoutMs: 300_000, intervalMs: 200, what: 'catch-up while commits fail' });
+      await waitFor(async () => ((await slotConfirmedLsn(publisher, run.sub)) ?? 0n) >= end, { timeoutMs: 300_000, intervalMs: 200, what: 'catch-up while commits fail' }).catch(
+        (err: Error) => {
+          throw new Error(`${err.message}; pgsub's last output: ${current.output().slice(-4000)}`);
+        },
+      );
       await target.query(`UPDATE public.fault SET on_ = false`, [], run.db);
     }
 

@@ -202,3 +202,64 @@ export function insertArraysStatement(rel: MappedRelation, reshape: Reshape, tup
   const params = inRow.map((i, n) => encodeArray(encodings[n] === 'b' ? rel.targetColumns[i]!.typeOid : TEXT_OID, values[n]!, sizes[n]!));
   return { text, params };
 }
+
+/**
+ * A batch of key-located UPDATEs of a reshaped relation (excluded or computed columns, no
+ * row rules) as column arrays: the remote rows unnested in lockstep into `r` under their
+ * remote names, the values — direct columns, the computed columns all of whose inputs
+ * were sent (as reshapedUpdate), and the key — evaluated in a subquery where only `r` is in
+ * scope (an expression's column names never meet the target's), then joined by key:
+ *
+ *   UPDATE ONLY t AS pgsub_row SET a = v."v0", c = v."v1"
+ *     FROM (SELECT r."a" AS "v0", (lower(r."b")) AS "v1", r."id" AS "k0"
+ *             FROM (SELECT pg_catalog.unnest($1::int4[]) AS "id", …) AS r) AS v
+ *    WHERE pgsub_row."id" = v."k0"
+ *
+ * Values encoded as insertArraysStatement's; null where they cannot be (the caller then
+ * sends the rows one by one).
+ */
+export function reshapedUpdateArraysStatement(
+  rel: MappedRelation,
+  reshape: Reshape,
+  tuples: readonly Tuple[],
+  setIndexes: readonly number[],
+  detect: Detect | null,
+): Statement | null {
+  const sent = new Set(setIndexes);
+  const direct = setIndexes.filter((i) => reshape.direct[i] === true);
+  const computed = reshape.computed.filter((c) => c.uses.every((i) => sent.has(i)));
+  if (direct.length + computed.length === 0) return null;
+  const inRow = rowColumns([...direct, ...rel.keyIndexes], computed);
+  const encodings: Encoding[] = [];
+  const values: (Buffer | string | null)[][] = [];
+  const sizes: number[] = [];
+  for (const i of inRow) {
+    const col = columnValues(rel, tuples, i, reshape.direct[i] === true && reshape.rowTypes[i] === rel.targetColumns[i]!.typeName);
+    if (col === null) return null;
+    encodings.push(col.encoding);
+    values.push(col.values);
+    sizes.push(col.size);
+  }
+  const shape = `RUA|${setIndexes.join(',')}|${encodings.join('')}${detect ? '|d' : ''}`;
+  const text = cached(rel, shape, () => {
+    const row = inRow.map((i, n) => {
+      noteParam(n + 1, i);
+      const name = quoteIdent(rel.remote.columns[i]!.name);
+      return encodings[n] === 'b'
+        ? `pg_catalog.unnest($${n + 1}::${reshape.rowTypes[i]}[]) AS ${name}`
+        : `pg_catalog.unnest($${n + 1}::"pg_catalog"."text"[])::${reshape.rowTypes[i]} AS ${name}`;
+    });
+    const cols = [...direct.map((i) => column(rel, i)), ...computed.map((c) => quoteIdent(c.column.name))];
+    const exprs = [...direct.map((i) => rowValue(rel, reshape, i)), ...computed.map((c) => `(${c.expr})`)];
+    const keys = rel.keyIndexes.map((i, k) => `${rowValue(rel, reshape, i)} AS "k${k}"`);
+    const from = `(SELECT ${[...exprs.map((e, n) => `${e} AS "v${n}"`), ...keys].join(', ')} FROM (SELECT ${row.join(', ')}) AS r) AS "pgsub_values"`;
+    const sets = cols.map((c, n) => `${c} = "pgsub_values"."v${n}"`).join(', ');
+    const where = rel.keyIndexes.map((i, k) => `"pgsub_row".${column(rel, i)} = "pgsub_values"."k${k}"`).join(' AND ');
+    const plain = `UPDATE ${target(rel)} AS "pgsub_row" SET ${sets} FROM ${from} WHERE ${where}`;
+    if (!detect) return plain;
+    const first = encodings[0] === 'b' ? reshape.rowTypes[inRow[0]!] : '"pg_catalog"."text"';
+    return `WITH pgsub_changed AS (${plain} RETURNING 1) SELECT CASE WHEN (SELECT pg_catalog.count(*) FROM pgsub_changed) <> pg_catalog.cardinality($1::${first}[]) THEN "pgsub"."conflict"('update_missing') END`;
+  });
+  const params = inRow.map((i, n) => encodeArray(encodings[n] === 'b' ? rel.targetColumns[i]!.typeOid : TEXT_OID, values[n]!, sizes[n]!));
+  return { text, params };
+}

@@ -29,11 +29,12 @@ import type { Tuple, TupleValue } from '../../protocol/messages.js';
 import { sendStatement } from './transaction.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import type { ApplyState, RemoteTransaction, RowBatch } from './apply-state.js';
-import { insertManyStatement, maxBatchRows, updateManyStatement, type Detect, type Statement } from '../sql/statements.js';
+import { insertManyStatement, maxBatchRows, updateManyStatement, updateStatement, type Detect, type Statement } from '../sql/statements.js';
+import type { Reshape } from '../sql/mapping.js';
 import { copyInsertStatement, type CopyStatement } from '../sql/copy-rows.js';
 import { copyFromInsertMessages } from '../sql/copy-messages.js';
 import { decode } from '../../protocol/decoder.js';
-import { insertArraysStatement, updateArraysStatement } from '../sql/update-rows.js';
+import { insertArraysStatement, reshapedUpdateArraysStatement, updateArraysStatement } from '../sql/update-rows.js';
 
 /**
  * A batch of at least this many inserts goes out as COPY when the settings and values
@@ -215,7 +216,8 @@ export function batchUpdate(
   detect: Detect | null,
   key: string,
 ): Promise<void> | void | false {
-  if (rel.ordered || rel.reshape || oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
+  // A reshaped relation batches too (update-rows.ts reshapedUpdateArraysStatement); one with row rules is `ordered`.
+  if (rel.ordered || oldTuple || rel.keyIndexes.length === 0 || (detect && detect.originId !== null) || newTuple.length !== rel.remote.columns.length) return false;
   for (const i of rel.keyIndexes) {
     const v = newTuple[i];
     if (!v || v.kind === 'null' || v.kind === 'unchanged') return false;
@@ -287,6 +289,7 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   // Detection inside the statement (a CTE counting the changed rows) costs the target per
   // row; where every answer is read before the commit, the command's count says as much.
   const detect = state.policy.resultsBeforeCommit === true ? null : batch.detect;
+  if (batch.kind === 'update' && batch.rel.reshape) return flushReshapedUpdates(state, batch, batch.rel.reshape, detect);
   if (batch.kind === 'update' && batch.tuples.length >= ARRAY_MIN_ROWS) {
     const statement = updateArraysStatement(batch.rel, batch.tuples, batch.setIndexes, detect);
     if (statement) return sendUpdate(state, batch, statement, batch.tuples.length, detect === null);
@@ -310,6 +313,16 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
     }
     await sendUpdate(state, batch, updateManyStatement(batch.rel, rows, batch.setIndexes, detect), rows.length, detect === null);
   }
+}
+
+/**
+ * A reshaped relation's updates: one statement of column arrays (its text the same for any
+ * row count, so from two rows on); one statement per row where the values do not allow it.
+ */
+async function flushReshapedUpdates(state: ApplyState, batch: RowBatch, reshape: Reshape, detect: Detect | null): Promise<void> {
+  const statement = batch.tuples.length > 1 ? reshapedUpdateArraysStatement(batch.rel, reshape, batch.tuples, batch.setIndexes, detect) : null;
+  if (statement) return sendUpdate(state, batch, statement, batch.tuples.length, detect === null);
+  for (const tuple of batch.tuples) await sendUpdate(state, batch, updateStatement(batch.rel, undefined, undefined, tuple, detect), 1, detect === null);
 }
 
 /**
