@@ -66,11 +66,22 @@ export async function authenticate(ctx: AuthContext): Promise<BackendMessage> {
     if (code === 11 || code === 12) {
       if (!sasl) throw new HandshakeFailure('network', 'SASL message from the server outside a SASL exchange');
       const data = m.body.toString('utf8', 4);
+      // A SCRAM message that does not verify (a server that cannot prove it knows the password) is permanent, not a lost connection.
+      const scram = (step: () => unknown) => {
+        try {
+          return step();
+        } catch (err) {
+          throw fail(`SCRAM authentication failed: ${(err as Error).message}`);
+        }
+      };
       if (code === 11) {
-        await continueSession(sasl, await password(ctx), data, binding === 'disable' ? null : ctx.tls);
+        const pw = await password(ctx);
+        await (scram(() => continueSession(sasl!, pw, data, binding === 'disable' ? null : ctx.tls)) as Promise<void>).catch((err: Error) => {
+          throw err instanceof HandshakeFailure ? err : fail(`SCRAM authentication failed: ${err.message}`);
+        });
         ctx.socket.write(frontend('p', Buffer.from(sasl.response, 'utf8')));
       } else {
-        finalizeSession(sasl, data);
+        scram(() => finalizeSession(sasl!, data));
         bound = sasl.mechanism === 'SCRAM-SHA-256-PLUS';
         authenticated = true;
       }

@@ -73,8 +73,8 @@ function crls(info: ConnInfo): Buffer[] {
 
 /** libpq's permission rule for a private key file. */
 export function keyPermissionProblem(file: string, st: fs.Stats): string | null {
-  const euid = process.geteuid?.() ?? -1;
-  if ((st.uid === euid && (st.mode & 0o077) !== 0) || (st.uid === 0 && (st.mode & 0o037) !== 0)) {
+  // libpq's rule as written: a root-owned key may be 0640 (group-readable), any other 0600.
+  if ((st.mode & (st.uid === 0 ? 0o037 : 0o077)) !== 0) {
     return `private key file "${file}" has group or world access; file must have permissions u=rw (0600) or less if owned by the current user, or permissions u=rw,g=r (0640) or less if owned by root`;
   }
   return null;
