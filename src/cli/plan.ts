@@ -6,7 +6,7 @@
  * Read-only on both sides.
  */
 import type { Config } from '../config/config.js';
-import { buildPlan, formatPlan } from '../service/mapping-plan.js';
+import { buildPlan, formatPlan } from '../mapping/plan.js';
 
 export async function printPlan(config: Config, json: boolean): Promise<number> {
   const plan = await buildPlan(config, { onlyMapped: false, withSql: true });

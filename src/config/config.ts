@@ -13,7 +13,7 @@ import { z } from 'zod';
 import { ConfigError, NotImplementedError } from '../errors.js';
 import { describeIssue, didYouMean, parseJsonString, showValue } from './issues.js';
 import { parseConninfo, type ConnInfo } from './conninfo.js';
-import { mappingKeysAt, mappingSchema, NO_MAPPING, unbuiltKey, type MappingConfig } from './mapping.js';
+import { mappingKeysAt, mappingSchema, NO_MAPPING, unbuiltKey, type MappingConfig } from '../mapping/rules.js';
 import { ALLOWED, CONFLICT_TYPES, NATIVE_DEFAULTS, POLICIES, type ConflictConfig, type ConflictType, type PolicySet } from '../conflict/types.js';
 
 // Each schema words its own value problem (with the value given); issues.ts adds the key

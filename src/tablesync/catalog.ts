@@ -8,8 +8,8 @@
  */
 import type { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';
-import type { TableRule } from '../config/mapping.js';
-import { expressionColumns } from '../apply/sql/mapping.js';
+import type { TableRule } from '../mapping/rules.js';
+import { expressionColumns } from '../mapping/columns.js';
 import type { RelationMessage } from '../protocol/messages.js';
 
 export interface PublishedTable {

@@ -31,15 +31,15 @@ import { SchemaMismatchError } from '../../errors.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { quoteQualified } from '../../quote.js';
 import { queryRows, type WireConnection } from '../../target/connect.js';
-import { hasRowRules, ruleFor, type MappingConfig, type TableRule } from '../../config/mapping.js';
-import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from './mapping.js';
-import { checkUniqueKey, compileRows } from './rows.js';
-import { checkMapped, type TargetExtra } from './plan-checks.js';
-import { Drift, type DriftOutcome } from './drift.js';
+import { hasRowRules, ruleFor, type MappingConfig, type TableRule } from '../../mapping/rules.js';
+import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from '../../mapping/columns.js';
+import { checkUniqueKey, compileRows } from '../../mapping/rows.js';
+import { checkMapped, type TargetExtra } from '../../mapping/plan-checks.js';
+import { Drift, type DriftOutcome } from '../../mapping/drift.js';
 
-export type { DriftOutcome } from './drift.js';
+export type { DriftOutcome } from '../../mapping/drift.js';
 
-export type { TargetColumn } from './mapping.js';
+export type { TargetColumn } from '../../mapping/columns.js';
 
 export interface MappedRelation {
   remote: RelationMessage;

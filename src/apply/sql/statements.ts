@@ -45,7 +45,7 @@ import type { Tuple, TupleValue } from '../../protocol/messages.js';
 import { quoteIdent } from '../../quote.js';
 import { BinaryLayoutError, rewriteOids, textForUnreceivable } from './binary.js';
 import type { MappedRelation } from './relmap.js';
-import type { Reshape } from './mapping.js';
+import type { Reshape } from '../../mapping/columns.js';
 import type { WireValue } from '../../target/wire.js';
 import type { Statement } from '../../target/statement.js';
 

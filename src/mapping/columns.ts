@@ -19,10 +19,10 @@
  * connection, because a transaction that touched a temporary table cannot be prepared
  * (two_phase) and a failed probe would abort the apply transaction.
  */
-import { MappingError, SchemaMismatchError } from '../../errors.js';
-import { hasRowRules, type RowRule, type TableRule } from '../../config/mapping.js';
-import type { RelationMessage } from '../../protocol/messages.js';
-import { quoteIdent, quoteLiteral } from '../../quote.js';
+import { MappingError, SchemaMismatchError } from '../errors.js';
+import { hasRowRules, type RowRule, type TableRule } from './rules.js';
+import type { RelationMessage } from '../protocol/messages.js';
+import { quoteIdent, quoteLiteral } from '../quote.js';
 
 export interface TargetColumn {
   name: string;

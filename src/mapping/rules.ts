@@ -7,7 +7,7 @@
  * name, so no option is ever silently ignored.
  */
 import { z } from 'zod';
-import { parseJsonString, showValue } from './issues.js';
+import { parseJsonString, showValue } from '../config/issues.js';
 
 const name = z.string({ error: (iss) => `${showValue(iss.input)} is not a name` }).min(1);
 const expr = z.string({ error: (iss) => `${showValue(iss.input)} is not an SQL expression` }).min(1);

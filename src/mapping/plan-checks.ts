@@ -7,10 +7,10 @@
  * published table from the publisher's catalog) and at every Relation message alike.
  * Unmapped tables are never checked here: they keep native's behaviour.
  */
-import type { TableRule } from '../../config/mapping.js';
-import { MappingError } from '../../errors.js';
-import type { RelationMessage } from '../../protocol/messages.js';
-import type { Reshape, TargetColumn } from './mapping.js';
+import type { TableRule } from './rules.js';
+import { MappingError } from '../errors.js';
+import type { RelationMessage } from '../protocol/messages.js';
+import type { Reshape, TargetColumn } from './columns.js';
 
 /** Built-in type OIDs (pg_type.dat) the lossy-cast table names. */
 const T = {
