@@ -1,5 +1,5 @@
 /**
- * A mapping rule (config/mapping.ts) checked against the publisher's relation and the
+ * A mapping rule (mapping/rules.ts) checked against the publisher's relation and the
  * target's columns, and compiled into what the statement builders need. relmap.ts calls
  * matchColumns for every relation, mapped or not: without a rule it matches columns by
  * name, as native's logicalrep_rel_open, and the result carries no Reshape, so the

@@ -69,7 +69,7 @@ export interface MappedRelation {
   binary?: BinaryColumns;
   /** The mapping rule of the source table (config mapping:); absent: none applies. */
   rule?: TableRule;
-  /** Excluded or computed columns: statements are built from this (mapping.ts); absent: the plain builders. */
+  /** Excluded or computed columns: statements are built from this (mapping/columns.ts); absent: the plain builders. */
   reshape?: Reshape;
   /** Mapped relations: what schema drift changed in the rule (plan-checks.ts). */
   drift?: DriftOutcome;
@@ -96,7 +96,7 @@ export interface RelationMapOptions {
   binary?: boolean;
   /** Mapping rules (config mapping:); absent: every relation to the same name. */
   mapping?: MappingConfig;
-  /** Where computed columns' expressions are checked (mapping.ts); absent: not checked here. */
+  /** Where computed columns' expressions are checked (mapping/columns.ts); absent: not checked here. */
   probe?: Probe;
   /** The subscription whose drift bookkeeping is kept in pgsub.relation_columns; absent: in memory only. */
   subscription?: string;
