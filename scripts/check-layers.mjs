@@ -12,16 +12,31 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
 /** Lowest first; a module may import its own layer or a lower one. */
 export const LAYERS = [
-  ['ground', ['src/errors.ts', 'src/quote.ts', 'src/log.ts', 'src/faults.ts', 'src/connect-failure.ts', 'src/connect/', 'src/protocol/', 'src/config/', 'src/conflict/types.ts']],
+  [
+    'ground',
+    [
+      'src/errors.ts',
+      'src/quote.ts',
+      'src/log.ts',
+      'src/faults.ts',
+      'src/connect-failure.ts',
+      'src/connect/',
+      'src/protocol/',
+      'src/config/',
+      'src/conflict/types.ts',
+      'src/mapping/rules.ts',
+    ],
+  ],
   ['target', ['src/target/']],
   ['origin, conflict, sync states', ['src/origin/', 'src/conflict/']],
-  ['apply/sql', ['src/apply/sql/']],
+  // The mapping's home (docs/mapping.md): its rule model is ground, its plan a service, the rest beside the statement builders.
+  ['apply/sql', ['src/apply/sql/', 'src/mapping/']],
   ['apply/txn', ['src/apply/txn/']],
   ['apply/handlers', ['src/apply/handlers/']],
   ['apply/run', ['src/apply/run/']],
   ['tablesync', ['src/tablesync/']],
   ['migrate, verify', ['src/migrate/', 'src/verify/']],
-  ['service', ['src/service/']],
+  ['service', ['src/service/', 'src/mapping/plan.ts']],
   ['cli', ['src/cli/']],
 ];
 

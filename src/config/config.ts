@@ -13,7 +13,7 @@ import { z } from 'zod';
 import { ConfigError, NotImplementedError } from '../errors.js';
 import { describeIssue, didYouMean, parseJsonString, showValue } from './issues.js';
 import { parseConninfo, type ConnInfo } from './conninfo.js';
-import { mappingKeysAt, mappingSchema, NO_MAPPING, unbuiltKey, type MappingConfig } from './mapping.js';
+import { mappingKeysAt, mappingSchema, NO_MAPPING, unbuiltKey, type MappingConfig } from '../mapping/rules.js';
 import { ALLOWED, CONFLICT_TYPES, NATIVE_DEFAULTS, POLICIES, type ConflictConfig, type ConflictType, type PolicySet } from '../conflict/types.js';
 
 // Each schema words its own value problem (with the value given); issues.ts adds the key
@@ -110,7 +110,7 @@ const fileSchema = z
     two_phase: boolish.default(false),
     disable_on_error: boolish.default(false),
     conflicts: conflictsSchema.optional(),
-    // Reshaping into a differently shaped target (config/mapping.ts, docs/mapping.md).
+    // Reshaping into a differently shaped target (mapping/rules.ts, docs/mapping.md).
     mapping: mappingSchema.optional(),
     origin: oneOf(['any', 'none']).default('any'),
     messages: boolish.default(false),
@@ -176,7 +176,7 @@ export interface Config {
   disableOnError: boolean;
   /** Conflict detection and the policies per type and table (conflict/types.ts). */
   conflicts: ConflictConfig;
-  /** Table and column mapping rules (config/mapping.ts); empty: every table as the publisher names it. */
+  /** Table and column mapping rules (mapping/rules.ts); empty: every table as the publisher names it. */
   mapping: MappingConfig;
   origin: 'any' | 'none';
   /** Ask for logical decoding messages (pg_logical_emit_message); logged, not applied. */

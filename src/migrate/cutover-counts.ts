@@ -5,7 +5,7 @@
  * table sends is what the publication publishes — its row filter (PostgreSQL 15+,
  * pg_publication_tables.rowfilter, OR-ed across publications as the table sync does;
  * a column list changes no count) — and its mapping rule's filter; where it lands is the
- * mapping's target table (config/mapping.ts), as verify names it (verify/sql.ts onSide).
+ * mapping's target table (mapping/rules.ts), as verify names it (verify/sql.ts onSide).
  *
  * A rule's row semantics decide what is counted on the target: a discriminator shard is
  * the slice `discriminator = value`; soft delete counts the live rows (flag not true, at
@@ -18,7 +18,7 @@
  * scan per table and side.
  */
 import type { Config } from '../config/config.js';
-import { ruleFor, type TableRule } from '../config/mapping.js';
+import { ruleFor, type TableRule } from '../mapping/rules.js';
 import { quoteIdent, quoteQualified } from '../quote.js';
 import type { PublishedTable } from '../tablesync/catalog.js';
 import type { Db, Row } from './db.js';

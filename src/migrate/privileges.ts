@@ -27,7 +27,7 @@
  *              read the slot or the publication (resync with two_phase, refresh --no-copy).
  */
 import type { Config } from '../config/config.js';
-import { ruleFor } from '../config/mapping.js';
+import { ruleFor } from '../mapping/rules.js';
 import { PrivilegeError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { arrayLiteral, openPgDb, openTargetDb, type Db, type Row } from './db.js';

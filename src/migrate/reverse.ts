@@ -22,7 +22,7 @@
 import fs from 'node:fs';
 import YAML from 'yaml';
 import type { Config } from '../config/config.js';
-import { isEmptyMapping } from '../config/mapping.js';
+import { isEmptyMapping } from '../mapping/rules.js';
 import { type ConnInfo, conninfoKeywords, conninfoText } from '../config/conninfo.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';

@@ -2,7 +2,7 @@
  * Which target sequence each source sequence moves (the plan of the sequence sync,
  * sequences.ts). A sequence feeds a column: an identity or serial column (what
  * pg_get_serial_sequence finds) or a nextval() default. The column's values reach the
- * target under the mapping's names (config/mapping.ts: target table, renamed column), and
+ * target under the mapping's names (mapping/rules.ts: target table, renamed column), and
  * there the column is fed by the target's own sequence — looked up on the target with
  * pg_get_serial_sequence under the target's table and column names (a default's nextval
  * otherwise), whatever it is called. So a retargeted table's sequence is found under its
@@ -16,7 +16,7 @@
  * fence and at each periodic round.
  */
 import type { Config } from '../config/config.js';
-import { ruleFor } from '../config/mapping.js';
+import { ruleFor } from '../mapping/rules.js';
 import { publishedTables, type Db, type Row } from './db.js';
 import { readDescendants, relName, seqName, type Rel, type SequenceUse } from './objects.js';
 

@@ -23,7 +23,7 @@ import { openTargetDb } from '../migrate/db.js';
 import { needOnRelations, privilegeError, sideOf } from '../migrate/grants.js';
 import type { ReplicationConnection, SlotInfo } from '../protocol/replication.js';
 import { runAlone, type WireConnection } from '../target/connect.js';
-import { ruleFor } from '../config/mapping.js';
+import { ruleFor } from '../mapping/rules.js';
 import { ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from '../apply/sql/row-security.js';
 
 /** What `pgsub run` needs on both sides, checked before its first session changes anything (migrate/privileges.ts). */

@@ -41,7 +41,7 @@ import { ProgressLog, type CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
 import type { SlotHealth } from './metrics.js';
 import { checkRowSecurity, checkRunPrivileges, checkTablePrivileges, OwnConnections } from './preflight.js';
-import { checkMappingsAtStartup } from './mapping-plan.js';
+import { checkMappingsAtStartup } from '../mapping/plan.js';
 import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */

@@ -7,7 +7,7 @@
  * Before touching the origin or the slot it takes the subscription's run lock and claims
  * the slot (preflight.ts). A lost apply connection ends the session at once, even idle.
  */
-import { isEmptyMapping } from '../config/mapping.js';
+import { isEmptyMapping } from '../mapping/rules.js';
 import { applyOptions } from '../config/apply-options.js';
 import type { Config } from '../config/config.js';
 import { ConfigError, CutOverError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';

@@ -8,8 +8,8 @@
  */
 import type { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';
-import type { TableRule } from '../config/mapping.js';
-import { expressionColumns } from '../apply/sql/mapping.js';
+import type { TableRule } from '../mapping/rules.js';
+import { expressionColumns } from '../mapping/columns.js';
 import type { RelationMessage } from '../protocol/messages.js';
 
 export interface PublishedTable {
@@ -65,7 +65,7 @@ export function copyTarget(t: PublishedTable): { schema: string; table: string }
 }
 
 /**
- * A published table under its mapping rule (config/mapping.ts): excluded columns are not
+ * A published table under its mapping rule (mapping/rules.ts): excluded columns are not
  * read, renamed ones are written under their target names, so a table mapped only by
  * renames and excludes keeps the straight COPY with column lists.
  */
@@ -74,7 +74,7 @@ export function mapTable(t: PublishedTable, rule: TableRule | null): PublishedTa
   const isDirect = (c: string) => !rule.excluded.has(c) && !rule.computed.has(rule.renames.get(c) ?? c);
   const kept = t.columns.filter(isDirect);
   const disc = rule.rows.discriminator;
-  // The discriminator's constant is a computed column of the copy, as of the apply (mapping.ts).
+  // The discriminator's constant is a computed column of the copy, as of the apply (mapping/columns.ts).
   const computed: [string, string][] = [...rule.computed, ...(disc ? ([[disc.column, quoteLiteral(disc.value)]] as [string, string][]) : [])];
   // The mapping's row filter reads the remote row by the publisher's names: the copy pushes
   // it down to the publisher's SELECT, as native's copy does with publication row filters.

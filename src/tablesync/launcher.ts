@@ -17,7 +17,7 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../target/connect.js';
 import { ZERO_LSN } from '../protocol/lsn.js';
 import { listPublishedTables, mapTable, type PublishedTable } from './catalog.js';
-import { ruleFor } from '../config/mapping.js';
+import { ruleFor } from '../mapping/rules.js';
 import { restoreIndexes, runOnSql } from './deferred-indexes.js';
 import { syncTable, type TableProgress } from './job.js';
 import { LanePool, openLane } from './copy-lanes.js';

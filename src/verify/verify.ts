@@ -13,7 +13,7 @@
  */
 import type pg from 'pg';
 import type { Config } from '../config/config.js';
-import { hasRowRules, ruleFor, type TableRule } from '../config/mapping.js';
+import { hasRowRules, ruleFor, type TableRule } from '../mapping/rules.js';
 import type { Logger } from '../log.js';
 import { formatLsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';

@@ -12,7 +12,7 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { loadConfig } from '../../src/config/config.js';
-import { ruleFor, type MappingConfig } from '../../src/config/mapping.js';
+import { ruleFor, type MappingConfig } from '../../src/mapping/rules.js';
 import { parseConninfo } from '../../src/config/conninfo.js';
 import { createLogger } from '../../src/log.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';

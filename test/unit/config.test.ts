@@ -12,7 +12,7 @@ import path from 'node:path';
 import { loadConfig, resolveStateDir, CONFIG_KEYS, type LoadOptions } from '../../src/config/config.js';
 import { editDistance, nearestName } from '../../src/config/issues.js';
 import { ConfigError, NotImplementedError } from '../../src/errors.js';
-import { ruleFor } from '../../src/config/mapping.js';
+import { ruleFor } from '../../src/mapping/rules.js';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-config-'));
 after(() => fs.rmSync(dir, { recursive: true, force: true }));

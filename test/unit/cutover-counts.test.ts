@@ -9,7 +9,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import type { MappingConfig } from '../../src/config/mapping.js';
+import type { MappingConfig } from '../../src/mapping/rules.js';
 import type { PublishedTable } from '../../src/tablesync/catalog.js';
 import { countDifferences, countPlanFrom, countSummary, renderCounts, type TableCount } from '../../src/migrate/cutover-counts.js';
 

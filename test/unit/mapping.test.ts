@@ -9,7 +9,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import type { MappedRelation, TargetColumn } from '../../src/apply/sql/relmap.js';
-import type { Reshape, RowPlan } from '../../src/apply/sql/mapping.js';
+import type { Reshape, RowPlan } from '../../src/mapping/columns.js';
 import type { RelationMessage, Tuple } from '../../src/protocol/messages.js';
 import { reshapedUpdateArraysStatement } from '../../src/apply/sql/update-rows.js';
 import { deleteStatement, insertManyStatement, insertStatement, locator, updateStatement } from '../../src/apply/sql/statements.js';
@@ -21,12 +21,12 @@ import {
   tombstoneDelete,
   truncatePolicyStatement,
   verdictStatement,
-} from '../../src/apply/sql/row-statements.js';
+} from '../../src/mapping/row-statements.js';
 import type { Lsn } from '../../src/protocol/lsn.js';
 import type { Statement } from '../../src/target/statement.js';
 import { mapTable, type PublishedTable } from '../../src/tablesync/catalog.js';
 import { sourceCopySql, stagedCopySql, targetCopySql } from '../../src/tablesync/copy.js';
-import { ruleFor, type MappingConfig } from '../../src/config/mapping.js';
+import { ruleFor, type MappingConfig } from '../../src/mapping/rules.js';
 
 const INT4 = '"pg_catalog"."int4"';
 const TEXT = '"pg_catalog"."text"';

@@ -24,7 +24,7 @@ import type { Tuple } from '../../protocol/messages.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../sql/statements.js';
-import { filterRows, reshapedHitsStatement, reshapedRowUpdate, softDeleteRow, tombstoneDelete } from '../sql/row-statements.js';
+import { filterRows, reshapedHitsStatement, reshapedRowUpdate, softDeleteRow, tombstoneDelete } from '../../mapping/row-statements.js';
 import { queryRows } from '../../target/connect.js';
 import { quoteIdent } from '../../quote.js';
 import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from '../../conflict/report.js';

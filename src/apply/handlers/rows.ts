@@ -22,7 +22,7 @@
 import { ApplyError } from '../../errors.js';
 import type { Tuple, UpdateMessage } from '../../protocol/messages.js';
 import type { MappedRelation } from '../sql/relmap.js';
-import { filterRows, softDeleteStatement, tombstoneDelete, truncatePolicyStatement, verdictStatement } from '../sql/row-statements.js';
+import { filterRows, softDeleteStatement, tombstoneDelete, truncatePolicyStatement, verdictStatement } from '../../mapping/row-statements.js';
 import { deleteStatement, insertStatement, locator, truncateStatement, updateStatement } from '../sql/statements.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { flushForChange, noteRowWrite, rowKey } from '../txn/batch.js';

@@ -31,16 +31,16 @@ import { SchemaMismatchError } from '../../errors.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { quoteQualified } from '../../quote.js';
 import { queryRows, type WireConnection } from '../../target/connect.js';
-import { hasRowRules, ruleFor, type MappingConfig, type TableRule } from '../../config/mapping.js';
-import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from './mapping.js';
-import { checkUniqueKey, compileRows } from './rows.js';
-import { checkMapped, type TargetExtra } from './plan-checks.js';
-import { Drift, type DriftOutcome } from './drift.js';
+import { hasRowRules, ruleFor, type MappingConfig, type TableRule } from '../../mapping/rules.js';
+import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from '../../mapping/columns.js';
+import { checkUniqueKey, compileRows } from '../../mapping/rows.js';
+import { checkMapped, type TargetExtra } from '../../mapping/plan-checks.js';
+import { Drift, type DriftOutcome } from '../../mapping/drift.js';
 import { ROW_SECURITY_COLUMNS, ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from './row-security.js';
 
-export type { DriftOutcome } from './drift.js';
+export type { DriftOutcome } from '../../mapping/drift.js';
 
-export type { TargetColumn } from './mapping.js';
+export type { TargetColumn } from '../../mapping/columns.js';
 
 export interface MappedRelation {
   remote: RelationMessage;
@@ -70,7 +70,7 @@ export interface MappedRelation {
   binary?: BinaryColumns;
   /** The mapping rule of the source table (config mapping:); absent: none applies. */
   rule?: TableRule;
-  /** Excluded or computed columns: statements are built from this (mapping.ts); absent: the plain builders. */
+  /** Excluded or computed columns: statements are built from this (mapping/columns.ts); absent: the plain builders. */
   reshape?: Reshape;
   /** Mapped relations: what schema drift changed in the rule (plan-checks.ts). */
   drift?: DriftOutcome;
@@ -97,7 +97,7 @@ export interface RelationMapOptions {
   binary?: boolean;
   /** Mapping rules (config mapping:); absent: every relation to the same name. */
   mapping?: MappingConfig;
-  /** Where computed columns' expressions are checked (mapping.ts); absent: not checked here. */
+  /** Where computed columns' expressions are checked (mapping/columns.ts); absent: not checked here. */
   probe?: Probe;
   /** The subscription whose drift bookkeeping is kept in pgsub.relation_columns; absent: in memory only. */
   subscription?: string;

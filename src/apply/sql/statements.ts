@@ -36,7 +36,7 @@
  * User-defined type OIDs embedded in arrays and composites are rewritten to the
  * target's (binary.ts) before binding.
  *
- * A reshaped relation (excluded or computed columns, mapping.ts) binds the remote row as
+ * A reshaped relation (excluded or computed columns, mapping/columns.ts) binds the remote row as
  * a subquery `r` and selects the target's values from it; its rows are located as above,
  * by the columns the target holds as sent.
  */
@@ -45,7 +45,7 @@ import type { Tuple, TupleValue } from '../../protocol/messages.js';
 import { quoteIdent } from '../../quote.js';
 import { BinaryLayoutError, rewriteOids, textForUnreceivable } from './binary.js';
 import type { MappedRelation } from './relmap.js';
-import type { Reshape } from './mapping.js';
+import type { Reshape } from '../../mapping/columns.js';
 import type { WireValue } from '../../target/wire.js';
 import type { Statement } from '../../target/statement.js';
 
@@ -212,7 +212,7 @@ export function insertManyStatement(rel: MappedRelation, tuples: Tuple[]): State
 }
 
 /**
- * The remote row as the subquery `r` of a reshaped statement (mapping.ts): one column per
+ * The remote row as the subquery `r` of a reshaped statement (mapping/columns.ts): one column per
  * remote column in `indexes`, under its remote name and of its row type, so that mapped
  * expressions read it by the names the publisher uses. Parameters from `firstParam`.
  */

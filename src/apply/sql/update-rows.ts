@@ -35,7 +35,7 @@
  * updateManyStatement does.
  */
 import type { Tuple } from '../../protocol/messages.js';
-import type { Reshape } from './mapping.js';
+import type { Reshape } from '../../mapping/columns.js';
 import type { MappedRelation } from './relmap.js';
 import { quoteIdent } from '../../quote.js';
 import { binaryValue, cached, column, noteParam, rowColumns, rowValue, target, type Detect, type Statement } from './statements.js';

@@ -30,7 +30,7 @@ import { sendStatement } from './transaction.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import type { ApplyState, RemoteTransaction, RowBatch } from './apply-state.js';
 import { insertManyStatement, maxBatchRows, updateManyStatement, updateStatement, type Detect, type Statement } from '../sql/statements.js';
-import type { Reshape } from '../sql/mapping.js';
+import type { Reshape } from '../../mapping/columns.js';
 import { copyInsertStatement, type CopyStatement } from '../sql/copy-rows.js';
 import { copyFromInsertMessages } from '../sql/copy-messages.js';
 import { decode } from '../../protocol/decoder.js';

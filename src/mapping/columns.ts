@@ -1,5 +1,5 @@
 /**
- * A mapping rule (config/mapping.ts) checked against the publisher's relation and the
+ * A mapping rule (mapping/rules.ts) checked against the publisher's relation and the
  * target's columns, and compiled into what the statement builders need. relmap.ts calls
  * matchColumns for every relation, mapped or not: without a rule it matches columns by
  * name, as native's logicalrep_rel_open, and the result carries no Reshape, so the
@@ -19,10 +19,10 @@
  * connection, because a transaction that touched a temporary table cannot be prepared
  * (two_phase) and a failed probe would abort the apply transaction.
  */
-import { MappingError, SchemaMismatchError } from '../../errors.js';
-import { hasRowRules, type RowRule, type TableRule } from '../../config/mapping.js';
-import type { RelationMessage } from '../../protocol/messages.js';
-import { quoteIdent, quoteLiteral } from '../../quote.js';
+import { MappingError, SchemaMismatchError } from '../errors.js';
+import { hasRowRules, type RowRule, type TableRule } from './rules.js';
+import type { RelationMessage } from '../protocol/messages.js';
+import { quoteIdent, quoteLiteral } from '../quote.js';
 
 export interface TargetColumn {
   name: string;

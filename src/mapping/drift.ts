@@ -7,13 +7,13 @@
  * policy (stop, ignore, add). relmap.ts calls it for relations with a rule only: unmapped
  * tables keep native's behaviour.
  */
-import { DriftError } from '../../errors.js';
-import type { MappingConfig, TableRule } from '../../config/mapping.js';
-import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
-import { quoteIdent, quoteQualified } from '../../quote.js';
-import { queryRows, type WireConnection } from '../../target/connect.js';
-import { FIRST_GENBKI_OID } from './binary.js';
-import type { TargetColumn } from './mapping.js';
+import { DriftError } from '../errors.js';
+import type { MappingConfig, TableRule } from './rules.js';
+import { schemaOf, type RelationMessage } from '../protocol/messages.js';
+import { quoteIdent, quoteQualified } from '../quote.js';
+import { queryRows, type WireConnection } from '../target/connect.js';
+import { FIRST_GENBKI_OID } from '../apply/sql/binary.js';
+import type { TargetColumn } from './columns.js';
 import { detectRename } from './plan-checks.js';
 
 /** What schema drift did to a mapped relation (docs/mapping.md "Schema drift"), for plan and logs. */

@@ -1,16 +1,16 @@
 /**
  * Checks of a mapped relation (a table with a `mapping:` rule) beyond column matching
- * (mapping.ts): a target column nothing fills that is NOT NULL without a default, a lossy
+ * (columns.ts): a target column nothing fills that is NOT NULL without a default, a lossy
  * cast from a remote column type to its target column type, and what schema drift on the
  * publisher means for the rule (a renamed column, a new one). relmap.ts runs them when it
- * resolves a relation, so they hold at startup (service/mapping-plan.ts resolves every
+ * resolves a relation, so they hold at startup (mapping/plan.ts resolves every
  * published table from the publisher's catalog) and at every Relation message alike.
  * Unmapped tables are never checked here: they keep native's behaviour.
  */
-import type { TableRule } from '../../config/mapping.js';
-import { MappingError } from '../../errors.js';
-import type { RelationMessage } from '../../protocol/messages.js';
-import type { Reshape, TargetColumn } from './mapping.js';
+import type { TableRule } from './rules.js';
+import { MappingError } from '../errors.js';
+import type { RelationMessage } from '../protocol/messages.js';
+import type { Reshape, TargetColumn } from './columns.js';
 
 /** Built-in type OIDs (pg_type.dat) the lossy-cast table names. */
 const T = {

@@ -13,13 +13,13 @@
  * written identity column or a computed column all of whose inputs are identity columns
  * (a discriminator is a constant and always covered).
  */
-import { MappingError } from '../../errors.js';
-import type { TableRule } from '../../config/mapping.js';
-import type { RelationMessage } from '../../protocol/messages.js';
-import { queryRows, type WireConnection } from '../../target/connect.js';
-import { expressionColumns, type Reshape, type RowPlan, type TargetColumn, type KeyTerm } from './mapping.js';
+import { MappingError } from '../errors.js';
+import type { TableRule } from './rules.js';
+import type { RelationMessage } from '../protocol/messages.js';
+import { queryRows, type WireConnection } from '../target/connect.js';
+import { expressionColumns, type Reshape, type RowPlan, type TargetColumn, type KeyTerm } from './columns.js';
 
-export type { KeyTerm, RowPlan } from './mapping.js';
+export type { KeyTerm, RowPlan } from './columns.js';
 
 const BOOL = 16;
 

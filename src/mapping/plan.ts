@@ -15,7 +15,7 @@
  */
 import type pg from 'pg';
 import type { Config } from '../config/config.js';
-import { isEmptyMapping, ruleFor, type TableRule } from '../config/mapping.js';
+import { isEmptyMapping, ruleFor, type TableRule } from './rules.js';
 import { MappingError, PgsubError } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { RelationMessage, ReplicaIdentity, Tuple } from '../protocol/messages.js';

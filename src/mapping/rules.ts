@@ -3,11 +3,11 @@
  * that reshape changes on their way into the target. This module validates the shape of
  * the rules and merges a table's rule with its schema's; whether a rule fits the
  * publisher's relation and the target catalog is checked where both are known
- * (apply/sql/mapping.ts). Keys that are designed but not built yet are refused here by
+ * (mapping/columns.ts). Keys that are designed but not built yet are refused here by
  * name, so no option is ever silently ignored.
  */
 import { z } from 'zod';
-import { parseJsonString, showValue } from './issues.js';
+import { parseJsonString, showValue } from '../config/issues.js';
 
 const name = z.string({ error: (iss) => `${showValue(iss.input)} is not a name` }).min(1);
 const expr = z.string({ error: (iss) => `${showValue(iss.input)} is not an SQL expression` }).min(1);
@@ -26,7 +26,7 @@ const unbuilt = Object.fromEntries(UNBUILT_KEYS.map((k) => [k, z.unknown().optio
 /**
  * Row semantics (docs/mapping.md "Rows"): accepted on a table rule and on a schema rule
  * (every table of the schema), a table's own value winning. Checked against the relation
- * and the target in apply/sql/rows.ts.
+ * and the target in mapping/rows.ts.
  */
 const rowKeys = {
   key: z.array(name).min(1).optional(),
@@ -104,7 +104,7 @@ export interface TableRule {
   excluded: ReadonlySet<string>;
   /** Target column → SQL expression over the remote row. */
   computed: ReadonlyMap<string, string>;
-  /** Row semantics (apply/sql/rows.ts); absent keys: native behaviour. */
+  /** Row semantics (mapping/rows.ts); absent keys: native behaviour. */
   rows: RowRule;
   /** A new publisher column: the table's policy, else its schema's, else stop. */
   drift: DriftPolicy;

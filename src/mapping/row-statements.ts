@@ -6,12 +6,12 @@
  * Values are bind parameters; expressions and the discriminator's constant come from
  * the config.
  */
-import { ApplyError } from '../../errors.js';
-import { formatLsn, type Lsn } from '../../protocol/lsn.js';
-import { formatPgTimestamp, type Tuple, type TupleValue } from '../../protocol/messages.js';
-import { quoteIdent } from '../../quote.js';
-import type { Reshape } from './mapping.js';
-import type { MappedRelation } from './relmap.js';
+import { ApplyError } from '../errors.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
+import { formatPgTimestamp, type Tuple, type TupleValue } from '../protocol/messages.js';
+import { quoteIdent } from '../quote.js';
+import type { Reshape } from './columns.js';
+import type { MappedRelation } from '../apply/sql/relmap.js';
 import type { RowPlan } from './rows.js';
 import {
   addFilterParams,
@@ -32,7 +32,7 @@ import {
   type Detect,
   type Locator,
   type Statement,
-} from './statements.js';
+} from '../apply/sql/statements.js';
 
 type SoftDelete = NonNullable<RowPlan['softDelete']>;
 
