@@ -188,7 +188,8 @@ async function login(info: ConnInfo, spec: HostSpec, opts: OpenOptions, socket: 
   const params: Record<string, string> = { user: info.user, database: info.database, application_name: opts.applicationName };
   const options = [info.settings.options, opts.options].filter((o) => o).join(' ');
   if (options) params.options = options;
-  if (info.settings.client_encoding) params.client_encoding = 'UTF8';
+  // Every driver pgsub hands the socket to reads and writes text as UTF-8 (the drivers' own startup sent it).
+  params.client_encoding = 'UTF8';
   Object.assign(params, opts.startup ?? {});
   socket.write(startupPacket(params));
   const warnings: string[] = [];
