@@ -16,7 +16,7 @@
 import { readFileSync } from 'node:fs';
 import { copyInsertStatement } from '../src/apply/sql/copy-rows.js';
 import { insertManyStatement } from '../src/apply/sql/statements.js';
-import { WireConnection, type WireResult } from '../src/target/wire.js';
+import { WireConnection, type WireResult } from '../src/pgwire/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';
 import type { Tuple } from '../src/protocol/messages.js';
 import { startCluster, stopAllClusters } from '../test/harness/index.js';

@@ -20,7 +20,7 @@ import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { updateManyStatement } from '../src/apply/sql/statements.js';
 import { updateArraysStatement } from '../src/apply/sql/update-rows.js';
-import { WireConnection } from '../src/target/wire.js';
+import { WireConnection } from '../src/pgwire/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';
 import type { Tuple } from '../src/protocol/messages.js';
 import { startCluster, stopAllClusters } from '../test/harness/index.js';

@@ -27,7 +27,7 @@ export const LAYERS = [
       'src/mapping/rules.ts',
     ],
   ],
-  ['target', ['src/target/']],
+  ['pgwire', ['src/pgwire/']],
   ['origin, conflict, sync states', ['src/origin/', 'src/conflict/']],
   // The mapping's home (docs/mapping.md): its rule model is ground, its plan a service, the rest beside the statement builders.
   ['apply/sql', ['src/apply/sql/', 'src/mapping/']],

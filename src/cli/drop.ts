@@ -13,7 +13,7 @@ import path from 'node:path';
 import type { Config } from '../config/config.js';
 import { ControlError } from '../errors.js';
 import { checkDropPrivileges } from '../migrate/privileges.js';
-import { openMaintenance } from '../target/connect.js';
+import { openMaintenance } from '../pgwire/connect.js';
 import { replicationOriginName } from '../origin/replorigin.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';

@@ -19,7 +19,7 @@ import { startMetricsServer, type MetricsSource } from '../service/metrics.js';
 import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
 import { printPlan } from './plan.js';
-import { openMaintenance, type Sql } from '../target/connect.js';
+import { openMaintenance, type Sql } from '../pgwire/connect.js';
 import type { Config } from '../config/config.js';
 import { markReadyWithoutCopy, notifyChannel, requestRefresh } from '../tablesync/launcher.js';
 import { listPublishedTables } from '../tablesync/catalog.js';

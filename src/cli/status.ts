@@ -18,7 +18,7 @@
 import type { Config } from '../config/config.js';
 import type { ConnInfo } from '../config/conninfo.js';
 import { redactSecrets } from '../config/conninfo.js';
-import { openMaintenance, type Sql } from '../target/connect.js';
+import { openMaintenance, type Sql } from '../pgwire/connect.js';
 import { PgsubError, SubscriptionNotFoundError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection, type SlotInfo } from '../protocol/replication.js';

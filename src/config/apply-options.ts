@@ -17,7 +17,7 @@ export interface ApplyOptions {
   /** Feedback spacing: the config's status_interval, within a third of the publisher's wal_sender_timeout. */
   readonly statusIntervalMs: number;
   readonly receiveTimeoutMs: number;
-  /** Statements in flight on one target connection (target/pipeline.ts). */
+  /** Statements in flight on one target connection (pgwire/pipeline.ts). */
   readonly maxInFlight: number;
   /** Items between the stream reader and the applier (run/queue.ts). */
   readonly queueSize: number;

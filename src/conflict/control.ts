@@ -7,13 +7,13 @@
  * Apply-path writes (conflict log rows, counters, clearing the skip LSN once used) are
  * statements in the apply transaction instead (report.ts, apply/handlers.ts).
  */
-import type { Sql } from '../target/connect.js';
+import type { Sql } from '../pgwire/connect.js';
 import { ControlError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { LOG_COLUMNS, LOG_VALUES, logParams, type ConflictRecord } from './report.js';
 import { CONFLICT_TYPES, counterColumn, type ConflictType } from './types.js';
 import { quoteIdent } from '../quote.js';
-import type { Statement } from '../target/statement.js';
+import type { Statement } from '../pgwire/statement.js';
 
 export interface Control {
   enabled: boolean;

@@ -12,7 +12,7 @@
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp, schemaOf, type Tuple } from '../protocol/messages.js';
 import type { RelationMessage } from '../protocol/messages.js';
-import type { Statement } from '../target/statement.js';
+import type { Statement } from '../pgwire/statement.js';
 import { quoteIdent } from '../quote.js';
 import { counterColumn, type ConflictType, type Policy } from './types.js';
 

@@ -11,7 +11,7 @@ import { DriftError } from '../errors.js';
 import type { MappingConfig, TableRule } from './rules.js';
 import { schemaOf, type RelationMessage } from '../protocol/messages.js';
 import { quoteIdent, quoteQualified } from '../quote.js';
-import { queryRows, type WireConnection } from '../target/connect.js';
+import { queryRows, type WireConnection } from '../pgwire/connect.js';
 import { FIRST_GENBKI_OID } from '../apply/sql/binary.js';
 import type { TargetColumn } from './columns.js';
 import { detectRename } from './plan-checks.js';

@@ -21,7 +21,7 @@ import type { Logger } from '../log.js';
 import type { RelationMessage, ReplicaIdentity, Tuple } from '../protocol/messages.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral, quoteQualified } from '../quote.js';
-import { openApplyConnection, rolledBackOn, type WireConnection } from '../target/connect.js';
+import { openApplyConnection, rolledBackOn, type WireConnection } from '../pgwire/connect.js';
 import { RelationMap, type MappedRelation } from '../apply/sql/relmap.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement } from '../apply/sql/statements.js';
 import { listPublishedTables, mapTable, type PublishedTable } from '../tablesync/catalog.js';

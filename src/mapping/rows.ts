@@ -16,7 +16,7 @@
 import { MappingError } from '../errors.js';
 import type { TableRule } from './rules.js';
 import type { RelationMessage } from '../protocol/messages.js';
-import { queryRows, type WireConnection } from '../target/connect.js';
+import { queryRows, type WireConnection } from '../pgwire/connect.js';
 import { expressionColumns, type Reshape, type RowPlan, type TargetColumn, type KeyTerm } from './columns.js';
 
 export type { KeyTerm, RowPlan } from './columns.js';

@@ -3,7 +3,7 @@
  * gets a plain `pg` session, not a walsender: it takes none of the publisher's wal sender
  * slots, it takes bind parameters, and it works for a role without REPLICATION — which
  * preflight must be able to report rather than fail on. The target gets a postgres.js
- * maintenance session (target/connect.ts), which already sets default_transaction_read_only
+ * maintenance session (pgwire/connect.ts), which already sets default_transaction_read_only
  * = off, so these commands also work against an old primary fenced read-only.
  *
  * Every query of src/migrate returns text columns only (the maintenance connection hands
@@ -13,7 +13,7 @@ import type pg from 'pg';
 import { redactSecrets, type ConnInfo } from '../config/conninfo.js';
 import { connectPgClient } from '../connect/drivers.js';
 import { connectFailure } from '../connect-failure.js';
-import { openMaintenance, type Sql } from '../target/connect.js';
+import { openMaintenance, type Sql } from '../pgwire/connect.js';
 import type { Side } from '../errors.js';
 import type { ReplicationConnection } from '../protocol/replication.js';
 import { listPublishedTables, type PublishedTable } from '../tablesync/catalog.js';

@@ -29,7 +29,7 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteIdent, quoteQualified } from '../quote.js';
 import { createOrigin, migrateTarget } from '../origin/store.js';
 import { markReadyWithoutCopy } from '../tablesync/launcher.js';
-import { openMaintenance } from '../target/connect.js';
+import { openMaintenance } from '../pgwire/connect.js';
 import type { Db } from './db.js';
 import type { Rel } from './objects.js';
 

@@ -11,7 +11,7 @@
 import { TargetSetupError } from '../errors.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp } from '../protocol/messages.js';
-import type { Statement } from '../target/statement.js';
+import type { Statement } from '../pgwire/statement.js';
 
 export function replicationOriginName(subscription: string): string {
   return `pgsub_${subscription}`;

@@ -14,9 +14,9 @@ import { fileURLToPath } from 'node:url';
 import type { ConnInfo } from '../config/conninfo.js';
 import { formatLsn, parseLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp } from '../protocol/messages.js';
-import { openMaintenance, type Sql } from '../target/connect.js';
+import { openMaintenance, type Sql } from '../pgwire/connect.js';
 import { origin } from './schema.js';
-import type { Statement } from '../target/statement.js';
+import type { Statement } from '../pgwire/statement.js';
 
 /** migrations/ sits at the package root, above src/ (tsx) or dist/src/ (built). */
 function findMigrationsFolder(): string {

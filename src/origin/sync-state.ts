@@ -22,7 +22,7 @@
  * and the origin: from there on both rules agree.
  */
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
-import type { Statement } from '../target/statement.js';
+import type { Statement } from '../pgwire/statement.js';
 
 export type RelState = 'i' | 'd' | 'f' | 's' | 'r';
 

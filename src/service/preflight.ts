@@ -22,7 +22,7 @@ import type { Logger } from '../log.js';
 import { openTargetDb } from '../migrate/db.js';
 import { needOnRelations, privilegeError, sideOf } from '../migrate/grants.js';
 import type { ReplicationConnection, SlotInfo } from '../protocol/replication.js';
-import { runAlone, type WireConnection } from '../target/connect.js';
+import { runAlone, type WireConnection } from '../pgwire/connect.js';
 import { ruleFor } from '../mapping/rules.js';
 import { ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from '../apply/sql/row-security.js';
 

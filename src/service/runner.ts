@@ -25,7 +25,7 @@ import type { Config } from '../config/config.js';
 import { ApplyConflictError, ConnectionLostError, CutOverError, PgsubError, RowSecurityError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
 import { sqlstateOf } from '../connect-failure.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
-import { openMaintenance, setMaintenanceTimeout } from '../target/connect.js';
+import { openMaintenance, setMaintenanceTimeout } from '../pgwire/connect.js';
 import { cutOverAt, loadControl, recordApplyError } from '../conflict/control.js';
 import type { ConflictRecord } from '../conflict/report.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';

@@ -26,7 +26,7 @@ import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/run/l
 import type { ApplyHold } from '../apply/run/hold.js';
 import { RelationMap } from '../apply/sql/relmap.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
-import { openApplyConnection, openMaintenance, rolledBackOn, runAlone, type Sql, type WireConnection } from '../target/connect.js';
+import { openApplyConnection, openMaintenance, rolledBackOn, runAlone, type Sql, type WireConnection } from '../pgwire/connect.js';
 import { refusal } from '../connect-failure.js';
 import { claimSlot, takeRunLock, type OwnConnections } from './preflight.js';
 

@@ -18,7 +18,7 @@
  * clustered index, one with a comment, a tablespace of its own or a statistics target,
  * inherited constraints, invalid or unfinished indexes. Names stay the same.
  */
-import type { Sql } from '../target/connect.js';
+import type { Sql } from '../pgwire/connect.js';
 import { quoteIdent, quoteQualified } from '../quote.js';
 
 /** maintenance_work_mem for the rebuild, when the target's setting is lower. */

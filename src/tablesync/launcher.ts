@@ -14,7 +14,7 @@ import { ConfigError } from '../errors.js';
 import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
-import { openMaintenance, type Sql } from '../target/connect.js';
+import { openMaintenance, type Sql } from '../pgwire/connect.js';
 import { ZERO_LSN } from '../protocol/lsn.js';
 import { listPublishedTables, mapTable, type PublishedTable } from './catalog.js';
 import { ruleFor } from '../mapping/rules.js';

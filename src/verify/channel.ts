@@ -6,7 +6,7 @@
  * verify never leaves the apply waiting). Both sides import only this file of each other.
  */
 import { createHash } from 'node:crypto';
-import type { Sql } from '../target/connect.js';
+import type { Sql } from '../pgwire/connect.js';
 
 /** One statement on the side's own connection (postgres.js in the service, pg in the command). */
 export type Query = (text: string, params?: unknown[]) => Promise<Record<string, unknown>[]>;

@@ -35,7 +35,7 @@ import type { Logger } from '../log.js';
 import type { ConnInfo } from '../config/conninfo.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import type { ApplyHold } from '../apply/run/hold.js';
-import { openMaintenance, type Sql } from '../target/connect.js';
+import { openMaintenance, type Sql } from '../pgwire/connect.js';
 import { holderAlive, moveVerifyRow, readVerifyRow, sqlQuery, verifyChannel, type Query, type VerifyRow } from './channel.js';
 
 type Phase = 'idle' | 'armed' | 'bounded' | 'located' | 'held';

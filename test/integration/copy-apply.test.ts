@@ -14,7 +14,7 @@ import { parseConninfo, type ConnInfo } from '../../src/config/conninfo.js';
 import { copyFromInsertMessages, insertsCopyAsSent } from '../../src/apply/sql/copy-messages.js';
 import { copyInsertStatement } from '../../src/apply/sql/copy-rows.js';
 import type { MappedRelation } from '../../src/apply/sql/relmap.js';
-import { PipelineAbortedError, WireConnection, WireUsageError } from '../../src/target/wire.js';
+import { PipelineAbortedError, WireConnection, WireUsageError } from '../../src/pgwire/wire.js';
 import type { Tuple, TupleValue } from '../../src/protocol/messages.js';
 import { startCluster, stopAllClusters, withTimeout, type Cluster } from '../harness/index.js';
 

@@ -21,7 +21,7 @@ import { parseConninfo } from '../../src/config/conninfo.js';
 import { createLogger } from '../../src/log.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';
 import { RelationMap } from '../../src/apply/sql/relmap.js';
-import { openApplyConnection, rolledBackOn } from '../../src/target/connect.js';
+import { openApplyConnection, rolledBackOn } from '../../src/pgwire/connect.js';
 import type { RelationMessage } from '../../src/protocol/messages.js';
 import { formatLsn } from '../../src/protocol/lsn.js';
 import { currentWalLsn, slotConfirmedLsn, startCluster, waitFor, type Cluster } from '../harness/index.js';

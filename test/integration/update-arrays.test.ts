@@ -17,7 +17,7 @@ import { after, before, describe, test } from 'node:test';
 import { RelationMap, type MappedRelation } from '../../src/apply/sql/relmap.js';
 import { updateManyStatement, type Detect, type Statement } from '../../src/apply/sql/statements.js';
 import { updateArraysStatement } from '../../src/apply/sql/update-rows.js';
-import { WireConnection } from '../../src/target/wire.js';
+import { WireConnection } from '../../src/pgwire/wire.js';
 import { parseConninfo, type ConnInfo } from '../../src/config/conninfo.js';
 import type { RelationMessage, Tuple, TupleValue } from '../../src/protocol/messages.js';
 import { startCluster, stopAllClusters, type Cluster } from '../harness/index.js';

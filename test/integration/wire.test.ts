@@ -12,7 +12,7 @@ import path from 'node:path';
 import { after, before, test } from 'node:test';
 import { parseConninfo, type ConnInfo } from '../../src/config/conninfo.js';
 import { ConnectionLostError } from '../../src/errors.js';
-import { PipelineAbortedError, WireConnection, WireUsageError, type WireNotice, type WireOptions } from '../../src/target/wire.js';
+import { PipelineAbortedError, WireConnection, WireUsageError, type WireNotice, type WireOptions } from '../../src/pgwire/wire.js';
 import { startCluster, stopAllClusters, waitFor, withTimeout, type Cluster } from '../harness/index.js';
 
 let cluster: Cluster;

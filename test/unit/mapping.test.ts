@@ -23,7 +23,7 @@ import {
   verdictStatement,
 } from '../../src/mapping/row-statements.js';
 import type { Lsn } from '../../src/protocol/lsn.js';
-import type { Statement } from '../../src/target/statement.js';
+import type { Statement } from '../../src/pgwire/statement.js';
 import { mapTable, type PublishedTable } from '../../src/tablesync/catalog.js';
 import { sourceCopySql, stagedCopySql, targetCopySql } from '../../src/tablesync/copy.js';
 import { ruleFor, type MappingConfig } from '../../src/mapping/rules.js';

@@ -1,7 +1,7 @@
 /** Pure helpers of the apply wire: CommandComplete tags and server_version parsing. */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { parseServerVersion, tagCommand, tagRowCount } from '../../src/target/wire.js';
+import { parseServerVersion, tagCommand, tagRowCount } from '../../src/pgwire/wire.js';
 
 const TAGS: [tag: string, command: string, rowCount: number][] = [
   ['INSERT 0 1', 'INSERT', 1],

@@ -25,7 +25,7 @@ import type { MappedRelation } from '../sql/relmap.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../sql/statements.js';
 import { filterRows, reshapedHitsStatement, reshapedRowUpdate, softDeleteRow, tombstoneDelete } from '../../mapping/row-statements.js';
-import { queryRows } from '../../target/connect.js';
+import { queryRows } from '../../pgwire/connect.js';
 import { quoteIdent } from '../../quote.js';
 import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from '../../conflict/report.js';
 import { policyFor, type ConflictType, type Policy } from '../../conflict/types.js';

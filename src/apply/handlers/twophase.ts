@@ -21,8 +21,8 @@ import { ProtocolError } from '../../errors.js';
 import { requireTransaction } from '../txn/transaction.js';
 import { finishTransaction, settleTarget } from '../txn/commit.js';
 import type { ApplyState } from '../txn/apply-state.js';
-import { runAlone } from '../../target/connect.js';
-import type { Statement } from '../../target/statement.js';
+import { runAlone } from '../../pgwire/connect.js';
+import type { Statement } from '../../pgwire/statement.js';
 import { startRemote } from '../txn/transaction.js';
 
 /** The target gid: unique per subscription and remote transaction, like native's pg_gid_<subid>_<xid>. */

@@ -10,7 +10,7 @@
 import { parseLsn } from '../../protocol/lsn.js';
 import type { Progress } from '../../origin/positions.js';
 import { flushBarrierStatements } from '../../origin/store.js';
-import { runAlone, type WireConnection } from '../../target/connect.js';
+import { runAlone, type WireConnection } from '../../pgwire/connect.js';
 
 const POLL_MS = 50;
 const FLUSH_QUERY = { text: 'SELECT pg_catalog.pg_current_wal_flush_lsn()::text', params: [], wantRows: true };

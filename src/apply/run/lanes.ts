@@ -41,7 +41,7 @@ import { insertAsSent } from '../handlers/changes.js';
 import { Writers } from './lane-keys.js';
 import { BoundedQueue } from './queue.js';
 import { workerState, type ApplyState, type Dispatch } from '../txn/apply-state.js';
-import { runAlone, type WireConnection } from '../../target/connect.js';
+import { runAlone, type WireConnection } from '../../pgwire/connect.js';
 
 /** A group ends after this many changes: lanes take turns at about this grain. */
 const GROUP_CHANGES = 8192;

@@ -35,7 +35,7 @@ import { originSessionResetStatement, originSessionSetupStatement } from '../../
 import { finishTransaction, type Ending } from '../txn/commit.js';
 import { flushRowBatch } from '../txn/batch.js';
 import { workerState, type ApplyState, type RemoteTransaction, type Dispatch, type ParallelPort } from '../txn/apply-state.js';
-import { runAlone, type WireConnection } from '../../target/connect.js';
+import { runAlone, type WireConnection } from '../../pgwire/connect.js';
 import { advanceOrigin, targetGid } from '../handlers/twophase.js';
 import { syncKey } from '../../origin/sync-state.js';
 import { startRemote } from '../txn/transaction.js';

@@ -6,7 +6,7 @@
  * knot. One check runs at a time; a failed query is logged and tried at the next tick.
  */
 import type { Logger } from '../../log.js';
-import { runAlone, type WireConnection } from '../../target/connect.js';
+import { runAlone, type WireConnection } from '../../pgwire/connect.js';
 
 const pidArray = (pids: readonly number[]) => `{${pids.join(',')}}`;
 

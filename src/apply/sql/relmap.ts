@@ -30,7 +30,7 @@ import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './
 import { SchemaMismatchError } from '../../errors.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { quoteQualified } from '../../quote.js';
-import { queryRows, type WireConnection } from '../../target/connect.js';
+import { queryRows, type WireConnection } from '../../pgwire/connect.js';
 import { hasRowRules, ruleFor, type MappingConfig, type TableRule } from '../../mapping/rules.js';
 import { checkExpressions, matchColumns, type Probe, type Reshape, type TargetColumn } from '../../mapping/columns.js';
 import { checkUniqueKey, compileRows } from '../../mapping/rows.js';

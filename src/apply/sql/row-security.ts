@@ -10,7 +10,7 @@
  * at startup (service/preflight.ts, exit 2), whenever a Relation message is mapped
  * (relmap.ts, retried with backoff), before a table's copy (tablesync/job.ts), and as a
  * blocker of `pgsub preflight`. The apply connections also run with row_security = off
- * (target/connect.ts): a policy created while a relation's mapping is cached makes the
+ * (pgwire/connect.ts): a policy created while a relation's mapping is cached makes the
  * statement fail instead of filtering rows.
  */
 import { RowSecurityError } from '../../errors.js';

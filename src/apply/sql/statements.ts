@@ -46,10 +46,10 @@ import { quoteIdent } from '../../quote.js';
 import { BinaryLayoutError, rewriteOids, textForUnreceivable } from './binary.js';
 import type { MappedRelation } from './relmap.js';
 import type { Reshape } from '../../mapping/columns.js';
-import type { WireValue } from '../../target/wire.js';
-import type { Statement } from '../../target/statement.js';
+import type { WireValue } from '../../pgwire/wire.js';
+import type { Statement } from '../../pgwire/statement.js';
 
-export type { Statement } from '../../target/statement.js';
+export type { Statement } from '../../pgwire/statement.js';
 
 /**
  * A binary value as the target's receive function must see it (embedded OIDs rewritten),

@@ -14,8 +14,8 @@ import type { Detect } from '../sql/statements.js';
 import type { Tuple } from '../../protocol/messages.js';
 import type { StreamSpool } from './spool.js';
 import type { SyncStates, TableSync } from '../../origin/sync-state.js';
-import type { WireConnection } from '../../target/connect.js';
-import { Pipeline } from '../../target/pipeline.js';
+import type { WireConnection } from '../../pgwire/connect.js';
+import { Pipeline } from '../../pgwire/pipeline.js';
 import { CONFLICT_TYPES, type ConflictType } from '../../conflict/types.js';
 import type { ApplyOptions } from '../../config/apply-options.js';
 

@@ -15,7 +15,7 @@ import { conflictLogStatement } from '../../conflict/report.js';
 import { quoteLiteral } from '../../quote.js';
 import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } from '../../origin/sync-state.js';
 import { NO_TABLES, type ApplyState, type RemoteTransaction } from './apply-state.js';
-import type { TxStatus, WireResult } from '../../target/wire.js';
+import type { TxStatus, WireResult } from '../../pgwire/wire.js';
 import type { TableSync } from '../../origin/sync-state.js';
 import { flushRowBatch } from './batch.js';
 import { sendStatement } from './transaction.js';
