@@ -220,12 +220,8 @@ export class SubscriptionNotFoundError extends PgsubError {
   readonly retryable = false;
 }
 
-/**
- * The server refused the login: a wrong password (SQLSTATE 28P01) or no pg_hba.conf line
- * letting this user in (28000). The message names the side and what to change.
- */
-export class AuthenticationError extends PgsubError {
-  readonly code = 'PGSUB_AUTH_FAILED';
+/** A server that refused one side's connection for a reason only the operator can fix: exit 2 at startup, retried during a run. */
+abstract class SideRefusalError extends PgsubError {
   readonly retryable = true;
   override readonly fatalAtStartup = true;
   override readonly exitCode = 2;
@@ -240,24 +236,21 @@ export class AuthenticationError extends PgsubError {
 }
 
 /**
+ * The server refused the login: a wrong password (SQLSTATE 28P01) or no pg_hba.conf line
+ * letting this user in (28000). The message names the side and what to change.
+ */
+export class AuthenticationError extends SideRefusalError {
+  readonly code = 'PGSUB_AUTH_FAILED';
+}
+
+/**
  * TLS could not be set up as the conninfo asks: the server's certificate failed a check
  * (chain, host name, revocation), a client certificate or key is missing or not private,
  * the server requires a client certificate, or the server does not offer TLS. Permanent
  * until the operator fixes a file or a setting; the message names the side and the check.
  */
-export class TlsError extends PgsubError {
+export class TlsError extends SideRefusalError {
   readonly code = 'PGSUB_TLS_FAILED';
-  readonly retryable = true;
-  override readonly fatalAtStartup = true;
-  override readonly exitCode = 2;
-  constructor(
-    readonly side: Side,
-    message: string,
-    context: ErrorContext = {},
-    options?: ErrorOptions,
-  ) {
-    super(message, { ...context, side }, options);
-  }
 }
 
 /** A role lacks a privilege pgsub needs (REPLICATION, CREATE, table grants, SET of session_replication_role). */
