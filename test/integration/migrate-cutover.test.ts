@@ -287,7 +287,8 @@ describe('a migration from PostgreSQL 14 to 18', () => {
     }
     assert.ok(movedTo > 0n);
     const history = report.sequences.find((s) => s.sequence === 'bank.history_id_seq')!;
-    assert.equal(history.moved, true, 'moved at the cutover');
+    // Moved at the cutover, unless the service's own periodic sync (it runs while fenced too) got there first.
+    assert.ok(history.moved || BigInt(history.target_next_before!) === movedTo + 1n + 1000n, 'moved at the cutover or just before by the service');
     assert.equal(BigInt(history.target_next_after!), movedTo + 1n + 1000n, 'exactly the source plus the margin');
 
     // The forward service ends on its own, cut over (exit 5, no apply error), its slot dropped on the old primary.
