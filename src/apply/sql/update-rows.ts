@@ -175,32 +175,51 @@ export function insertArraysStatement(rel: MappedRelation, reshape: Reshape, tup
   const direct = reshape.direct.flatMap((d, i) => (d ? [i] : []));
   const inRow = rowColumns(direct, reshape.computed);
   if (inRow.length === 0) return null;
-  const encodings: Encoding[] = [];
-  const values: (Buffer | string | null)[][] = [];
-  const sizes: number[] = [];
-  for (const i of inRow) {
-    // Binary only where `r` holds the column as the target column's type.
-    const col = columnValues(rel, tuples, i, reshape.direct[i] === true && reshape.rowTypes[i] === rel.targetColumns[i]!.typeName);
-    if (col === null) return null;
-    encodings.push(col.encoding);
-    values.push(col.values);
-    sizes.push(col.size);
-  }
+  const columns = reshapedColumns(rel, reshape, tuples, inRow);
+  if (columns === null) return null;
+  const { encodings } = columns;
   const text = cached(rel, `RIA|${encodings.join('')}`, () => {
     const cols = [...direct.map((i) => column(rel, i)), ...reshape.computed.map((c) => quoteIdent(c.column.name))];
-    const row = inRow.map((i, n) => {
-      noteParam(n + 1, i);
-      const name = quoteIdent(rel.remote.columns[i]!.name);
-      return encodings[n] === 'b'
-        ? `pg_catalog.unnest($${n + 1}::${reshape.rowTypes[i]}[]) AS ${name}`
-        : `pg_catalog.unnest($${n + 1}::"pg_catalog"."text"[])::${reshape.rowTypes[i]} AS ${name}`;
-    });
+    const row = unnestedRow(rel, reshape, inRow, encodings);
     const exprs = [...direct.map((i) => rowValue(rel, reshape, i)), ...reshape.computed.map((c) => `(${c.expr})`)];
     const overriding = rel.targetColumns.some((c) => c.identityAlways) ? 'OVERRIDING SYSTEM VALUE ' : '';
     return `INSERT INTO ${rel.qualifiedName} (${cols.join(', ')}) ${overriding}SELECT ${exprs.join(', ')} FROM (SELECT ${row.join(', ')}) AS r`;
   });
-  const params = inRow.map((i, n) => encodeArray(encodings[n] === 'b' ? rel.targetColumns[i]!.typeOid : TEXT_OID, values[n]!, sizes[n]!));
-  return { text, params };
+  return { text, params: reshapedParams(rel, inRow, columns) };
+}
+
+interface ReshapedColumns {
+  encodings: Encoding[];
+  values: (Buffer | string | null)[][];
+  sizes: number[];
+}
+
+/** The rows' values of each column of `r`, as arrays; binary only where `r` holds the column as the target column's type. */
+function reshapedColumns(rel: MappedRelation, reshape: Reshape, tuples: readonly Tuple[], inRow: readonly number[]): ReshapedColumns | null {
+  const out: ReshapedColumns = { encodings: [], values: [], sizes: [] };
+  for (const i of inRow) {
+    const col = columnValues(rel, tuples, i, reshape.direct[i] === true && reshape.rowTypes[i] === rel.targetColumns[i]!.typeName);
+    if (col === null) return null;
+    out.encodings.push(col.encoding);
+    out.values.push(col.values);
+    out.sizes.push(col.size);
+  }
+  return out;
+}
+
+/** `r`'s columns: each parameter array unnested in lockstep under the remote column's name. */
+function unnestedRow(rel: MappedRelation, reshape: Reshape, inRow: readonly number[], encodings: readonly Encoding[]): string[] {
+  return inRow.map((i, n) => {
+    noteParam(n + 1, i);
+    const name = quoteIdent(rel.remote.columns[i]!.name);
+    return encodings[n] === 'b'
+      ? `pg_catalog.unnest($${n + 1}::${reshape.rowTypes[i]}[]) AS ${name}`
+      : `pg_catalog.unnest($${n + 1}::"pg_catalog"."text"[])::${reshape.rowTypes[i]} AS ${name}`;
+  });
+}
+
+function reshapedParams(rel: MappedRelation, inRow: readonly number[], c: ReshapedColumns): Buffer[] {
+  return inRow.map((i, n) => encodeArray(c.encodings[n] === 'b' ? rel.targetColumns[i]!.typeOid : TEXT_OID, c.values[n]!, c.sizes[n]!));
 }
 
 /**
@@ -230,25 +249,12 @@ export function reshapedUpdateArraysStatement(
   const computed = reshape.computed.filter((c) => c.uses.every((i) => sent.has(i)));
   if (direct.length + computed.length === 0) return null;
   const inRow = rowColumns([...direct, ...rel.keyIndexes], computed);
-  const encodings: Encoding[] = [];
-  const values: (Buffer | string | null)[][] = [];
-  const sizes: number[] = [];
-  for (const i of inRow) {
-    const col = columnValues(rel, tuples, i, reshape.direct[i] === true && reshape.rowTypes[i] === rel.targetColumns[i]!.typeName);
-    if (col === null) return null;
-    encodings.push(col.encoding);
-    values.push(col.values);
-    sizes.push(col.size);
-  }
+  const columns = reshapedColumns(rel, reshape, tuples, inRow);
+  if (columns === null) return null;
+  const { encodings } = columns;
   const shape = `RUA|${setIndexes.join(',')}|${encodings.join('')}${detect ? '|d' : ''}`;
   const text = cached(rel, shape, () => {
-    const row = inRow.map((i, n) => {
-      noteParam(n + 1, i);
-      const name = quoteIdent(rel.remote.columns[i]!.name);
-      return encodings[n] === 'b'
-        ? `pg_catalog.unnest($${n + 1}::${reshape.rowTypes[i]}[]) AS ${name}`
-        : `pg_catalog.unnest($${n + 1}::"pg_catalog"."text"[])::${reshape.rowTypes[i]} AS ${name}`;
-    });
+    const row = unnestedRow(rel, reshape, inRow, encodings);
     const cols = [...direct.map((i) => column(rel, i)), ...computed.map((c) => quoteIdent(c.column.name))];
     const exprs = [...direct.map((i) => rowValue(rel, reshape, i)), ...computed.map((c) => `(${c.expr})`)];
     const keys = rel.keyIndexes.map((i, k) => `${rowValue(rel, reshape, i)} AS "k${k}"`);
@@ -260,6 +266,5 @@ export function reshapedUpdateArraysStatement(
     const first = encodings[0] === 'b' ? reshape.rowTypes[inRow[0]!] : '"pg_catalog"."text"';
     return `WITH pgsub_changed AS (${plain} RETURNING 1) SELECT CASE WHEN (SELECT pg_catalog.count(*) FROM pgsub_changed) <> pg_catalog.cardinality($1::${first}[]) THEN "pgsub"."conflict"('update_missing') END`;
   });
-  const params = inRow.map((i, n) => encodeArray(encodings[n] === 'b' ? rel.targetColumns[i]!.typeOid : TEXT_OID, values[n]!, sizes[n]!));
-  return { text, params };
+  return { text, params: reshapedParams(rel, inRow, columns) };
 }
