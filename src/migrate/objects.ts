@@ -114,40 +114,64 @@ export interface SequenceUse {
 
 export const seqName = (s: { schema: string; name: string }): string => `${s.schema}.${s.name}`;
 
-/** The sequences the relations use: identity and serial columns (pg_depend 'i'/'a'), and nextval() in defaults. */
+/** The sequences the relations use (identity, serial, nextval() defaults), each once under its strongest tie. */
 export async function readSequenceUses(db: Db, rels: readonly Rel[]): Promise<SequenceUse[]> {
-  const rows = await db.query<Row>(
-    `WITH rels AS (SELECT c.oid FROM ${NAMED})
-     SELECT sn.nspname::text AS schema, s.relname::text AS name, CASE d.deptype WHEN 'i' THEN 'identity' ELSE 'owned' END AS kind,
-            tn.nspname || '.' || t.relname || '.' || a.attname AS used_by
-       FROM pg_catalog.pg_depend d
-       JOIN pg_catalog.pg_class s ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND s.oid = d.objid AND s.relkind = 'S'
-       JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
-       JOIN pg_catalog.pg_class t ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND t.oid = d.refobjid
-       JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
-       JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum = d.refobjsubid
-      WHERE d.deptype IN ('a', 'i') AND t.oid IN (SELECT oid FROM rels)
-     UNION
-     SELECT sn.nspname::text, s.relname::text, 'default', tn.nspname || '.' || t.relname || '.' || a.attname
-       FROM pg_catalog.pg_attrdef ad
-       JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid = ad.oid
-            AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
-       JOIN pg_catalog.pg_class s ON s.oid = d.refobjid AND s.relkind = 'S'
-       JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
-       JOIN pg_catalog.pg_class t ON t.oid = ad.adrelid
-       JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
-       JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum = ad.adnum
-      WHERE ad.adrelid IN (SELECT oid FROM rels)
-      ORDER BY 1, 2, 4`,
-    [relationsParam(rels)],
-  );
-  // A serial's sequence is both OWNED BY and in the default: keep the stronger tie.
-  const rank = { identity: 0, owned: 1, default: 2, config: 3 } as const;
+  const feeds = (await readSequenceFeeds(db, rels)).map((f) => ({ schema: f.seqSchema, name: f.seqName, kind: f.kind, usedBy: `${f.schema}.${f.table}.${f.column}` }));
+  feeds.sort((a, b) => (seqName(a) < seqName(b) ? -1 : seqName(a) > seqName(b) ? 1 : a.usedBy < b.usedBy ? -1 : a.usedBy > b.usedBy ? 1 : 0));
   const out = new Map<string, SequenceUse>();
-  for (const r of rows) {
-    const use: SequenceUse = { schema: r.schema!, name: r.name!, kind: r.kind as SequenceUse['kind'], usedBy: r.used_by ?? null };
+  for (const use of feeds) {
     const prev = out.get(seqName(use));
-    if (!prev || rank[use.kind] < rank[prev.kind]) out.set(seqName(use), use);
+    if (!prev || SEQUENCE_TIE_RANK[use.kind] < SEQUENCE_TIE_RANK[prev.kind]) out.set(seqName(use), use);
+  }
+  return [...out.values()];
+}
+
+/** A serial's sequence is both OWNED BY and in the default: the stronger tie is kept. */
+const SEQUENCE_TIE_RANK = { identity: 0, owned: 1, default: 2, config: 3 } as const;
+
+/** A column fed by a sequence. */
+export interface SequenceFeed {
+  schema: string;
+  table: string;
+  column: string;
+  seqSchema: string;
+  seqName: string;
+  kind: SequenceUse['kind'];
+}
+
+const FEEDS = `WITH rels AS (SELECT c.oid FROM ${NAMED})
+  SELECT tn.nspname::text AS schema, t.relname::text AS tab, a.attname::text AS col, sn.nspname::text AS seq_schema, s.relname::text AS seq_name,
+         CASE d.deptype WHEN 'i' THEN 'identity' ELSE 'owned' END AS kind
+    FROM pg_catalog.pg_depend d
+    JOIN pg_catalog.pg_class s ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND s.oid = d.objid AND s.relkind = 'S'
+    JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
+    JOIN pg_catalog.pg_class t ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND t.oid = d.refobjid
+    JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum = d.refobjsubid
+   WHERE d.deptype IN ('a', 'i') AND t.oid IN (SELECT oid FROM rels)
+  UNION
+  SELECT tn.nspname::text, t.relname::text, a.attname::text, sn.nspname::text, s.relname::text, 'default'
+    FROM pg_catalog.pg_attrdef ad
+    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid = ad.oid
+         AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+    JOIN pg_catalog.pg_class s ON s.oid = d.refobjid AND s.relkind = 'S'
+    JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
+    JOIN pg_catalog.pg_class t ON t.oid = ad.adrelid
+    JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
+    JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum = ad.adnum
+   WHERE ad.adrelid IN (SELECT oid FROM rels)
+   ORDER BY 1, 2, 3, 4, 5`;
+
+/** Every column of the relations fed by a sequence (a serial's column twice: owned and default — the stronger kept). */
+export async function readSequenceFeeds(db: Db, rels: readonly Rel[]): Promise<SequenceFeed[]> {
+  if (rels.length === 0) return [];
+  const rows = await db.query<Row>(FEEDS, [relationsParam(rels)]);
+  const out = new Map<string, SequenceFeed>();
+  for (const r of rows) {
+    const f: SequenceFeed = { schema: r.schema!, table: r.tab!, column: r.col!, seqSchema: r.seq_schema!, seqName: r.seq_name!, kind: r.kind as SequenceUse['kind'] };
+    const key = JSON.stringify([f.schema, f.table, f.column, f.seqSchema, f.seqName]);
+    const prev = out.get(key);
+    if (!prev || SEQUENCE_TIE_RANK[f.kind] < SEQUENCE_TIE_RANK[prev.kind]) out.set(key, f);
   }
   return [...out.values()];
 }

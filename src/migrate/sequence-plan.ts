@@ -18,17 +18,7 @@
 import type { Config } from '../config/config.js';
 import { ruleFor } from '../mapping/rules.js';
 import { publishedTables, type Db, type Row } from './db.js';
-import { readDescendants, relName, seqName, type Rel, type SequenceUse } from './objects.js';
-
-/** A column fed by a sequence. */
-export interface SequenceFeed {
-  schema: string;
-  table: string;
-  column: string;
-  seqSchema: string;
-  seqName: string;
-  kind: SequenceUse['kind'];
-}
+import { readDescendants, readSequenceFeeds, relName, seqName, type Rel, type SequenceFeed, type SequenceUse } from './objects.js';
 
 export interface PlannedSequence {
   /** The target's sequence. */
@@ -54,47 +44,6 @@ export interface UnplannedSequence {
 export interface SequencePlan {
   sequences: PlannedSequence[];
   unplanned: UnplannedSequence[];
-}
-
-const FEEDS = `WITH rels AS (
-    SELECT c.oid FROM pg_catalog.json_to_recordset($1::json) AS x(schema text, name text)
-      JOIN pg_catalog.pg_namespace n ON n.nspname = x.schema
-      JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = x.name)
-  SELECT tn.nspname::text AS schema, t.relname::text AS tab, a.attname::text AS col, sn.nspname::text AS seq_schema, s.relname::text AS seq_name,
-         CASE d.deptype WHEN 'i' THEN 'identity' ELSE 'owned' END AS kind
-    FROM pg_catalog.pg_depend d
-    JOIN pg_catalog.pg_class s ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND s.oid = d.objid AND s.relkind = 'S'
-    JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
-    JOIN pg_catalog.pg_class t ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND t.oid = d.refobjid
-    JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
-    JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum = d.refobjsubid
-   WHERE d.deptype IN ('a', 'i') AND t.oid IN (SELECT oid FROM rels)
-  UNION
-  SELECT tn.nspname::text, t.relname::text, a.attname::text, sn.nspname::text, s.relname::text, 'default'
-    FROM pg_catalog.pg_attrdef ad
-    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND d.objid = ad.oid
-         AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
-    JOIN pg_catalog.pg_class s ON s.oid = d.refobjid AND s.relkind = 'S'
-    JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
-    JOIN pg_catalog.pg_class t ON t.oid = ad.adrelid
-    JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace
-    JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid AND a.attnum = ad.adnum
-   WHERE ad.adrelid IN (SELECT oid FROM rels)
-   ORDER BY 1, 2, 3, 4, 5`;
-
-/** Every column of the relations fed by a sequence (a serial's column twice: owned and default — the stronger kept). */
-export async function readSequenceFeeds(db: Db, rels: readonly Rel[]): Promise<SequenceFeed[]> {
-  if (rels.length === 0) return [];
-  const rows = await db.query<Row>(FEEDS, [JSON.stringify(rels.map((r) => ({ schema: r.schema, name: r.table })))]);
-  const rank = { identity: 0, owned: 1, default: 2, config: 3 } as const;
-  const out = new Map<string, SequenceFeed>();
-  for (const r of rows) {
-    const f: SequenceFeed = { schema: r.schema!, table: r.tab!, column: r.col!, seqSchema: r.seq_schema!, seqName: r.seq_name!, kind: r.kind as SequenceUse['kind'] };
-    const key = JSON.stringify([f.schema, f.table, f.column, f.seqSchema, f.seqName]);
-    const prev = out.get(key);
-    if (!prev || rank[f.kind] < rank[prev.kind]) out.set(key, f);
-  }
-  return [...out.values()];
 }
 
 interface TargetColumn {
