@@ -7,7 +7,7 @@
  * pgsub opens gets libpq's conninfo semantics, whichever driver runs it. Failures are
  * classified here once (connect-failure.ts), naming the side.
  */
-import type net from 'node:net';
+import net from 'node:net';
 import pg from 'pg';
 import type { ConnInfo } from '../config/conninfo.js';
 import { type ConnectionPurpose, connectFailure } from '../connect-failure.js';
@@ -25,19 +25,24 @@ export interface ConnectOptions extends OpenOptions {
 /** Make an authenticated socket look to a driver like one it is about to log in on. */
 export function handOver(o: Opened): net.Socket {
   const socket = o.socket;
-  const write = socket.write;
+  const write = socket.write as (...a: unknown[]) => boolean;
+  // Stays in place once the startup message went by (a pass-through): a caller may have
+  // wrapped socket.write over this one (connect.ts's watchdog), and putting the original
+  // back would silently remove that wrapper.
+  let started = false;
   socket.write = function (this: net.Socket, chunk: unknown, encoding?: unknown, cb?: unknown): boolean {
+    if (started) return write.call(socket, chunk, encoding, cb);
     const buf = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as string, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8');
     const n = startupLength(buf);
-    if (n === 0) return (write as (...a: unknown[]) => boolean).call(socket, chunk, encoding, cb);
-    socket.write = write;
+    if (n === 0) return write.call(socket, chunk, encoding, cb);
+    started = true;
     const callback = typeof encoding === 'function' ? encoding : typeof cb === 'function' ? cb : null;
     process.nextTick(() => {
       socket.emit('data', o.replay);
       socket.resume();
       (callback as (() => void) | null)?.();
     });
-    return buf.length > n ? socket.write(buf.subarray(n)) : true;
+    return buf.length > n ? write.call(socket, buf.subarray(n)) : true;
   } as typeof socket.write;
   // node-postgres connects its stream itself; this one is connected already.
   socket.connect = (() => {
@@ -84,8 +89,32 @@ export async function connectPgClient(info: ConnInfo, opts: ConnectOptions, extr
   return client;
 }
 
-/** For postgres.js's `socket` option: the authenticated socket, with host and port as it names them in errors. */
+/**
+ * For postgres.js's `socket` option: the authenticated socket, with host and port as it
+ * names them in errors. Never rejects: postgres.js keeps a connection whose socket factory
+ * rejected in its connecting state for good (every later query of that pool waits for
+ * ever), so a failed open is a socket that errors with the failure and closes, which takes
+ * postgres.js's normal path: the query rejects with that error, the next one connects again.
+ */
 export async function postgresSocket(info: ConnInfo, opts: ConnectOptions): Promise<net.Socket> {
-  const opened = await openSession(info, opts);
-  return Object.assign(handOver(opened), { host: opened.spec.host, port: opened.spec.port });
+  try {
+    const opened = await openSession(info, opts);
+    return Object.assign(handOver(opened), { host: opened.spec.host, port: opened.spec.port });
+  } catch (err) {
+    return failingSocket(err instanceof Error ? err : new Error(String(err)));
+  }
+}
+
+/**
+ * Fails once postgres.js has written its startup message to it: failed before, the message
+ * would stay in postgres.js's write buffer and go out ahead of the next connection's own.
+ */
+function failingSocket(err: Error): net.Socket {
+  const failed = new net.Socket();
+  const fail = () => setImmediate(() => failed.destroy(err));
+  failed.write = (() => {
+    fail();
+    return true;
+  }) as typeof failed.write;
+  return failed;
 }

@@ -135,6 +135,7 @@ async function watchedSocket(info: ConnInfo, applicationName: string, timeoutMs:
     return write(...args);
   }) as typeof socket.write;
   socket.on('data', () => (waitingSince = null));
+  closeWithError(socket);
   const timer = setInterval(
     () => {
       if (waitingSince !== null && Date.now() - waitingSince >= timeoutMs) {
@@ -146,6 +147,32 @@ async function watchedSocket(info: ConnInfo, applicationName: string, timeoutMs:
   timer.unref();
   socket.once('close', () => clearInterval(timer));
   return socket;
+}
+
+/**
+ * postgres.js rejects what is in flight on a socket's 'error' and everything sent on its
+ * 'close', but not what was sent between the two (the close of a failed socket reports
+ * hadError, and it assumes the error rejected all): a query issued in reaction to the
+ * error went out on the dead socket and waited for ever. 'close' follows 'error' here
+ * before any reaction can run; the socket's own later 'close' is not repeated.
+ */
+function closeWithError(socket: net.Socket): void {
+  const emit = socket.emit.bind(socket) as (event: string | symbol, ...args: unknown[]) => boolean;
+  let closeEmitted = false;
+  socket.emit = ((event: string | symbol, ...args: unknown[]) => {
+    if (event === 'close') {
+      if (closeEmitted) return false;
+      closeEmitted = true;
+      return emit(event, ...args);
+    }
+    const handled = emit(event, ...args);
+    if (event === 'error' && !closeEmitted) {
+      closeEmitted = true;
+      socket.destroy();
+      emit('close', true);
+    }
+    return handled;
+  }) as typeof socket.emit;
 }
 
 const ROLLBACK = Symbol('rollback');
@@ -187,6 +214,9 @@ export function openMaintenance(info: ConnInfo, applicationName: string): Sql {
     max_lifetime: null,
     // src/connect bounds the login itself (connect_timeout per host); keepalives are set there too.
     connect_timeout: 0,
+    // pgsub retries with its own backoff; postgres.js's grows with every failed connect of a
+    // pool (up to 20 s) and would hold the first query after an outage back that long.
+    backoff: 0,
     keep_alive: null,
     fetch_types: false,
     // postgres.js reads PGTARGETSESSIONATTRS itself (and throws on "any"); src/connect has checked the session already.

@@ -283,6 +283,9 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   /** The cutover's end of this subscription, when that is why the session stopped (else null). */
   const cutOver = async (err: unknown): Promise<CutOverError | null> => {
     if (err instanceof CutOverError) return err;
+    // A lost target is not a cutover (the next session's start asks it again), and asking a
+    // silent target here would hold the retry for its connect_timeout.
+    if (err instanceof ConnectionLostError && err.context.target !== undefined) return null;
     const sql = openMaintenance(config.target, appName);
     try {
       const cut = await cutOverAt(sql, config.subscription);

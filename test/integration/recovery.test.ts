@@ -41,6 +41,8 @@ before(async () => {
 });
 
 after(async () => {
+  // A test that failed mid-way leaves its writer running; stopped before the servers.
+  for (const w of writers) await w.stop().catch(() => undefined);
   runner?.stop();
   await runner?.done.catch(() => undefined);
   for (const p of proxies) await p.close();
@@ -57,7 +59,7 @@ async function start(subscription: string, overrides: Record<string, unknown> = 
     env: {},
     overrides: { subscription, source: publisher.url('src'), target: target.url(subscription), publication: 'pub', ...overrides },
   });
-  runner = startRunner(config, createLogger('info', { write: (line: string) => void logs.push(JSON.parse(line) as LogLine) }));
+  runner = startRunner(config, createLogger((process.env.REC_LEVEL ?? 'info') as 'info', { write: (line: string) => void logs.push(JSON.parse(line) as LogLine) }));
   await waitFor(() => logs.some((l) => l.msg === 'streaming started'), { timeoutMs: 30_000, what: 'streaming' });
   return runner;
 }
@@ -83,6 +85,7 @@ async function assertEqual(subscription: string): Promise<void> {
   assert.ok(cmp.equal, JSON.stringify(cmp));
 }
 
+const writers = new Set<{ stop(): Promise<void> }>();
 /** Writes on the publisher every few milliseconds until stopped. */
 function writer(): { stop(): Promise<void> } {
   let running = true;
@@ -92,12 +95,15 @@ function writer(): { stop(): Promise<void> } {
       await new Promise((r) => setTimeout(r, 20));
     }
   })();
-  return {
+  const w = {
     async stop() {
       running = false;
+      writers.delete(w);
       await done;
     },
   };
+  writers.add(w);
+  return w;
 }
 
 describe('transient failures heal by themselves', () => {
@@ -218,7 +224,13 @@ describe('transient failures heal by themselves', () => {
     proxy.heal();
     const healedAt = Date.now();
     await w.stop();
-    await roundTrip('rec_tgthole', 30_000);
+    try {
+      await roundTrip('rec_tgthole', 30_000);
+    } catch (err) {
+      // What pgsub did after the network healed, for the failure's reader.
+      for (const l of logs.filter((l) => l.time >= healedAt - 1000)) console.log(`${l.time - healedAt} ms: ${l.msg} ${l.err?.message ?? ''}`);
+      throw err;
+    }
     console.log(`applying again ${Date.now() - healedAt} ms after the network healed`);
     await assertEqual('rec_tgthole');
     await stop();

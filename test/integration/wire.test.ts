@@ -13,7 +13,8 @@ import { after, before, test } from 'node:test';
 import { parseConninfo, type ConnInfo } from '../../src/config/conninfo.js';
 import { ConnectionLostError } from '../../src/errors.js';
 import { PipelineAbortedError, WireConnection, WireUsageError, type WireNotice, type WireOptions } from '../../src/pgwire/wire.js';
-import { startCluster, stopAllClusters, waitFor, withTimeout, type Cluster } from '../harness/index.js';
+import { openMaintenance, setMaintenanceTimeout } from '../../src/pgwire/connect.js';
+import { startCluster, startProxy, stopAllClusters, waitFor, withTimeout, type Cluster } from '../harness/index.js';
 
 let cluster: Cluster;
 let info: ConnInfo;
@@ -395,6 +396,48 @@ test('TLS (sslmode=require): the pipelined protocol runs over the upgraded strea
     (await Promise.all(all)).map((r) => r.rows[0]?.[0]),
     [...Array(2000).keys()].map((i) => String(i + 1)),
   );
+});
+
+test('a maintenance pool whose connect failed (a black-holed network) connects again once the network heals', async () => {
+  // postgres.js keeps a pool whose socket factory rejected waiting for good; src/connect hands it a failing socket instead.
+  const proxy = await startProxy(cluster.port);
+  const sql = openMaintenance(parseConninfo(`postgres://postgres@127.0.0.1:${proxy.port}/wire?connect_timeout=1`, 'target'), 'pgsub-wire-test-maint');
+  try {
+    proxy.blackhole({ newConnections: true });
+    await assert.rejects(
+      withTimeout(sql.unsafe('SELECT 1'), 10_000, 'the first query'),
+      (err: Error) => err instanceof ConnectionLostError && /timeout expired \(connect_timeout 2 s\)/.test(err.message),
+    );
+    proxy.heal();
+    const rows = await withTimeout(sql.unsafe<{ n: string }[]>('SELECT 2 AS n'), 10_000, 'the query after the heal');
+    assert.equal(String(rows[0]?.n), '2');
+  } finally {
+    await sql.end({ timeout: 1 }).catch(() => undefined);
+    await proxy.close();
+  }
+});
+
+test('a maintenance connection that goes silent after its login fails at target_timeout, and the next query connects again', async () => {
+  // The watchdog wraps socket.write over the login hand-over's own wrapper: it must outlive the login.
+  const proxy = await startProxy(cluster.port);
+  setMaintenanceTimeout(1500);
+  const sql = openMaintenance(parseConninfo(`postgres://postgres@127.0.0.1:${proxy.port}/wire`, 'target'), 'pgsub-wire-test-silent');
+  try {
+    assert.equal(String((await sql.unsafe<{ n: string }[]>('SELECT 1 AS n'))[0]?.n), '1');
+    proxy.blackhole();
+    const started = Date.now();
+    await assert.rejects(withTimeout(sql.unsafe('SELECT 2'), 10_000, 'the query on the silent connection'), /no answer from the target for 2 s \(target_timeout\)/);
+    const waitedMs = Date.now() - started;
+    console.log(`silent maintenance connection given up after ${waitedMs} ms (target_timeout 1.5 s)`);
+    assert.ok(waitedMs >= 1400 && waitedMs < 4000, `${waitedMs} ms`);
+    proxy.heal();
+    const rows = await withTimeout(sql.unsafe<{ n: string }[]>('SELECT 3 AS n'), 10_000, 'the query after the heal');
+    assert.equal(String(rows[0]?.n), '3');
+  } finally {
+    setMaintenanceTimeout(60_000);
+    await sql.end({ timeout: 1 }).catch(() => undefined);
+    await proxy.close();
+  }
 });
 
 test('throughput: 50,000 single-row INSERTs pipelined vs awaited one by one (printed, not asserted)', async (t) => {
