@@ -16,7 +16,7 @@ import fs from 'node:fs';
 import { compareTables, currentWalLsn, setBinRoot, slotConfirmedLsn, startCluster, stopAllClusters, waitFor } from '../../test/harness/index.js';
 import type { Cluster } from '../../test/harness/index.js';
 import { loadConfig, type Config } from '../config/config.js';
-import { PgDumpError } from '../errors.js';
+import { CutOverError, PgDumpError } from '../errors.js';
 import { createLogger } from '../log.js';
 import { openPgDb, openTargetDb } from '../migrate/db.js';
 import { preflight } from '../migrate/preflight.js';
@@ -104,6 +104,12 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
 
     out('\n3. initial copy and streaming, the application writing');
     const runner = startRunner(config, log);
+    // The cutover ends the forward service with CutOverError (exit 5 as a service): its normal
+    // end here, awaited after the cutover; caught now so that it is never an unhandled rejection.
+    const runnerEnded = runner.done.then(
+      () => null,
+      (err: unknown) => (err instanceof CutOverError ? null : err),
+    );
     const app = startWorkload(publisher.url('shop'), opts.clients);
     const started = Date.now();
     const progress = setInterval(() => void showProgress(publisher!, app.stats.committed, started, out), 1000);
@@ -136,7 +142,8 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
     );
     const stats = await app.stop();
     runner.stop();
-    await runner.done.catch(() => {});
+    const runnerFailed = await runnerEnded;
+    if (runnerFailed) throw runnerFailed;
     out(renderCutover(report).trimEnd());
 
     const cmp = await compareTables(publisher, 'shop', target, 'shop', TABLES);

@@ -391,3 +391,41 @@ describe('conninfo cases: psql (libpq 18) and pgsub agree', { concurrency: 4 }, 
     });
   }
 });
+
+/** The pub database's own settings (the cutover's fence is one): none may appear. */
+async function fenceSettings(c: Cluster): Promise<number> {
+  const rows = await c.query<{ n: string }>(
+    `SELECT count(*)::text AS n FROM pg_catalog.pg_db_role_setting s JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase WHERE d.datname = 'pub'`,
+  );
+  return Number(rows[0]?.n);
+}
+
+test('verify and cutover refuse a TLS, authentication or configuration failure as run does: exit 2 with its code, before anything changed', async () => {
+  const picked = ['verify-full, wrong host name (127.0.0.1)', 'a wrong password', 'a misspelt keyword'].map((n) => CASES.find((c) => c.name === n)!);
+  // A subscription that exists and streamed, so that nothing but the connection can refuse.
+  const home = makeHome(picked[0]!);
+  const trusted = settingsFor(picked[0]!, [], home, {});
+  const first = await pgsubRun(picked[0]!, trusted);
+  assert.equal(first.verdict, 'ok', first.output.slice(-800));
+  for (const c of picked) {
+    const keyText = fs.readFileSync(env.ca.clientKey, 'utf8').split('\n')[5]!;
+    for (const side of c.sides ?? (['source', 'target'] as const)) {
+      const settings = { ...settingsFor(c, [side], home, {}), PGSUB_SUBSCRIPTION: trusted.PGSUB_SUBSCRIPTION! };
+      for (const args of [['verify'], ['cutover', '--fence-timeout', '2', '--timeout', '5']]) {
+        const p = spawnPgsub(settings, args);
+        const timer = setTimeout(() => p.kill('SIGKILL'), 60_000);
+        const code = await p.exited;
+        clearTimeout(timer);
+        const what = `pgsub ${args[0]}, ${side} side, ${c.name}`;
+        assert.equal(code, 2, `${what}: ${p.output().slice(-800)}`);
+        assert.equal(pgsubVerdict(p.output()), c.want, what);
+        if (c.names) assert.match(p.output(), new RegExp(`\\b${c.names}\\b`), `${what}: the refusal names ${c.names}`);
+        for (const secret of [...SECRETS, keyText]) assert.ok(!p.output().includes(secret), `${what}: the output holds a secret`);
+        assert.ok(!/DEP0123/.test(p.output()), `${what}: no DEP0123 warning`);
+      }
+    }
+  }
+  // Nothing was fenced: neither the trusted source nor the case's server has a setting on pub.
+  assert.equal(await fenceSettings(plainSource), 0);
+  assert.equal(await fenceSettings(a), 0);
+});
