@@ -22,14 +22,12 @@
  * its own exit code 5, which systemd does not restart (RestartPreventExitStatus).
  */
 import type { Config } from '../config/config.js';
-import { ApplyConflictError, ConnectionLostError, CutOverError, PgsubError, RowSecurityError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
-import { sqlstateOf } from '../connect-failure.js';
+import { ApplyConflictError, ConnectionLostError, CutOverError, PgsubError, SubscriptionDisabledError } from '../errors.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
 import { openMaintenance, setMaintenanceTimeout } from '../pgwire/connect.js';
 import { cutOverAt, loadControl, recordApplyError } from '../conflict/control.js';
 import type { ConflictRecord } from '../conflict/report.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
-import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
 import { Launcher } from '../tablesync/launcher.js';
@@ -42,6 +40,7 @@ import { startSlotGuard } from './slot-guard.js';
 import type { SlotHealth } from './metrics.js';
 import { checkRowSecurity, checkRunPrivileges, checkTablePrivileges, OwnConnections } from './preflight.js';
 import { checkMappingsAtStartup } from '../mapping/plan.js';
+import { connectionFailure, describeError, isRetryable, slotBusy } from './error-kinds.js';
 import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
@@ -77,39 +76,14 @@ export interface Runner {
   lastVerify(): VerifyOutcome | null;
 }
 
-/** Waiting is pointless: the slot is held by a walsender that is on its way out (ours, or 55006 at START_REPLICATION). */
-function slotBusy(err: unknown): boolean {
-  return err instanceof SlotBusyError || (sqlstateOf(err) === '55006' && /replication slot/.test(String((err as Error)?.message)));
-}
-
-/** Not the target's data disagreeing: nothing to record as an apply error there. */
-function connectionFailure(err: unknown): boolean {
-  return err instanceof ConnectionLostError || slotBusy(err) || (err instanceof PgsubError && err.fatalAtStartup && !(err instanceof RowSecurityError));
-}
-
 async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
   await Promise.race([p, new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)))]);
   clearTimeout(timer);
 }
 
-export function isRetryable(err: unknown): boolean {
-  if (err instanceof PgsubError) return err.retryable;
-  // SQL errors from the target (unique violation, lock timeout, …) are retried like the
-  // native worker, which exits and is restarted by the launcher.
-  return true;
-}
-
-export function describeError(err: unknown): Record<string, unknown> {
-  const e = err as { code?: string; message?: string; context?: unknown; detail?: string; table_name?: string; constraint_name?: string };
-  return {
-    code: e?.code,
-    message: redactSecrets(String(e?.message ?? err)),
-    ...(e?.context ? { context: e.context } : {}),
-    ...(e?.detail ? { detail: redactSecrets(e.detail) } : {}),
-    ...(e?.constraint_name ? { constraint: e.constraint_name } : {}),
-  };
-}
+// The error classification lives in error-kinds.ts; these two are part of runner.ts's API.
+export { describeError, isRetryable } from './error-kinds.js';
 
 export function startRunner(config: Config, log: Logger, events: SessionEvents = {}): Runner {
   setMaintenanceTimeout(config.targetTimeoutMs);
