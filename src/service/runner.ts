@@ -22,11 +22,9 @@
  * its own exit code 5, which systemd does not restart (RestartPreventExitStatus).
  */
 import type { Config } from '../config/config.js';
-import { ApplyConflictError, ConnectionLostError, CutOverError, PgsubError, SubscriptionDisabledError } from '../errors.js';
+import { PgsubError, SubscriptionDisabledError } from '../errors.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
-import { openMaintenance, setMaintenanceTimeout } from '../pgwire/connect.js';
-import { cutOverAt, loadControl, recordApplyError } from '../conflict/control.js';
-import type { ConflictRecord } from '../conflict/report.js';
+import { setMaintenanceTimeout } from '../pgwire/connect.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
@@ -37,6 +35,7 @@ import { VerifyHold, type VerifyOutcome } from '../verify/hold.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
 import { ProgressLog, type CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
+import { TargetControl } from './target-control.js';
 import type { SlotHealth } from './metrics.js';
 import { checkRowSecurity, checkRunPrivileges, checkTablePrivileges, OwnConnections } from './preflight.js';
 import { checkMappingsAtStartup } from '../mapping/plan.js';
@@ -90,6 +89,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   const counters = newCounters();
   const failures: Record<string, number> = {};
   const own = new OwnConnections();
+  const control = new TargetControl(config, log);
   /** A session of this process reached streaming: refusals are retried from now on. */
   let streamedOnce = false;
   let stopped = false;
@@ -113,17 +113,6 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       session?.stop();
     }
   };
-  // `pgsub skip` while running: the session takes the new skip LSN from the target.
-  const onSkipRequested = () => {
-    const sql = openMaintenance(config.target, appName);
-    void loadControl(sql, config.subscription)
-      .then((control) => {
-        session?.setSkipLsn(control.skipLsn);
-        if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
-      })
-      .catch((err: unknown) => log.warn({ err: describeError(err) }, 'cannot read the skip request; it is taken at the next start'))
-      .finally(() => sql.end({ timeout: 5 }).catch(() => {}));
-  };
   // The 30 s progress line; it also counts the rows each finished copy brought.
   const progressLog = new ProgressLog(log, { counters, sync, session: () => session, copyRunning: () => launcher.busy });
   const launcher = new Launcher(config, log, sync, {
@@ -132,7 +121,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       restartForFinishedCopies();
     },
     onIdle: restartForFinishedCopies,
-    onSkipRequested,
+    onSkipRequested: () => control.takeSkipRequest(() => session),
   });
   progressLog.start();
   // `pgsub verify` holds the apply at an LSN through this (verify/hold.ts); apply lanes and
@@ -218,7 +207,6 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     carefulLsn: null,
     noGroupUntil: null,
   };
-  const appName = `pgsub_${config.subscription}`;
 
   // A stop during the wait ends it at once, and clears its timer (which would hold the
   // process up to retry_max_delay); a stop just before it skips it.
@@ -240,59 +228,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     while (!stopped) {
       await sleep(pollMs);
       if (stopped) return;
-      const sql = openMaintenance(config.target, appName);
-      try {
-        if ((await loadControl(sql, config.subscription)).enabled) {
-          log.info({ subscription: config.subscription }, 'subscription enabled; resuming');
-          return;
-        }
-      } catch (err) {
-        log.debug({ err: describeError(err) }, 'cannot read the subscription state; still waiting');
-      } finally {
-        await sql.end({ timeout: 5 }).catch(() => {});
-      }
-    }
-  };
-
-  /** The cutover's end of this subscription, when that is why the session stopped (else null). */
-  const cutOver = async (err: unknown): Promise<CutOverError | null> => {
-    if (err instanceof CutOverError) return err;
-    // A lost target is not a cutover (the next session's start asks it again), and asking a
-    // silent target here would hold the retry for its connect_timeout.
-    if (err instanceof ConnectionLostError && err.context.target !== undefined) return null;
-    const sql = openMaintenance(config.target, appName);
-    try {
-      const cut = await cutOverAt(sql, config.subscription);
-      return cut && new CutOverError(`cut over at LSN ${formatLsn(cut.lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(cut.lsn) });
-    } catch {
-      return null;
-    } finally {
-      await sql.end({ timeout: 5 }).catch(() => {});
-    }
-  };
-
-  /** Record the error in the target; returns whether the subscription is now disabled. */
-  const recordError = async (err: unknown, failed: { finishLsn: Lsn; xid: number } | null): Promise<boolean> => {
-    // A lost connection is not the target's data disagreeing, and the target may be unreachable.
-    if (connectionFailure(err)) return false;
-    const disable = config.disableOnError && failed !== null;
-    const e = describeError(err);
-    const sql = openMaintenance(config.target, appName);
-    try {
-      await recordApplyError(sql, config.subscription, {
-        failed,
-        code: String(e.code ?? 'UNKNOWN'),
-        message: String(e.message),
-        conflict: err instanceof ApplyConflictError ? (err.record as ConflictRecord) : null,
-        disable,
-      });
-      return disable;
-    } catch (recordErr) {
-      // The target may be what failed; the error is still logged below.
-      log.debug({ err: describeError(recordErr) }, 'cannot record the apply error in the target');
-      return false;
-    } finally {
-      await sql.end({ timeout: 5 }).catch(() => {});
+      if (await control.enabled()) return;
     }
   };
 
@@ -374,7 +310,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
         if (session?.madeProgress() || (startedAt !== null && Date.now() - startedAt > config.retryMaxDelayMs)) delay = config.retryMinDelayMs;
         session = null;
         if (stopped) return;
-        const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await cutOver(err);
+        const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await control.cutOver(err);
         if (cut) {
           log.info({ subscription: config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
           throw cut;
@@ -408,7 +344,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
           continue;
         }
         if (!connectionFailure(err)) applyErrors++;
-        const disabled = await recordError(err, failed);
+        const disabled = await control.recordError(err, failed);
         if (stopped) return;
         if (!isRetryable(err)) {
           log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
