@@ -28,17 +28,16 @@ import { setMaintenanceTimeout } from '../pgwire/connect.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
-import { Launcher } from '../tablesync/launcher.js';
-import { ProgressReporter } from '../tablesync/copy-report.js';
-import { SyncStates } from '../origin/sync-state.js';
-import { VerifyHold, type VerifyOutcome } from '../verify/hold.js';
+import type { Launcher } from '../tablesync/launcher.js';
+import type { SyncStates } from '../origin/sync-state.js';
+import type { VerifyHold, VerifyOutcome } from '../verify/hold.js';
 import { startSession, type SessionEvents, type SessionHandle } from './session.js';
-import { ProgressLog, type CopiedTotals } from './progress-log.js';
+import type { CopiedTotals } from './progress-log.js';
 import { startSlotGuard } from './slot-guard.js';
 import { TargetControl } from './target-control.js';
+import { StreamSetup } from './stream-setup.js';
 import type { SlotHealth } from './metrics.js';
-import { checkRowSecurity, checkRunPrivileges, checkTablePrivileges, OwnConnections } from './preflight.js';
-import { checkMappingsAtStartup } from '../mapping/plan.js';
+import { checkRunPrivileges, OwnConnections } from './preflight.js';
 import { connectionFailure, describeError, isRetryable, slotBusy } from './error-kinds.js';
 import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
 
@@ -46,12 +45,6 @@ import { startSequenceSync, type SequenceSyncService } from '../migrate/sequence
 const SLOT_BUSY_RETRY_MS = 1000;
 /** How long the service's end waits for a session start it abandoned to let go of its connections. */
 const ABANDONED_START_WAIT_MS = 10_000;
-
-/** Ends a session start the service no longer waits for (stop() during it): never reported. */
-class StoppedWhileStartingError extends PgsubError {
-  readonly code = 'PGSUB_STOPPED_WHILE_STARTING';
-  readonly retryable = false;
-}
 
 export interface Runner {
   /** Resolves when stopped cleanly; rejects with the fatal error otherwise. */
@@ -97,103 +90,14 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
   let abandonStart: (() => void) | null = null;
   /** A start abandoned by stop(): settles once it has let go of its connections. */
   let abandoned: Promise<void> | null = null;
-  const endIfStopped = () => {
-    if (stopped) throw new StoppedWhileStartingError('the service is stopping');
-  };
   let session: SessionHandle | null = null;
   let wake: (() => void) | null = null;
-  let streaming = false;
-  const sync = new SyncStates(config.copyData);
-  // A copy that finished behind the stream needs the stream restarted from its position;
-  // wait until no copy runs, so one restart serves them all.
-  const restartForFinishedCopies = () => {
-    if (!streaming || launcher.busy || stopped) return;
-    if (sync.all().some((t) => t.state === 'f')) {
-      log.info({}, 'restarting the stream so finished copies catch up');
-      session?.stop();
-    }
-  };
-  // The 30 s progress line; it also counts the rows each finished copy brought.
-  const progressLog = new ProgressLog(log, { counters, sync, session: () => session, copyRunning: () => launcher.busy });
-  const launcher = new Launcher(config, log, sync, {
-    onCopyFinished: (t) => {
-      progressLog.copyFinished(launcher.progress.get(`${t.schema}.${t.table}`));
-      restartForFinishedCopies();
-    },
-    onIdle: restartForFinishedCopies,
-    onSkipRequested: () => control.takeSkipRequest(() => session),
-  });
-  progressLog.start();
-  // `pgsub verify` holds the apply at an LSN through this (verify/hold.ts); apply lanes and
-  // parallel apply commit where its gate does not look, so the request is refused then.
-  const verifyHold = new VerifyHold({
-    target: config.target,
-    subscription: config.subscription,
-    log,
-    refusal:
-      config.applyWorkers > 1
-        ? `apply_workers = ${config.applyWorkers}: the verify hold does not cover apply lanes yet; run the verify with apply_workers = 1`
-        : config.streaming === 'parallel'
-          ? 'streaming = parallel: the verify hold does not cover parallel apply yet; run the verify with streaming = on'
-          : null,
-  });
-  let verifyStarted = false;
-  let launcherStarted = false;
-  const beforeStreaming = async () => {
-    streaming = false;
-    // A start abandoned by stop() goes no further: its session closes what it opened.
-    endIfStopped();
-    // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
-    if (!streamedOnce) await checkMappingsAtStartup(config, log);
-    await launcher.load();
-    await launcher.refresh();
-    // At startup, before any copy: a role that cannot write the tables is a setup error.
-    if (!streamedOnce) await checkTablePrivileges(config, sync.all());
-    // And one whose row-level security would hide rows from the apply (row-security.ts).
-    if (!streamedOnce) await checkRowSecurity(config, sync.all());
-    if (!launcherStarted) {
-      launcherStarted = true;
-      launcher.startPeriodicRefresh();
-      new ProgressReporter(launcher.progress, log, null).start();
-    }
-    // The initial copy: nothing is ready yet, so streaming now would only be re-streamed.
-    if (!sync.all().some((t) => t.state === 'r' || t.state === 's') && sync.copying().length > 0) {
-      // Log events come from the runner-wide reporter; this one draws and summarises.
-      const reporter = new ProgressReporter(launcher.progress, log, process.stderr.isTTY ? process.stderr : null, Infinity);
-      reporter.start();
-      // Woken by the last copy's end rather than a poll's next tick; still a poll while a
-      // failed copy waits for its retry, and to notice a stop.
-      while (!stopped && sync.copying().length > 0) {
-        const tick = new Promise<void>((r) => setTimeout(r, 200));
-        await (launcher.busy ? Promise.race([launcher.idle(), tick]) : tick);
-      }
-      reporter.finish();
-      endIfStopped();
-      log.info({ tables: sync.all().length }, 'initial copy finished');
-    }
-    // pgsub's schema is migrated by now: the verify row exists. Only after the check for an
-    // initial copy above: an await between the launcher's refresh and that check let a
-    // small table's copy finish unseen (no 'initial copy finished').
-    endIfStopped();
-    if (!verifyStarted) {
-      verifyStarted = true;
-      await verifyHold.start();
-    }
-    endIfStopped();
-    streaming = true;
-  };
-  // Changes of a table not registered yet arrive row after row: one refresh per table name.
-  const reportedUnknown = new Set<string>();
-  const onUnknownTable = (schema: string, table: string) => {
-    const name = `${schema}.${table}`;
-    if (reportedUnknown.has(name)) return;
-    reportedUnknown.add(name);
-    void launcher.refresh().catch(() => {});
-  };
+  const setup = new StreamSetup(config, log, counters, { stopped: () => stopped, streamedOnce: () => streamedOnce, session: () => session }, control);
+  const { sync, launcher, progressLog, verifyHold } = setup;
   const deps: {
     sync: SyncStates;
     beforeStreaming: () => Promise<void>;
-    onUnknownTable: typeof onUnknownTable;
+    onUnknownTable: (schema: string, table: string) => void;
     carefulLsn: Lsn | null;
     noGroupUntil: Lsn | null;
     own: OwnConnections;
@@ -202,8 +106,8 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     hold: verifyHold,
     own,
     sync,
-    beforeStreaming,
-    onUnknownTable,
+    beforeStreaming: () => setup.beforeStreaming(),
+    onUnknownTable: (schema, table) => setup.onUnknownTable(schema, table),
     carefulLsn: null,
     noGroupUntil: null,
   };
@@ -284,7 +188,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
         session = outcome.handle;
         if (stopped) session.stop();
         // A copy that finished while this session was starting waits for the next one.
-        else restartForFinishedCopies();
+        else setup.restartForFinishedCopies();
         startedAt = Date.now();
         const current = session;
         void current.started.then(() => (streamedOnce = true));
@@ -381,11 +285,10 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
       // Before what an abandoned start may still use (the launcher, the verify hold) is closed;
       // bounded, since a server that does not answer keeps a connection attempt pending.
       if (abandoned !== null) await waitAtMost(abandoned, ABANDONED_START_WAIT_MS);
-      progressLog.stop();
+      setup.stopProgressLog();
       await sequenceSync?.stop();
       await slotGuard.stop();
-      await verifyHold.close();
-      return launcher.stop();
+      return setup.close();
     })
     .then(() => {
       if (fatal !== null) throw fatal;
