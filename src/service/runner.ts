@@ -20,6 +20,10 @@
  * A subscription `pgsub cutover` finished (its walsender ended by the cutover, or found so
  * at start) is no failure: the service ends with CutOverError, "cut over at LSN X/Y", and
  * its own exit code 5, which systemd does not restart (RestartPreventExitStatus).
+ *
+ * The loop's state is ServiceRunner's private fields, each written in one method. What the
+ * sessions stand on (table sync, progress line, verify hold) is stream-setup.ts; the visits
+ * to the target's control row, target-control.ts; how an error is sorted, error-kinds.ts.
  */
 import type { Config } from '../config/config.js';
 import { PgsubError, SubscriptionDisabledError } from '../errors.js';
@@ -30,10 +34,10 @@ import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
 import type { Launcher } from '../tablesync/launcher.js';
 import type { SyncStates } from '../origin/sync-state.js';
-import type { VerifyHold, VerifyOutcome } from '../verify/hold.js';
-import { startSession, type SessionEvents, type SessionHandle } from './session.js';
+import type { VerifyOutcome } from '../verify/hold.js';
+import { startSession, type SessionDeps, type SessionEvents, type SessionHandle } from './session.js';
 import type { CopiedTotals } from './progress-log.js';
-import { startSlotGuard } from './slot-guard.js';
+import { startSlotGuard, type SlotGuard } from './slot-guard.js';
 import { TargetControl } from './target-control.js';
 import { StreamSetup } from './stream-setup.js';
 import type { SlotHealth } from './metrics.js';
@@ -77,234 +81,327 @@ async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
 // The error classification lives in error-kinds.ts; these two are part of runner.ts's API.
 export { describeError, isRetryable } from './error-kinds.js';
 
-export function startRunner(config: Config, log: Logger, events: SessionEvents = {}): Runner {
-  setMaintenanceTimeout(config.targetTimeoutMs);
-  const counters = newCounters();
-  const failures: Record<string, number> = {};
-  const own = new OwnConnections();
-  const control = new TargetControl(config, log);
-  /** A session of this process reached streaming: refusals are retried from now on. */
-  let streamedOnce = false;
-  let stopped = false;
-  /** Ends a session start being waited for (set only while waiting). */
-  let abandonStart: (() => void) | null = null;
-  /** A start abandoned by stop(): settles once it has let go of its connections. */
-  let abandoned: Promise<void> | null = null;
-  let session: SessionHandle | null = null;
-  let wake: (() => void) | null = null;
-  const setup = new StreamSetup(config, log, counters, { stopped: () => stopped, streamedOnce: () => streamedOnce, session: () => session }, control);
-  const { sync, launcher, progressLog, verifyHold } = setup;
-  const deps: {
-    sync: SyncStates;
-    beforeStreaming: () => Promise<void>;
-    onUnknownTable: (schema: string, table: string) => void;
-    carefulLsn: Lsn | null;
-    noGroupUntil: Lsn | null;
-    own: OwnConnections;
-    hold: VerifyHold;
-  } = {
-    hold: verifyHold,
-    own,
-    sync,
-    beforeStreaming: () => setup.beforeStreaming(),
-    onUnknownTable: (schema, table) => setup.onUnknownTable(schema, table),
-    carefulLsn: null,
-    noGroupUntil: null,
-  };
+/** The wait before the next session after a failure: doubles up to retry_max_delay, and starts over after progress. */
+class Backoff {
+  #delayMs: number;
+
+  constructor(
+    private readonly minMs: number,
+    private readonly maxMs: number,
+  ) {
+    this.#delayMs = minMs;
+  }
+
+  get ms(): number {
+    return this.#delayMs;
+  }
+
+  reset(): void {
+    this.#delayMs = this.minMs;
+  }
+
+  grow(): void {
+    this.#delayMs = Math.min(this.#delayMs * 2, this.maxMs);
+  }
+}
+
+/** The service loop's state; each field says which method writes it. */
+class ServiceRunner {
+  readonly counters: ApplyCounters;
+  /** Failed attempts by error code since the start (written by #afterError). */
+  readonly failures: Record<string, number> = {};
+  readonly setup: StreamSetup;
+  readonly done: Promise<void>;
+  readonly #control: TargetControl;
+  /** Given to every session; its carefulLsn and noGroupUntil are written by #takeReplayRequest. */
+  readonly #deps: SessionDeps & { carefulLsn: Lsn | null; noGroupUntil: Lsn | null };
+  readonly #backoff: Backoff;
+  readonly #slotGuard: SlotGuard;
+  /** Written by stop() only; never cleared. */
+  #stopped = false;
+  /** A session of this process reached streaming: refusals are retried from now on (written by #runSession). */
+  #streamedOnce = false;
+  /** The session running, or the last one once stopped (written by #runSession and #afterError). */
+  #session: SessionHandle | null = null;
+  /** When the current session started, for the backoff; null before (written by #runSession). */
+  #sessionStartedAt: number | null = null;
+  /** Ends a session start being waited for (set only while waiting, by #startSession). */
+  #abandonStart: (() => void) | null = null;
+  /** A start abandoned by stop(): settles once it has let go of its connections (written by #startSession). */
+  #abandoned: Promise<void> | null = null;
+  /** Ends the current #sleep at once (set only while sleeping, by #sleep). */
+  #wake: (() => void) | null = null;
+  /** A failure found beside the sessions (the slot guard): logged here, the service ends with it (written by fail). */
+  #fatal: unknown = null;
+  /** Apply errors in this process (written by #afterError). */
+  #applyErrors = 0;
+  /** The published tables' sequences follow the stream to the target (sequences: sync), once the privileges are checked (written by #runSession). */
+  #sequenceSync: SequenceSyncService | null = null;
+
+  constructor(
+    private readonly config: Config,
+    private readonly log: Logger,
+    private readonly events: SessionEvents,
+  ) {
+    setMaintenanceTimeout(config.targetTimeoutMs);
+    this.counters = newCounters();
+    const own = new OwnConnections();
+    this.#control = new TargetControl(config, log);
+    this.setup = new StreamSetup(config, log, this.counters, { stopped: () => this.#stopped, streamedOnce: () => this.#streamedOnce, session: () => this.#session }, this.#control);
+    this.#deps = {
+      hold: this.setup.verifyHold,
+      own,
+      sync: this.setup.sync,
+      beforeStreaming: () => this.setup.beforeStreaming(),
+      onUnknownTable: (schema, table) => this.setup.onUnknownTable(schema, table),
+      carefulLsn: null,
+      noGroupUntil: null,
+    };
+    this.#backoff = new Backoff(config.retryMinDelayMs, config.retryMaxDelayMs);
+    // The loop starts first (its privilege check is under way before the slot guard connects).
+    const loop = this.#loop();
+    // The slot on the publisher, watched beside the sessions: a lost one ends the service.
+    this.#slotGuard = startSlotGuard(config, log, {
+      intervalMs: config.slotCheckIntervalMs,
+      maxRetainedBytes: config.maxRetainedWalBytes,
+      onLost: (err) => this.fail(err),
+    });
+    this.done = loop
+      .finally(() => this.#close())
+      .then(() => {
+        if (this.#fatal !== null) throw this.#fatal;
+      });
+  }
+
+  current(): SessionHandle | null {
+    return this.#session;
+  }
+
+  applyErrors(): number {
+    return this.#applyErrors;
+  }
+
+  slotHealth(): SlotHealth | null {
+    return this.#slotGuard.health();
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    this.#abandonStart?.();
+    this.#session?.stop();
+    this.#wake?.();
+  }
+
+  fail(err: unknown): void {
+    if (this.#fatal !== null || this.#stopped) return;
+    this.#fatal = err;
+    this.log.fatal({ err: describeError(err) }, 'the subscription cannot go on');
+    this.stop();
+  }
+
+  /** Sessions one after another until stopped; what #afterError throws ends the service. */
+  async #loop(): Promise<void> {
+    while (!this.#stopped) {
+      try {
+        await this.#runSession();
+      } catch (err) {
+        await this.#afterError(err);
+      }
+    }
+  }
+
+  /** One session, from its start to its end; its failure is thrown to #loop. */
+  async #runSession(): Promise<void> {
+    this.#sessionStartedAt = null;
+    // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every privilege on both sides.
+    if (this.#sequenceSync === null) {
+      await checkRunPrivileges(this.config);
+      this.#sequenceSync = startSequenceSync(this.config, this.log);
+    }
+    const current = await this.#startSession();
+    if (current === null) return;
+    this.#session = current;
+    if (this.#stopped) current.stop();
+    // A copy that finished while this session was starting waits for the next one.
+    else this.setup.restartForFinishedCopies();
+    this.#sessionStartedAt = Date.now();
+    void current.started.then(() => (this.#streamedOnce = true));
+    await this.#untilEnd(current);
+    if (this.#stopped) return;
+    // A session that ran a while, or committed something, resets the backoff.
+    if (this.#madeProgress(current)) this.#backoff.reset();
+    this.#session = null;
+  }
+
+  /** The started session, or null when stop() came first: a stop while connecting (a server that does not answer) is not kept waiting for it. */
+  async #startSession(): Promise<SessionHandle | null> {
+    const starting = startSession(this.config, this.counters, this.log, this.#deps, this.events).then(
+      (handle) => ({ handle }),
+      (error: unknown) => ({ error }),
+    );
+    const outcome = await new Promise<Awaited<typeof starting> | null>((resolve) => {
+      this.#abandonStart = () => resolve(null);
+      if (this.#stopped) resolve(null);
+      void starting.then(resolve);
+    }).finally(() => (this.#abandonStart = null));
+    if (outcome === null) {
+      // The start ends at its next step (beforeStreaming sees the stop), or its session is
+      // stopped once started; the service's end waits for that, and its end never rejects unheard.
+      this.#abandoned = starting.then(async (o) => {
+        if (!('handle' in o)) return;
+        o.handle.stop();
+        await o.handle.done.catch(() => {});
+      });
+      return null;
+    }
+    if ('error' in outcome) throw outcome.error;
+    return outcome.handle;
+  }
+
+  /** The session's end; the stream that enables two_phase starts once every table is ready (session.ts). */
+  #untilEnd(current: SessionHandle): Promise<void> {
+    const { sync, launcher } = this.setup;
+    const twoPhaseTimer = current.twoPhasePending
+      ? setInterval(() => {
+          if (sync.all().every((t) => t.state === 'r') && !launcher.busy && this.#session === current) {
+            this.log.info({}, 'every table is ready; restarting the stream to enable two_phase');
+            current.stop();
+          }
+        }, 250)
+      : null;
+    return current.done.finally(() => {
+      if (twoPhaseTimer) clearInterval(twoPhaseTimer);
+    });
+  }
+
+  /** The session committed something, or ran longer than retry_max_delay. */
+  #madeProgress(session: SessionHandle | null): boolean {
+    return session?.madeProgress() || (this.#sessionStartedAt !== null && Date.now() - this.#sessionStartedAt > this.config.retryMaxDelayMs);
+  }
+
+  /** After a session's failure: the cutover's end, a wait, a re-stream, or a retry after the backoff; a throw ends the service. */
+  async #afterError(err: unknown): Promise<void> {
+    const { config, log, failures } = this;
+    const failed = this.#session?.failedTransaction() ?? null;
+    // A session that committed something shows the fault is new: start the backoff over.
+    if (this.#madeProgress(this.#session)) this.#backoff.reset();
+    this.#session = null;
+    if (this.#stopped) return;
+    const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await this.#control.cutOver(err);
+    if (cut) {
+      log.info({ subscription: config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
+      throw cut;
+    }
+    const code = String((err as { code?: unknown })?.code ?? 'UNKNOWN');
+    failures[code] = (failures[code] ?? 0) + 1;
+    if (err instanceof SubscriptionDisabledError) {
+      log.warn({ err: describeError(err) }, 'subscription disabled; waiting for pgsub enable');
+      await this.#waitForEnable();
+      return;
+    }
+    if (this.#takeReplayRequest(err)) return;
+    if (err instanceof PgsubError && err.fatalAtStartup && !this.#streamedOnce) {
+      log.fatal({ err: describeError(err) }, 'cannot start: fix this and start pgsub again');
+      throw err;
+    }
+    if (slotBusy(err)) {
+      log.warn({ err: describeError(err), retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
+      await this.#sleep(SLOT_BUSY_RETRY_MS);
+      return;
+    }
+    if (!connectionFailure(err)) this.#applyErrors++;
+    const disabled = await this.#control.recordError(err, failed);
+    if (this.#stopped) return;
+    if (!isRetryable(err)) {
+      log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
+      throw err;
+    }
+    if (disabled) {
+      log.error(
+        { err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+        'apply failed; subscription disabled (disable_on_error)',
+      );
+      await this.#waitForEnable();
+      this.#backoff.reset();
+      return;
+    }
+    log.error(
+      { err: describeError(err), retryInMs: this.#backoff.ms, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+      'apply failed; retrying',
+    );
+    // Not unref'd: between sessions this timer is what keeps the service alive.
+    await this.#sleep(this.#backoff.ms);
+    this.#backoff.grow();
+  }
+
+  /** Not yet an error: the apply asks for its transactions re-streamed, and the next session's deps say how. */
+  #takeReplayRequest(err: unknown): boolean {
+    if (err instanceof GroupRetryError) {
+      // The failing transaction is found by applying the group one by one.
+      this.log.info({ untilLsn: err.context.untilLsn, cause: describeError(err.cause).message }, 'a grouped transaction failed; re-applying one transaction at a time');
+      this.#deps.noGroupUntil = err.untilLsn;
+      return true;
+    }
+    if (err instanceof CarefulReplayError) {
+      // A large conflicting transaction is re-applied carefully from its start.
+      this.log.info({ finishLsn: err.context.finishLsn }, 're-streaming a conflicting transaction to apply it carefully');
+      this.#deps.carefulLsn = err.finishLsn;
+      return true;
+    }
+    return false;
+  }
 
   // A stop during the wait ends it at once, and clears its timer (which would hold the
   // process up to retry_max_delay); a stop just before it skips it.
-  const sleep = (ms: number) => {
-    if (stopped) return Promise.resolve();
+  #sleep(ms: number): Promise<void> {
+    if (this.#stopped) return Promise.resolve();
     let timer: NodeJS.Timeout | undefined;
     return new Promise<void>((resolve) => {
-      wake = resolve;
+      this.#wake = resolve;
       timer = setTimeout(resolve, ms);
     }).finally(() => {
       clearTimeout(timer);
-      wake = null;
+      this.#wake = null;
     });
-  };
+  }
 
   /** Idle until `pgsub enable` (or stop): the subscription is disabled in the target. */
-  const waitForEnable = async () => {
-    const pollMs = Math.min(config.retryMaxDelayMs, 5000);
-    while (!stopped) {
-      await sleep(pollMs);
-      if (stopped) return;
-      if (await control.enabled()) return;
+  async #waitForEnable(): Promise<void> {
+    const pollMs = Math.min(this.config.retryMaxDelayMs, 5000);
+    while (!this.#stopped) {
+      await this.#sleep(pollMs);
+      if (this.#stopped) return;
+      if (await this.#control.enabled()) return;
     }
-  };
-
-  function stop(): void {
-    stopped = true;
-    abandonStart?.();
-    session?.stop();
-    wake?.();
-  }
-  /** A failure found beside the sessions (the slot guard): logged here, the service ends with it. */
-  let fatal: unknown = null;
-  let applyErrors = 0;
-  function fail(err: unknown): void {
-    if (fatal !== null || stopped) return;
-    fatal = err;
-    log.fatal({ err: describeError(err) }, 'the subscription cannot go on');
-    stop();
   }
 
-  // The published tables' sequences follow the stream to the target (sequences: sync), once the privileges are checked.
-  let sequenceSync: SequenceSyncService | null = null;
-  const done = (async () => {
-    let delay = config.retryMinDelayMs;
-    while (!stopped) {
-      let startedAt: number | null = null;
-      try {
-        // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every privilege on both sides.
-        if (sequenceSync === null) {
-          await checkRunPrivileges(config);
-          sequenceSync = startSequenceSync(config, log);
-        }
-        // A stop while connecting (a server that does not answer) is not kept waiting for it.
-        const starting = startSession(config, counters, log, deps, events).then(
-          (handle) => ({ handle }),
-          (error: unknown) => ({ error }),
-        );
-        const outcome = await new Promise<Awaited<typeof starting> | null>((resolve) => {
-          abandonStart = () => resolve(null);
-          if (stopped) resolve(null);
-          void starting.then(resolve);
-        }).finally(() => (abandonStart = null));
-        if (outcome === null) {
-          // The start ends at its next step (beforeStreaming sees the stop), or its session is
-          // stopped once started; the service's end waits for that, and its end never rejects unheard.
-          abandoned = starting.then(async (o) => {
-            if (!('handle' in o)) return;
-            o.handle.stop();
-            await o.handle.done.catch(() => {});
-          });
-          return;
-        }
-        if ('error' in outcome) throw outcome.error;
-        session = outcome.handle;
-        if (stopped) session.stop();
-        // A copy that finished while this session was starting waits for the next one.
-        else setup.restartForFinishedCopies();
-        startedAt = Date.now();
-        const current = session;
-        void current.started.then(() => (streamedOnce = true));
-        // The stream that enables two_phase starts once every table is ready (session.ts).
-        const twoPhaseTimer = current.twoPhasePending
-          ? setInterval(() => {
-              if (sync.all().every((t) => t.state === 'r') && !launcher.busy && session === current) {
-                log.info({}, 'every table is ready; restarting the stream to enable two_phase');
-                current.stop();
-              }
-            }, 250)
-          : null;
-        await session.done.finally(() => {
-          if (twoPhaseTimer) clearInterval(twoPhaseTimer);
-        });
-        if (stopped) return;
-        // A session that ran a while, or committed something, resets the backoff.
-        if (current.madeProgress() || Date.now() - startedAt > config.retryMaxDelayMs) delay = config.retryMinDelayMs;
-        session = null;
-      } catch (err) {
-        const failed = session?.failedTransaction() ?? null;
-        // A session that committed something shows the fault is new: start the backoff over.
-        if (session?.madeProgress() || (startedAt !== null && Date.now() - startedAt > config.retryMaxDelayMs)) delay = config.retryMinDelayMs;
-        session = null;
-        if (stopped) return;
-        const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await control.cutOver(err);
-        if (cut) {
-          log.info({ subscription: config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
-          throw cut;
-        }
-        const code = String((err as { code?: unknown })?.code ?? 'UNKNOWN');
-        failures[code] = (failures[code] ?? 0) + 1;
-        if (err instanceof SubscriptionDisabledError) {
-          log.warn({ err: describeError(err) }, 'subscription disabled; waiting for pgsub enable');
-          await waitForEnable();
-          continue;
-        }
-        if (err instanceof GroupRetryError) {
-          // Not yet an error: the failing transaction is found by applying the group one by one.
-          log.info({ untilLsn: err.context.untilLsn, cause: describeError(err.cause).message }, 'a grouped transaction failed; re-applying one transaction at a time');
-          deps.noGroupUntil = err.untilLsn;
-          continue;
-        }
-        if (err instanceof CarefulReplayError) {
-          // Not an error: a large conflicting transaction is re-applied carefully from its start.
-          log.info({ finishLsn: err.context.finishLsn }, 're-streaming a conflicting transaction to apply it carefully');
-          deps.carefulLsn = err.finishLsn;
-          continue;
-        }
-        if (err instanceof PgsubError && err.fatalAtStartup && !streamedOnce) {
-          log.fatal({ err: describeError(err) }, 'cannot start: fix this and start pgsub again');
-          throw err;
-        }
-        if (slotBusy(err)) {
-          log.warn({ err: describeError(err), retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
-          await sleep(SLOT_BUSY_RETRY_MS);
-          continue;
-        }
-        if (!connectionFailure(err)) applyErrors++;
-        const disabled = await control.recordError(err, failed);
-        if (stopped) return;
-        if (!isRetryable(err)) {
-          log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
-          throw err;
-        }
-        if (disabled) {
-          log.error(
-            { err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
-            'apply failed; subscription disabled (disable_on_error)',
-          );
-          await waitForEnable();
-          delay = config.retryMinDelayMs;
-          continue;
-        }
-        log.error(
-          { err: describeError(err), retryInMs: delay, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
-          'apply failed; retrying',
-        );
-        // Not unref'd: between sessions this timer is what keeps the service alive.
-        await sleep(delay);
-        delay = Math.min(delay * 2, config.retryMaxDelayMs);
-      }
-    }
-  })();
+  /** The service's end, once the loop's: what ran beside the sessions, in this order. */
+  async #close(): Promise<void> {
+    // Before what an abandoned start may still use (the launcher, the verify hold) is closed;
+    // bounded, since a server that does not answer keeps a connection attempt pending.
+    if (this.#abandoned !== null) await waitAtMost(this.#abandoned, ABANDONED_START_WAIT_MS);
+    this.setup.stopProgressLog();
+    await this.#sequenceSync?.stop();
+    await this.#slotGuard.stop();
+    return this.setup.close();
+  }
+}
 
-  // The slot on the publisher, watched beside the sessions: a lost one ends the service.
-  const slotGuard = startSlotGuard(config, log, {
-    intervalMs: config.slotCheckIntervalMs,
-    maxRetainedBytes: config.maxRetainedWalBytes,
-    onLost: (err) => fail(err),
-  });
-  const finished = done
-    .finally(async () => {
-      // Before what an abandoned start may still use (the launcher, the verify hold) is closed;
-      // bounded, since a server that does not answer keeps a connection attempt pending.
-      if (abandoned !== null) await waitAtMost(abandoned, ABANDONED_START_WAIT_MS);
-      setup.stopProgressLog();
-      await sequenceSync?.stop();
-      await slotGuard.stop();
-      return setup.close();
-    })
-    .then(() => {
-      if (fatal !== null) throw fatal;
-    });
+export function startRunner(config: Config, log: Logger, events: SessionEvents = {}): Runner {
+  const runner = new ServiceRunner(config, log, events);
+  const { setup } = runner;
   return {
-    done: finished,
-    sync,
-    launcher,
-    counters,
-    copied: () => progressLog.copiedTotals(),
-    failures,
-    current: () => session,
-    stop,
-    fail,
-    slotHealth: () => slotGuard.health(),
-    applyErrors: () => applyErrors,
-    lastVerify: () => verifyHold.last,
+    done: runner.done,
+    sync: setup.sync,
+    launcher: setup.launcher,
+    counters: runner.counters,
+    copied: () => setup.progressLog.copiedTotals(),
+    failures: runner.failures,
+    current: () => runner.current(),
+    stop: () => runner.stop(),
+    fail: (err) => runner.fail(err),
+    slotHealth: () => runner.slotHealth(),
+    applyErrors: () => runner.applyErrors(),
+    lastVerify: () => setup.verifyHold.last,
   };
 }
