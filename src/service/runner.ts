@@ -158,7 +158,7 @@ class ServiceRunner {
       noGroupUntil: null,
     };
     this.#backoff = new Backoff(config.retryMinDelayMs, config.retryMaxDelayMs);
-    // The loop starts first (its privilege check is under way before the slot guard connects).
+    // The loop's first step (the privilege check) is called before the slot guard starts, as it always was.
     const loop = this.#loop();
     // The slot on the publisher, watched beside the sessions: a lost one ends the service.
     this.#slotGuard = startSlotGuard(config, log, {
