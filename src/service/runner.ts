@@ -20,40 +20,35 @@
  * A subscription `pgsub cutover` finished (its walsender ended by the cutover, or found so
  * at start) is no failure: the service ends with CutOverError, "cut over at LSN X/Y", and
  * its own exit code 5, which systemd does not restart (RestartPreventExitStatus).
+ *
+ * The loop's state is ServiceRunner's private fields, each written in one method. What the
+ * sessions stand on (table sync, progress line, verify hold) is stream-setup.ts; the visits
+ * to the target's control row, target-control.ts; how an error is sorted, error-kinds.ts.
  */
 import type { Config } from '../config/config.js';
-import { ApplyConflictError, ConnectionLostError, CutOverError, PgsubError, RowSecurityError, SlotBusyError, SubscriptionDisabledError } from '../errors.js';
-import { sqlstateOf } from '../connect-failure.js';
+import { PgsubError, SubscriptionDisabledError } from '../errors.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
-import { openMaintenance, setMaintenanceTimeout } from '../pgwire/connect.js';
-import { cutOverAt, loadControl, recordApplyError } from '../conflict/control.js';
-import type { ConflictRecord } from '../conflict/report.js';
+import { setMaintenanceTimeout } from '../pgwire/connect.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
-import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { newCounters, type ApplyCounters } from '../apply/txn/apply-state.js';
-import { Launcher } from '../tablesync/launcher.js';
-import { ProgressReporter } from '../tablesync/copy-report.js';
-import { SyncStates } from '../origin/sync-state.js';
-import { VerifyHold, type VerifyOutcome } from '../verify/hold.js';
-import { startSession, type SessionEvents, type SessionHandle } from './session.js';
-import { ProgressLog, type CopiedTotals } from './progress-log.js';
-import { startSlotGuard } from './slot-guard.js';
+import type { Launcher } from '../tablesync/launcher.js';
+import type { SyncStates } from '../origin/sync-state.js';
+import type { VerifyOutcome } from '../verify/hold.js';
+import { startSession, type SessionDeps, type SessionEvents, type SessionHandle } from './session.js';
+import type { CopiedTotals } from './progress-log.js';
+import { startSlotGuard, type SlotGuard } from './slot-guard.js';
+import { TargetControl } from './target-control.js';
+import { StreamSetup } from './stream-setup.js';
 import type { SlotHealth } from './metrics.js';
-import { checkRowSecurity, checkRunPrivileges, checkTablePrivileges, OwnConnections } from './preflight.js';
-import { checkMappingsAtStartup } from '../mapping/plan.js';
+import { checkRunPrivileges, OwnConnections } from './preflight.js';
+import { connectionFailure, describeError, isRetryable, slotBusy } from './error-kinds.js';
 import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
 const SLOT_BUSY_RETRY_MS = 1000;
 /** How long the service's end waits for a session start it abandoned to let go of its connections. */
 const ABANDONED_START_WAIT_MS = 10_000;
-
-/** Ends a session start the service no longer waits for (stop() during it): never reported. */
-class StoppedWhileStartingError extends PgsubError {
-  readonly code = 'PGSUB_STOPPED_WHILE_STARTING';
-  readonly retryable = false;
-}
 
 export interface Runner {
   /** Resolves when stopped cleanly; rejects with the fatal error otherwise. */
@@ -77,421 +72,336 @@ export interface Runner {
   lastVerify(): VerifyOutcome | null;
 }
 
-/** Waiting is pointless: the slot is held by a walsender that is on its way out (ours, or 55006 at START_REPLICATION). */
-function slotBusy(err: unknown): boolean {
-  return err instanceof SlotBusyError || (sqlstateOf(err) === '55006' && /replication slot/.test(String((err as Error)?.message)));
-}
-
-/** Not the target's data disagreeing: nothing to record as an apply error there. */
-function connectionFailure(err: unknown): boolean {
-  return err instanceof ConnectionLostError || slotBusy(err) || (err instanceof PgsubError && err.fatalAtStartup && !(err instanceof RowSecurityError));
-}
-
 async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
   await Promise.race([p, new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)))]);
   clearTimeout(timer);
 }
 
-export function isRetryable(err: unknown): boolean {
-  if (err instanceof PgsubError) return err.retryable;
-  // SQL errors from the target (unique violation, lock timeout, …) are retried like the
-  // native worker, which exits and is restarted by the launcher.
-  return true;
+// The error classification lives in error-kinds.ts; these two are part of runner.ts's API.
+export { describeError, isRetryable } from './error-kinds.js';
+
+/** The wait before the next session after a failure: doubles up to retry_max_delay, and starts over after progress. */
+class Backoff {
+  #delayMs: number;
+
+  constructor(
+    private readonly minMs: number,
+    private readonly maxMs: number,
+  ) {
+    this.#delayMs = minMs;
+  }
+
+  get ms(): number {
+    return this.#delayMs;
+  }
+
+  reset(): void {
+    this.#delayMs = this.minMs;
+  }
+
+  grow(): void {
+    this.#delayMs = Math.min(this.#delayMs * 2, this.maxMs);
+  }
 }
 
-export function describeError(err: unknown): Record<string, unknown> {
-  const e = err as { code?: string; message?: string; context?: unknown; detail?: string; table_name?: string; constraint_name?: string };
-  return {
-    code: e?.code,
-    message: redactSecrets(String(e?.message ?? err)),
-    ...(e?.context ? { context: e.context } : {}),
-    ...(e?.detail ? { detail: redactSecrets(e.detail) } : {}),
-    ...(e?.constraint_name ? { constraint: e.constraint_name } : {}),
-  };
-}
+/** The service loop's state; each field says which method writes it. */
+class ServiceRunner {
+  readonly counters: ApplyCounters;
+  /** Failed attempts by error code since the start (written by #afterError). */
+  readonly failures: Record<string, number> = {};
+  readonly setup: StreamSetup;
+  readonly done: Promise<void>;
+  readonly #control: TargetControl;
+  /** Given to every session; its carefulLsn and noGroupUntil are written by #takeReplayRequest. */
+  readonly #deps: SessionDeps & { carefulLsn: Lsn | null; noGroupUntil: Lsn | null };
+  readonly #backoff: Backoff;
+  readonly #slotGuard: SlotGuard;
+  /** Written by stop() only; never cleared. */
+  #stopped = false;
+  /** A session of this process reached streaming: refusals are retried from now on (written by #runSession). */
+  #streamedOnce = false;
+  /** The session running, or the last one once stopped (written by #runSession and #afterError). */
+  #session: SessionHandle | null = null;
+  /** When the current session started, for the backoff; null before (written by #runSession). */
+  #sessionStartedAt: number | null = null;
+  /** Ends a session start being waited for (set only while waiting, by #startSession). */
+  #abandonStart: (() => void) | null = null;
+  /** A start abandoned by stop(): settles once it has let go of its connections (written by #startSession). */
+  #abandoned: Promise<void> | null = null;
+  /** Ends the current #sleep at once (set only while sleeping, by #sleep). */
+  #wake: (() => void) | null = null;
+  /** A failure found beside the sessions (the slot guard): logged here, the service ends with it (written by fail). */
+  #fatal: unknown = null;
+  /** Apply errors in this process (written by #afterError). */
+  #applyErrors = 0;
+  /** The published tables' sequences follow the stream to the target (sequences: sync), once the privileges are checked (written by #runSession). */
+  #sequenceSync: SequenceSyncService | null = null;
 
-export function startRunner(config: Config, log: Logger, events: SessionEvents = {}): Runner {
-  setMaintenanceTimeout(config.targetTimeoutMs);
-  const counters = newCounters();
-  const failures: Record<string, number> = {};
-  const own = new OwnConnections();
-  /** A session of this process reached streaming: refusals are retried from now on. */
-  let streamedOnce = false;
-  let stopped = false;
-  /** Ends a session start being waited for (set only while waiting). */
-  let abandonStart: (() => void) | null = null;
-  /** A start abandoned by stop(): settles once it has let go of its connections. */
-  let abandoned: Promise<void> | null = null;
-  const endIfStopped = () => {
-    if (stopped) throw new StoppedWhileStartingError('the service is stopping');
-  };
-  let session: SessionHandle | null = null;
-  let wake: (() => void) | null = null;
-  let streaming = false;
-  const sync = new SyncStates(config.copyData);
-  // A copy that finished behind the stream needs the stream restarted from its position;
-  // wait until no copy runs, so one restart serves them all.
-  const restartForFinishedCopies = () => {
-    if (!streaming || launcher.busy || stopped) return;
-    if (sync.all().some((t) => t.state === 'f')) {
-      log.info({}, 'restarting the stream so finished copies catch up');
-      session?.stop();
-    }
-  };
-  // `pgsub skip` while running: the session takes the new skip LSN from the target.
-  const onSkipRequested = () => {
-    const sql = openMaintenance(config.target, appName);
-    void loadControl(sql, config.subscription)
-      .then((control) => {
-        session?.setSkipLsn(control.skipLsn);
-        if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
-      })
-      .catch((err: unknown) => log.warn({ err: describeError(err) }, 'cannot read the skip request; it is taken at the next start'))
-      .finally(() => sql.end({ timeout: 5 }).catch(() => {}));
-  };
-  // The 30 s progress line; it also counts the rows each finished copy brought.
-  const progressLog = new ProgressLog(log, { counters, sync, session: () => session, copyRunning: () => launcher.busy });
-  const launcher = new Launcher(config, log, sync, {
-    onCopyFinished: (t) => {
-      progressLog.copyFinished(launcher.progress.get(`${t.schema}.${t.table}`));
-      restartForFinishedCopies();
-    },
-    onIdle: restartForFinishedCopies,
-    onSkipRequested,
-  });
-  progressLog.start();
-  // `pgsub verify` holds the apply at an LSN through this (verify/hold.ts); apply lanes and
-  // parallel apply commit where its gate does not look, so the request is refused then.
-  const verifyHold = new VerifyHold({
-    target: config.target,
-    subscription: config.subscription,
-    log,
-    refusal:
-      config.applyWorkers > 1
-        ? `apply_workers = ${config.applyWorkers}: the verify hold does not cover apply lanes yet; run the verify with apply_workers = 1`
-        : config.streaming === 'parallel'
-          ? 'streaming = parallel: the verify hold does not cover parallel apply yet; run the verify with streaming = on'
-          : null,
-  });
-  let verifyStarted = false;
-  let launcherStarted = false;
-  const beforeStreaming = async () => {
-    streaming = false;
-    // A start abandoned by stop() goes no further: its session closes what it opened.
-    endIfStopped();
-    // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
-    if (!streamedOnce) await checkMappingsAtStartup(config, log);
-    await launcher.load();
-    await launcher.refresh();
-    // At startup, before any copy: a role that cannot write the tables is a setup error.
-    if (!streamedOnce) await checkTablePrivileges(config, sync.all());
-    // And one whose row-level security would hide rows from the apply (row-security.ts).
-    if (!streamedOnce) await checkRowSecurity(config, sync.all());
-    if (!launcherStarted) {
-      launcherStarted = true;
-      launcher.startPeriodicRefresh();
-      new ProgressReporter(launcher.progress, log, null).start();
-    }
-    // The initial copy: nothing is ready yet, so streaming now would only be re-streamed.
-    if (!sync.all().some((t) => t.state === 'r' || t.state === 's') && sync.copying().length > 0) {
-      // Log events come from the runner-wide reporter; this one draws and summarises.
-      const reporter = new ProgressReporter(launcher.progress, log, process.stderr.isTTY ? process.stderr : null, Infinity);
-      reporter.start();
-      // Woken by the last copy's end rather than a poll's next tick; still a poll while a
-      // failed copy waits for its retry, and to notice a stop.
-      while (!stopped && sync.copying().length > 0) {
-        const tick = new Promise<void>((r) => setTimeout(r, 200));
-        await (launcher.busy ? Promise.race([launcher.idle(), tick]) : tick);
+  constructor(
+    private readonly config: Config,
+    private readonly log: Logger,
+    private readonly events: SessionEvents,
+  ) {
+    setMaintenanceTimeout(config.targetTimeoutMs);
+    this.counters = newCounters();
+    const own = new OwnConnections();
+    this.#control = new TargetControl(config, log);
+    this.setup = new StreamSetup(config, log, this.counters, { stopped: () => this.#stopped, streamedOnce: () => this.#streamedOnce, session: () => this.#session }, this.#control);
+    this.#deps = {
+      hold: this.setup.verifyHold,
+      own,
+      sync: this.setup.sync,
+      beforeStreaming: () => this.setup.beforeStreaming(),
+      onUnknownTable: (schema, table) => this.setup.onUnknownTable(schema, table),
+      carefulLsn: null,
+      noGroupUntil: null,
+    };
+    this.#backoff = new Backoff(config.retryMinDelayMs, config.retryMaxDelayMs);
+    // The loop's first step (the privilege check) is called before the slot guard starts, as it always was.
+    const loop = this.#loop();
+    // The slot on the publisher, watched beside the sessions: a lost one ends the service.
+    this.#slotGuard = startSlotGuard(config, log, {
+      intervalMs: config.slotCheckIntervalMs,
+      maxRetainedBytes: config.maxRetainedWalBytes,
+      onLost: (err) => this.fail(err),
+    });
+    this.done = loop
+      .finally(() => this.#close())
+      .then(() => {
+        if (this.#fatal !== null) throw this.#fatal;
+      });
+  }
+
+  current(): SessionHandle | null {
+    return this.#session;
+  }
+
+  applyErrors(): number {
+    return this.#applyErrors;
+  }
+
+  slotHealth(): SlotHealth | null {
+    return this.#slotGuard.health();
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    this.#abandonStart?.();
+    this.#session?.stop();
+    this.#wake?.();
+  }
+
+  fail(err: unknown): void {
+    if (this.#fatal !== null || this.#stopped) return;
+    this.#fatal = err;
+    this.log.fatal({ err: describeError(err) }, 'the subscription cannot go on');
+    this.stop();
+  }
+
+  /** Sessions one after another until stopped; what #afterError throws ends the service. */
+  async #loop(): Promise<void> {
+    while (!this.#stopped) {
+      try {
+        await this.#runSession();
+      } catch (err) {
+        await this.#afterError(err);
       }
-      reporter.finish();
-      endIfStopped();
-      log.info({ tables: sync.all().length }, 'initial copy finished');
     }
-    // pgsub's schema is migrated by now: the verify row exists. Only after the check for an
-    // initial copy above: an await between the launcher's refresh and that check let a
-    // small table's copy finish unseen (no 'initial copy finished').
-    endIfStopped();
-    if (!verifyStarted) {
-      verifyStarted = true;
-      await verifyHold.start();
+  }
+
+  /** One session, from its start to its end; its failure is thrown to #loop. */
+  async #runSession(): Promise<void> {
+    this.#sessionStartedAt = null;
+    // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every privilege on both sides.
+    if (this.#sequenceSync === null) {
+      await checkRunPrivileges(this.config);
+      this.#sequenceSync = startSequenceSync(this.config, this.log);
     }
-    endIfStopped();
-    streaming = true;
-  };
-  // Changes of a table not registered yet arrive row after row: one refresh per table name.
-  const reportedUnknown = new Set<string>();
-  const onUnknownTable = (schema: string, table: string) => {
-    const name = `${schema}.${table}`;
-    if (reportedUnknown.has(name)) return;
-    reportedUnknown.add(name);
-    void launcher.refresh().catch(() => {});
-  };
-  const deps: {
-    sync: SyncStates;
-    beforeStreaming: () => Promise<void>;
-    onUnknownTable: typeof onUnknownTable;
-    carefulLsn: Lsn | null;
-    noGroupUntil: Lsn | null;
-    own: OwnConnections;
-    hold: VerifyHold;
-  } = {
-    hold: verifyHold,
-    own,
-    sync,
-    beforeStreaming,
-    onUnknownTable,
-    carefulLsn: null,
-    noGroupUntil: null,
-  };
-  const appName = `pgsub_${config.subscription}`;
+    const current = await this.#startSession();
+    if (current === null) return;
+    this.#session = current;
+    if (this.#stopped) current.stop();
+    // A copy that finished while this session was starting waits for the next one.
+    else this.setup.restartForFinishedCopies();
+    this.#sessionStartedAt = Date.now();
+    void current.started.then(() => (this.#streamedOnce = true));
+    await this.#untilEnd(current);
+    if (this.#stopped) return;
+    // A session that ran a while, or committed something, resets the backoff.
+    if (this.#madeProgress(current)) this.#backoff.reset();
+    this.#session = null;
+  }
+
+  /** The started session, or null when stop() came first: a stop while connecting (a server that does not answer) is not kept waiting for it. */
+  async #startSession(): Promise<SessionHandle | null> {
+    const starting = startSession(this.config, this.counters, this.log, this.#deps, this.events).then(
+      (handle) => ({ handle }),
+      (error: unknown) => ({ error }),
+    );
+    const outcome = await new Promise<Awaited<typeof starting> | null>((resolve) => {
+      this.#abandonStart = () => resolve(null);
+      if (this.#stopped) resolve(null);
+      void starting.then(resolve);
+    }).finally(() => (this.#abandonStart = null));
+    if (outcome === null) {
+      // The start ends at its next step (beforeStreaming sees the stop), or its session is
+      // stopped once started; the service's end waits for that, and its end never rejects unheard.
+      this.#abandoned = starting.then(async (o) => {
+        if (!('handle' in o)) return;
+        o.handle.stop();
+        await o.handle.done.catch(() => {});
+      });
+      return null;
+    }
+    if ('error' in outcome) throw outcome.error;
+    return outcome.handle;
+  }
+
+  /** The session's end; the stream that enables two_phase starts once every table is ready (session.ts). */
+  #untilEnd(current: SessionHandle): Promise<void> {
+    const { sync, launcher } = this.setup;
+    const twoPhaseTimer = current.twoPhasePending
+      ? setInterval(() => {
+          if (sync.all().every((t) => t.state === 'r') && !launcher.busy && this.#session === current) {
+            this.log.info({}, 'every table is ready; restarting the stream to enable two_phase');
+            current.stop();
+          }
+        }, 250)
+      : null;
+    return current.done.finally(() => {
+      if (twoPhaseTimer) clearInterval(twoPhaseTimer);
+    });
+  }
+
+  /** The session committed something, or ran longer than retry_max_delay. */
+  #madeProgress(session: SessionHandle | null): boolean {
+    return session?.madeProgress() || (this.#sessionStartedAt !== null && Date.now() - this.#sessionStartedAt > this.config.retryMaxDelayMs);
+  }
+
+  /** After a session's failure: the cutover's end, a wait, a re-stream, or a retry after the backoff; a throw ends the service. */
+  async #afterError(err: unknown): Promise<void> {
+    const { config, log, failures } = this;
+    const failed = this.#session?.failedTransaction() ?? null;
+    // A session that committed something shows the fault is new: start the backoff over.
+    if (this.#madeProgress(this.#session)) this.#backoff.reset();
+    this.#session = null;
+    if (this.#stopped) return;
+    const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await this.#control.cutOver(err);
+    if (cut) {
+      log.info({ subscription: config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
+      throw cut;
+    }
+    const code = String((err as { code?: unknown })?.code ?? 'UNKNOWN');
+    failures[code] = (failures[code] ?? 0) + 1;
+    if (err instanceof SubscriptionDisabledError) {
+      log.warn({ err: describeError(err) }, 'subscription disabled; waiting for pgsub enable');
+      await this.#waitForEnable();
+      return;
+    }
+    if (this.#takeReplayRequest(err)) return;
+    if (err instanceof PgsubError && err.fatalAtStartup && !this.#streamedOnce) {
+      log.fatal({ err: describeError(err) }, 'cannot start: fix this and start pgsub again');
+      throw err;
+    }
+    if (slotBusy(err)) {
+      log.warn({ err: describeError(err), retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
+      await this.#sleep(SLOT_BUSY_RETRY_MS);
+      return;
+    }
+    if (!connectionFailure(err)) this.#applyErrors++;
+    const disabled = await this.#control.recordError(err, failed);
+    if (this.#stopped) return;
+    if (!isRetryable(err)) {
+      log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
+      throw err;
+    }
+    if (disabled) {
+      log.error(
+        { err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+        'apply failed; subscription disabled (disable_on_error)',
+      );
+      await this.#waitForEnable();
+      this.#backoff.reset();
+      return;
+    }
+    log.error(
+      { err: describeError(err), retryInMs: this.#backoff.ms, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+      'apply failed; retrying',
+    );
+    // Not unref'd: between sessions this timer is what keeps the service alive.
+    await this.#sleep(this.#backoff.ms);
+    this.#backoff.grow();
+  }
+
+  /** Not yet an error: the apply asks for its transactions re-streamed, and the next session's deps say how. */
+  #takeReplayRequest(err: unknown): boolean {
+    if (err instanceof GroupRetryError) {
+      // The failing transaction is found by applying the group one by one.
+      this.log.info({ untilLsn: err.context.untilLsn, cause: describeError(err.cause).message }, 'a grouped transaction failed; re-applying one transaction at a time');
+      this.#deps.noGroupUntil = err.untilLsn;
+      return true;
+    }
+    if (err instanceof CarefulReplayError) {
+      // A large conflicting transaction is re-applied carefully from its start.
+      this.log.info({ finishLsn: err.context.finishLsn }, 're-streaming a conflicting transaction to apply it carefully');
+      this.#deps.carefulLsn = err.finishLsn;
+      return true;
+    }
+    return false;
+  }
 
   // A stop during the wait ends it at once, and clears its timer (which would hold the
   // process up to retry_max_delay); a stop just before it skips it.
-  const sleep = (ms: number) => {
-    if (stopped) return Promise.resolve();
+  #sleep(ms: number): Promise<void> {
+    if (this.#stopped) return Promise.resolve();
     let timer: NodeJS.Timeout | undefined;
     return new Promise<void>((resolve) => {
-      wake = resolve;
+      this.#wake = resolve;
       timer = setTimeout(resolve, ms);
     }).finally(() => {
       clearTimeout(timer);
-      wake = null;
+      this.#wake = null;
     });
-  };
+  }
 
   /** Idle until `pgsub enable` (or stop): the subscription is disabled in the target. */
-  const waitForEnable = async () => {
-    const pollMs = Math.min(config.retryMaxDelayMs, 5000);
-    while (!stopped) {
-      await sleep(pollMs);
-      if (stopped) return;
-      const sql = openMaintenance(config.target, appName);
-      try {
-        if ((await loadControl(sql, config.subscription)).enabled) {
-          log.info({ subscription: config.subscription }, 'subscription enabled; resuming');
-          return;
-        }
-      } catch (err) {
-        log.debug({ err: describeError(err) }, 'cannot read the subscription state; still waiting');
-      } finally {
-        await sql.end({ timeout: 5 }).catch(() => {});
-      }
+  async #waitForEnable(): Promise<void> {
+    const pollMs = Math.min(this.config.retryMaxDelayMs, 5000);
+    while (!this.#stopped) {
+      await this.#sleep(pollMs);
+      if (this.#stopped) return;
+      if (await this.#control.enabled()) return;
     }
-  };
-
-  /** The cutover's end of this subscription, when that is why the session stopped (else null). */
-  const cutOver = async (err: unknown): Promise<CutOverError | null> => {
-    if (err instanceof CutOverError) return err;
-    // A lost target is not a cutover (the next session's start asks it again), and asking a
-    // silent target here would hold the retry for its connect_timeout.
-    if (err instanceof ConnectionLostError && err.context.target !== undefined) return null;
-    const sql = openMaintenance(config.target, appName);
-    try {
-      const cut = await cutOverAt(sql, config.subscription);
-      return cut && new CutOverError(`cut over at LSN ${formatLsn(cut.lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(cut.lsn) });
-    } catch {
-      return null;
-    } finally {
-      await sql.end({ timeout: 5 }).catch(() => {});
-    }
-  };
-
-  /** Record the error in the target; returns whether the subscription is now disabled. */
-  const recordError = async (err: unknown, failed: { finishLsn: Lsn; xid: number } | null): Promise<boolean> => {
-    // A lost connection is not the target's data disagreeing, and the target may be unreachable.
-    if (connectionFailure(err)) return false;
-    const disable = config.disableOnError && failed !== null;
-    const e = describeError(err);
-    const sql = openMaintenance(config.target, appName);
-    try {
-      await recordApplyError(sql, config.subscription, {
-        failed,
-        code: String(e.code ?? 'UNKNOWN'),
-        message: String(e.message),
-        conflict: err instanceof ApplyConflictError ? (err.record as ConflictRecord) : null,
-        disable,
-      });
-      return disable;
-    } catch (recordErr) {
-      // The target may be what failed; the error is still logged below.
-      log.debug({ err: describeError(recordErr) }, 'cannot record the apply error in the target');
-      return false;
-    } finally {
-      await sql.end({ timeout: 5 }).catch(() => {});
-    }
-  };
-
-  function stop(): void {
-    stopped = true;
-    abandonStart?.();
-    session?.stop();
-    wake?.();
-  }
-  /** A failure found beside the sessions (the slot guard): logged here, the service ends with it. */
-  let fatal: unknown = null;
-  let applyErrors = 0;
-  function fail(err: unknown): void {
-    if (fatal !== null || stopped) return;
-    fatal = err;
-    log.fatal({ err: describeError(err) }, 'the subscription cannot go on');
-    stop();
   }
 
-  // The published tables' sequences follow the stream to the target (sequences: sync), once the privileges are checked.
-  let sequenceSync: SequenceSyncService | null = null;
-  const done = (async () => {
-    let delay = config.retryMinDelayMs;
-    while (!stopped) {
-      let startedAt: number | null = null;
-      try {
-        // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every privilege on both sides.
-        if (sequenceSync === null) {
-          await checkRunPrivileges(config);
-          sequenceSync = startSequenceSync(config, log);
-        }
-        // A stop while connecting (a server that does not answer) is not kept waiting for it.
-        const starting = startSession(config, counters, log, deps, events).then(
-          (handle) => ({ handle }),
-          (error: unknown) => ({ error }),
-        );
-        const outcome = await new Promise<Awaited<typeof starting> | null>((resolve) => {
-          abandonStart = () => resolve(null);
-          if (stopped) resolve(null);
-          void starting.then(resolve);
-        }).finally(() => (abandonStart = null));
-        if (outcome === null) {
-          // The start ends at its next step (beforeStreaming sees the stop), or its session is
-          // stopped once started; the service's end waits for that, and its end never rejects unheard.
-          abandoned = starting.then(async (o) => {
-            if (!('handle' in o)) return;
-            o.handle.stop();
-            await o.handle.done.catch(() => {});
-          });
-          return;
-        }
-        if ('error' in outcome) throw outcome.error;
-        session = outcome.handle;
-        if (stopped) session.stop();
-        // A copy that finished while this session was starting waits for the next one.
-        else restartForFinishedCopies();
-        startedAt = Date.now();
-        const current = session;
-        void current.started.then(() => (streamedOnce = true));
-        // The stream that enables two_phase starts once every table is ready (session.ts).
-        const twoPhaseTimer = current.twoPhasePending
-          ? setInterval(() => {
-              if (sync.all().every((t) => t.state === 'r') && !launcher.busy && session === current) {
-                log.info({}, 'every table is ready; restarting the stream to enable two_phase');
-                current.stop();
-              }
-            }, 250)
-          : null;
-        await session.done.finally(() => {
-          if (twoPhaseTimer) clearInterval(twoPhaseTimer);
-        });
-        if (stopped) return;
-        // A session that ran a while, or committed something, resets the backoff.
-        if (current.madeProgress() || Date.now() - startedAt > config.retryMaxDelayMs) delay = config.retryMinDelayMs;
-        session = null;
-      } catch (err) {
-        const failed = session?.failedTransaction() ?? null;
-        // A session that committed something shows the fault is new: start the backoff over.
-        if (session?.madeProgress() || (startedAt !== null && Date.now() - startedAt > config.retryMaxDelayMs)) delay = config.retryMinDelayMs;
-        session = null;
-        if (stopped) return;
-        const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await cutOver(err);
-        if (cut) {
-          log.info({ subscription: config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
-          throw cut;
-        }
-        const code = String((err as { code?: unknown })?.code ?? 'UNKNOWN');
-        failures[code] = (failures[code] ?? 0) + 1;
-        if (err instanceof SubscriptionDisabledError) {
-          log.warn({ err: describeError(err) }, 'subscription disabled; waiting for pgsub enable');
-          await waitForEnable();
-          continue;
-        }
-        if (err instanceof GroupRetryError) {
-          // Not yet an error: the failing transaction is found by applying the group one by one.
-          log.info({ untilLsn: err.context.untilLsn, cause: describeError(err.cause).message }, 'a grouped transaction failed; re-applying one transaction at a time');
-          deps.noGroupUntil = err.untilLsn;
-          continue;
-        }
-        if (err instanceof CarefulReplayError) {
-          // Not an error: a large conflicting transaction is re-applied carefully from its start.
-          log.info({ finishLsn: err.context.finishLsn }, 're-streaming a conflicting transaction to apply it carefully');
-          deps.carefulLsn = err.finishLsn;
-          continue;
-        }
-        if (err instanceof PgsubError && err.fatalAtStartup && !streamedOnce) {
-          log.fatal({ err: describeError(err) }, 'cannot start: fix this and start pgsub again');
-          throw err;
-        }
-        if (slotBusy(err)) {
-          log.warn({ err: describeError(err), retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
-          await sleep(SLOT_BUSY_RETRY_MS);
-          continue;
-        }
-        if (!connectionFailure(err)) applyErrors++;
-        const disabled = await recordError(err, failed);
-        if (stopped) return;
-        if (!isRetryable(err)) {
-          log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
-          throw err;
-        }
-        if (disabled) {
-          log.error(
-            { err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
-            'apply failed; subscription disabled (disable_on_error)',
-          );
-          await waitForEnable();
-          delay = config.retryMinDelayMs;
-          continue;
-        }
-        log.error(
-          { err: describeError(err), retryInMs: delay, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
-          'apply failed; retrying',
-        );
-        // Not unref'd: between sessions this timer is what keeps the service alive.
-        await sleep(delay);
-        delay = Math.min(delay * 2, config.retryMaxDelayMs);
-      }
-    }
-  })();
+  /** The service's end, once the loop's: what ran beside the sessions, in this order. */
+  async #close(): Promise<void> {
+    // Before what an abandoned start may still use (the launcher, the verify hold) is closed;
+    // bounded, since a server that does not answer keeps a connection attempt pending.
+    if (this.#abandoned !== null) await waitAtMost(this.#abandoned, ABANDONED_START_WAIT_MS);
+    this.setup.stopProgressLog();
+    await this.#sequenceSync?.stop();
+    await this.#slotGuard.stop();
+    return this.setup.close();
+  }
+}
 
-  // The slot on the publisher, watched beside the sessions: a lost one ends the service.
-  const slotGuard = startSlotGuard(config, log, {
-    intervalMs: config.slotCheckIntervalMs,
-    maxRetainedBytes: config.maxRetainedWalBytes,
-    onLost: (err) => fail(err),
-  });
-  const finished = done
-    .finally(async () => {
-      // Before what an abandoned start may still use (the launcher, the verify hold) is closed;
-      // bounded, since a server that does not answer keeps a connection attempt pending.
-      if (abandoned !== null) await waitAtMost(abandoned, ABANDONED_START_WAIT_MS);
-      progressLog.stop();
-      await sequenceSync?.stop();
-      await slotGuard.stop();
-      await verifyHold.close();
-      return launcher.stop();
-    })
-    .then(() => {
-      if (fatal !== null) throw fatal;
-    });
+export function startRunner(config: Config, log: Logger, events: SessionEvents = {}): Runner {
+  const runner = new ServiceRunner(config, log, events);
+  const { setup } = runner;
   return {
-    done: finished,
-    sync,
-    launcher,
-    counters,
-    copied: () => progressLog.copiedTotals(),
-    failures,
-    current: () => session,
-    stop,
-    fail,
-    slotHealth: () => slotGuard.health(),
-    applyErrors: () => applyErrors,
-    lastVerify: () => verifyHold.last,
+    done: runner.done,
+    sync: setup.sync,
+    launcher: setup.launcher,
+    counters: runner.counters,
+    copied: () => setup.progressLog.copiedTotals(),
+    failures: runner.failures,
+    current: () => runner.current(),
+    stop: () => runner.stop(),
+    fail: (err) => runner.fail(err),
+    slotHealth: () => runner.slotHealth(),
+    applyErrors: () => runner.applyErrors(),
+    lastVerify: () => setup.verifyHold.last,
   };
 }

@@ -1,0 +1,162 @@
+/**
+ * What the service's sessions stand on beside their stream: the table sync (launcher,
+ * sync states, copy reporters), the 30 s progress line and the `pgsub verify` hold, and
+ * the steps every session start runs through it before streaming (SessionDeps.beforeStreaming
+ * in session.ts): the startup checks, the tables' refresh, the initial copy, the hold's
+ * start. It restarts the running session when finished copies must catch up; which session
+ * runs, and whether the service is stopping, it reads from the service loop (runner.ts).
+ */
+import type { Config } from '../config/config.js';
+import { PgsubError } from '../errors.js';
+import type { Logger } from '../log.js';
+import type { ApplyCounters } from '../apply/txn/apply-state.js';
+import { Launcher } from '../tablesync/launcher.js';
+import { ProgressReporter } from '../tablesync/copy-report.js';
+import { SyncStates } from '../origin/sync-state.js';
+import { VerifyHold } from '../verify/hold.js';
+import { checkMappingsAtStartup } from '../mapping/plan.js';
+import { ProgressLog } from './progress-log.js';
+import { checkRowSecurity, checkTablePrivileges } from './preflight.js';
+import type { SessionHandle } from './session.js';
+import type { TargetControl } from './target-control.js';
+
+/** Ends a session start the service no longer waits for (stop() during it): never reported. */
+class StoppedWhileStartingError extends PgsubError {
+  readonly code = 'PGSUB_STOPPED_WHILE_STARTING';
+  readonly retryable = false;
+}
+
+/** The service loop's state this reads (runner.ts writes it). */
+export interface LoopView {
+  stopped(): boolean;
+  /** A session of this process reached streaming: refusals are retried from now on. */
+  streamedOnce(): boolean;
+  session(): SessionHandle | null;
+}
+
+export class StreamSetup {
+  readonly sync: SyncStates;
+  readonly launcher: Launcher;
+  readonly progressLog: ProgressLog;
+  readonly verifyHold: VerifyHold;
+  /** The current session is past beforeStreaming (written only there). */
+  #streaming = false;
+  #launcherStarted = false;
+  #verifyStarted = false;
+  /** Changes of a table not registered yet arrive row after row: one refresh per table name. */
+  readonly #reportedUnknown = new Set<string>();
+
+  constructor(
+    private readonly config: Config,
+    private readonly log: Logger,
+    counters: ApplyCounters,
+    private readonly loop: LoopView,
+    control: TargetControl,
+  ) {
+    this.sync = new SyncStates(config.copyData);
+    // The 30 s progress line; it also counts the rows each finished copy brought.
+    this.progressLog = new ProgressLog(log, { counters, sync: this.sync, session: () => loop.session(), copyRunning: () => this.launcher.busy });
+    this.launcher = new Launcher(config, log, this.sync, {
+      onCopyFinished: (t) => {
+        this.progressLog.copyFinished(this.launcher.progress.get(`${t.schema}.${t.table}`));
+        this.restartForFinishedCopies();
+      },
+      onIdle: () => this.restartForFinishedCopies(),
+      onSkipRequested: () => control.takeSkipRequest(() => loop.session()),
+    });
+    this.progressLog.start();
+    // `pgsub verify` holds the apply at an LSN through this (verify/hold.ts); apply lanes and
+    // parallel apply commit where its gate does not look, so the request is refused then.
+    this.verifyHold = new VerifyHold({
+      target: config.target,
+      subscription: config.subscription,
+      log,
+      refusal:
+        config.applyWorkers > 1
+          ? `apply_workers = ${config.applyWorkers}: the verify hold does not cover apply lanes yet; run the verify with apply_workers = 1`
+          : config.streaming === 'parallel'
+            ? 'streaming = parallel: the verify hold does not cover parallel apply yet; run the verify with streaming = on'
+            : null,
+    });
+  }
+
+  // A copy that finished behind the stream needs the stream restarted from its position;
+  // wait until no copy runs, so one restart serves them all.
+  restartForFinishedCopies(): void {
+    if (!this.#streaming || this.launcher.busy || this.loop.stopped()) return;
+    if (this.sync.all().some((t) => t.state === 'f')) {
+      this.log.info({}, 'restarting the stream so finished copies catch up');
+      this.loop.session()?.stop();
+    }
+  }
+
+  onUnknownTable(schema: string, table: string): void {
+    const name = `${schema}.${table}`;
+    if (this.#reportedUnknown.has(name)) return;
+    this.#reportedUnknown.add(name);
+    void this.launcher.refresh().catch(() => {});
+  }
+
+  async beforeStreaming(): Promise<void> {
+    this.#streaming = false;
+    // A start abandoned by stop() goes no further: its session closes what it opened.
+    this.#endIfStopped();
+    const { config, launcher, sync } = this;
+    // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
+    if (!this.loop.streamedOnce()) await checkMappingsAtStartup(config, this.log);
+    await launcher.load();
+    await launcher.refresh();
+    // At startup, before any copy: a role that cannot write the tables is a setup error.
+    if (!this.loop.streamedOnce()) await checkTablePrivileges(config, sync.all());
+    // And one whose row-level security would hide rows from the apply (row-security.ts).
+    if (!this.loop.streamedOnce()) await checkRowSecurity(config, sync.all());
+    if (!this.#launcherStarted) {
+      this.#launcherStarted = true;
+      launcher.startPeriodicRefresh();
+      new ProgressReporter(launcher.progress, this.log, null).start();
+    }
+    // The initial copy: nothing is ready yet, so streaming now would only be re-streamed.
+    if (!sync.all().some((t) => t.state === 'r' || t.state === 's') && sync.copying().length > 0) await this.#waitForInitialCopy();
+    // pgsub's schema is migrated by now: the verify row exists. Only after the check for an
+    // initial copy above: an await between the launcher's refresh and that check let a
+    // small table's copy finish unseen (no 'initial copy finished').
+    this.#endIfStopped();
+    if (!this.#verifyStarted) {
+      this.#verifyStarted = true;
+      await this.verifyHold.start();
+    }
+    this.#endIfStopped();
+    this.#streaming = true;
+  }
+
+  async #waitForInitialCopy(): Promise<void> {
+    const { launcher, sync } = this;
+    // Log events come from the runner-wide reporter; this one draws and summarises.
+    const reporter = new ProgressReporter(launcher.progress, this.log, process.stderr.isTTY ? process.stderr : null, Infinity);
+    reporter.start();
+    // Woken by the last copy's end rather than a poll's next tick; still a poll while a
+    // failed copy waits for its retry, and to notice a stop.
+    while (!this.loop.stopped() && sync.copying().length > 0) {
+      const tick = new Promise<void>((r) => setTimeout(r, 200));
+      await (launcher.busy ? Promise.race([launcher.idle(), tick]) : tick);
+    }
+    reporter.finish();
+    this.#endIfStopped();
+    this.log.info({ tables: sync.all().length }, 'initial copy finished');
+  }
+
+  #endIfStopped(): void {
+    if (this.loop.stopped()) throw new StoppedWhileStartingError('the service is stopping');
+  }
+
+  /** At the service's end, after the abandoned start let go and before the sequences and the slot guard stop. */
+  stopProgressLog(): void {
+    this.progressLog.stop();
+  }
+
+  /** Last at the service's end: the verify hold, then the table sync. */
+  async close(): Promise<void> {
+    await this.verifyHold.close();
+    return this.launcher.stop();
+  }
+}
