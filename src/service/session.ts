@@ -6,29 +6,30 @@
  * target recorded — that would mean changes the target never got — so that is fatal.
  * Before touching the origin or the slot it takes the subscription's run lock and claims
  * the slot (preflight.ts). A lost apply connection ends the session at once, even idle.
+ * `Session` runs these as named steps and owns the connections; the checks are session-checks.ts.
  */
 import { isEmptyMapping } from '../mapping/rules.js';
 import { applyOptions } from '../config/apply-options.js';
 import type { Config } from '../config/config.js';
-import { ConfigError, CutOverError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
-import { clearPassedError, cutOverAt, loadControl } from '../conflict/control.js';
+import { CutOverError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
+import { clearPassedError, cutOverAt, loadControl, type Control } from '../conflict/control.js';
 import type { SyncStates } from '../origin/sync-state.js';
 import { StreamSpool } from '../apply/txn/spool.js';
-import { quoteLiteral } from '../quote.js';
 import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
-import { ReplicationConnection } from '../protocol/replication.js';
+import { ReplicationConnection, type ReplicationStream, type SystemIdentity } from '../protocol/replication.js';
 import { protoVersionFor } from '../protocol/proto-version.js';
 import { Progress } from '../origin/positions.js';
 import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
-import { createOrigin, loadOrigin, migrateWith } from '../origin/store.js';
+import { migrateWith } from '../origin/store.js';
 import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/run/loop.js';
 import type { ApplyHold } from '../apply/run/hold.js';
 import { RelationMap } from '../apply/sql/relmap.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { openApplyConnection, openMaintenance, rolledBackOn, runAlone, type Sql, type WireConnection } from '../pgwire/connect.js';
 import { refusal } from '../connect-failure.js';
-import { claimSlot, takeRunLock, type OwnConnections } from './preflight.js';
+import { takeRunLock, type OwnConnections } from './preflight.js';
+import { checkOptionsAgainstPublisher, checkPreparedTransactions, checkPublications, reconcileSlot, trackedOriginId } from './session-checks.js';
 
 export interface SessionHandle {
   /** Resolves when stopped, rejects on failure. */
@@ -81,102 +82,201 @@ export function streamingApplicationName(config: Config): string {
 }
 
 export async function startSession(config: Config, counters: ApplyCounters, log: Logger, deps: SessionDeps, events: SessionEvents = {}): Promise<SessionHandle> {
-  const appName = `pgsub_${config.subscription}`;
-  // synchronous_commit = off applies to the apply transactions only (SET LOCAL, with flush
-  // tracking); the session itself commits idle records and two-phase steps synchronously.
-  const sessionCommit = config.synchronousCommit === 'off' ? 'on' : config.synchronousCommit;
-  const streamingName = streamingApplicationName(config);
-  const timeoutMs = config.targetTimeoutMs;
-  const openTarget = async (applicationName: string, synchronousCommit: string) => {
-    const opened = await openApplyConnection(config.target, { applicationName, synchronousCommit, timeoutMs });
-    deps.own.add('target', opened.processId);
-    return opened;
-  };
+  const session = new Session(config, counters, log, deps, events);
   // The connections are opened while the migrations run: a restart costs one round of
   // connection setup, not one per connection (startup is part of every catch-up).
-  const applyOpening = openTarget(appName, sessionCommit);
-  const replicationOpening = ReplicationConnection.open(config.source, streamingName).then((opened) => {
-    deps.own.add('source', opened.backendPid);
-    return opened;
-  });
-  const trackerOpening = config.synchronousCommit === 'off' ? openTarget(`${appName}_flush`, 'on') : Promise.resolve(null);
-  const opened = Promise.allSettled([applyOpening, replicationOpening, trackerOpening]);
-  const closeOpened = async () => {
-    const [a, r, t] = await opened;
-    if (a.status === 'fulfilled') await a.value.close().catch(() => {});
-    if (r.status === 'fulfilled') await r.value.close();
-    if (t.status === 'fulfilled') await t.value?.close().catch(() => {});
-  };
-  let control: Awaited<ReturnType<typeof loadControl>>;
-  try {
-    // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
-    control = await withMaintenanceConn(config, appName, async (sql) => {
-      await migrateWith(sql);
-      // A failure recorded for a transaction applied since is no longer pending.
-      await clearPassedError(sql, config.subscription);
-      const cut = await cutOverAt(sql, config.subscription);
-      if (cut) throw new CutOverError(`cut over at LSN ${formatLsn(cut.lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(cut.lsn) });
-      return loadControl(sql, config.subscription);
-    }).catch((err: unknown) => {
-      // A wrong password, a pg_hba.conf line, no CREATE for pgsub's schema: say which.
-      throw refusal('target', config.target, err, 'schema') ?? err;
-    });
-    if (!control.enabled) {
-      throw new SubscriptionDisabledError(`subscription ${config.subscription} is disabled (${control.disabledReason ?? 'by the operator'}); run pgsub enable to resume`);
-    }
-  } catch (err) {
-    await closeOpened();
-    throw err;
+  session.open();
+  const control = await session.prepareTarget();
+  return session.start(control);
+}
+
+/** What the three openings settled to, in the order open() started them. */
+type Opened = [PromiseSettledResult<WireConnection>, PromiseSettledResult<ReplicationConnection>, PromiseSettledResult<WireConnection | null>];
+
+/** What checkPublisher() learnt from the publisher that streaming needs. */
+interface Publisher {
+  protoVersion: number;
+  walSenderTimeoutMs: number;
+  identity: SystemIdentity;
+}
+
+/** Built before the stream starts; the apply loop and the handle share them. */
+interface ApplyParts {
+  spool: StreamSpool;
+  progress: Progress;
+  relations: RelationMap;
+}
+
+/**
+ * One session's steps, in the order startSession runs them, and the connections it holds.
+ * Until start() returns a handle a failed step closes every connection opened; after that
+ * the apply loop's end closes them.
+ */
+class Session {
+  readonly #appName: string;
+  /**
+   * synchronous_commit = off applies to the apply transactions only (SET LOCAL, with flush
+   * tracking); the session itself commits idle records and two-phase steps synchronously.
+   */
+  readonly #sessionCommit: string;
+  readonly #streamingName: string;
+  /** Set by open(): the apply, replication and flush-tracker openings, each settled on its own. */
+  #opened!: Promise<Opened>;
+  /** The connections that opened, taken by start(); closed on a failed start or at the loop's end. */
+  #conn: WireConnection | null = null;
+  #replication: ReplicationConnection | null = null;
+  #flushTracker: WireConnection | null = null;
+  /** stop() was called: a lost apply connection after that is not a failure. */
+  #stopped = false;
+  /** The apply connection lost while running: the session's end rejects with it. */
+  #lost: Error | null = null;
+
+  constructor(
+    private readonly config: Config,
+    private readonly counters: ApplyCounters,
+    private readonly log: Logger,
+    private readonly deps: SessionDeps,
+    private readonly events: SessionEvents,
+  ) {
+    this.#appName = `pgsub_${config.subscription}`;
+    this.#sessionCommit = config.synchronousCommit === 'off' ? 'on' : config.synchronousCommit;
+    this.#streamingName = streamingApplicationName(config);
   }
-  let conn: WireConnection | null = null;
-  let replication: ReplicationConnection | null = null;
-  let flushTracker: WireConnection | null = null;
-  try {
-    const [a, r, t] = await opened;
-    conn = a.status === 'fulfilled' ? a.value : null;
-    replication = r.status === 'fulfilled' ? r.value : null;
-    flushTracker = t.status === 'fulfilled' ? t.value : null;
+
+  /** Starts opening the connections; start() waits for them. */
+  open(): void {
+    const { config, deps } = this;
+    const applyOpening = this.#openTarget(this.#appName, this.#sessionCommit);
+    const replicationOpening = ReplicationConnection.open(config.source, this.#streamingName).then((opened) => {
+      deps.own.add('source', opened.backendPid);
+      return opened;
+    });
+    const trackerOpening = config.synchronousCommit === 'off' ? this.#openTarget(`${this.#appName}_flush`, 'on') : Promise.resolve(null);
+    this.#opened = Promise.allSettled([applyOpening, replicationOpening, trackerOpening]);
+  }
+
+  /** Migrates pgsub's schema in the target and reads the subscription's control; closes what open() opened if that fails. */
+  async prepareTarget(): Promise<Control> {
+    const { config } = this;
+    try {
+      // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
+      const control = await withMaintenanceConn(config, this.#appName, async (sql) => {
+        await migrateWith(sql);
+        // A failure recorded for a transaction applied since is no longer pending.
+        await clearPassedError(sql, config.subscription);
+        const cut = await cutOverAt(sql, config.subscription);
+        if (cut) throw new CutOverError(`cut over at LSN ${formatLsn(cut.lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(cut.lsn) });
+        return loadControl(sql, config.subscription);
+      }).catch((err: unknown) => {
+        // A wrong password, a pg_hba.conf line, no CREATE for pgsub's schema: say which.
+        throw refusal('target', config.target, err, 'schema') ?? err;
+      });
+      if (!control.enabled) {
+        throw new SubscriptionDisabledError(`subscription ${config.subscription} is disabled (${control.disabledReason ?? 'by the operator'}); run pgsub enable to resume`);
+      }
+      return control;
+    } catch (err) {
+      await this.#closeOpened();
+      throw err;
+    }
+  }
+
+  /** Every step from the opened connections to a running apply loop; a failed step closes the connections. */
+  async start(control: Control): Promise<SessionHandle> {
+    try {
+      const { conn, replication } = await this.#takeConnections();
+      const originId = await this.#prepareOrigin(conn);
+      const publisher = await this.#checkPublisher(replication);
+      const originLsn = await this.#reconcile(replication);
+      const twoPhase = this.#twoPhaseNow();
+      const startLsn = await this.#streamStart(replication, originLsn);
+      const parts = this.#applyParts(conn, originLsn);
+      const stream = this.#startStreaming(replication, startLsn, twoPhase, publisher);
+      const loop = this.#startApplyLoop(conn, stream, parts, { control, originId, originLsn, startLsn, walSenderTimeoutMs: publisher.walSenderTimeoutMs });
+      return this.#handle(conn, loop, stream, parts, originLsn, twoPhase);
+    } catch (err) {
+      await this.#close();
+      throw err;
+    }
+  }
+
+  async #openTarget(applicationName: string, synchronousCommit: string): Promise<WireConnection> {
+    const opened = await openApplyConnection(this.config.target, { applicationName, synchronousCommit, timeoutMs: this.config.targetTimeoutMs });
+    this.deps.own.add('target', opened.processId);
+    return opened;
+  }
+
+  /** Keeps every connection that opened (for #close), then throws the first opening's failure. */
+  async #takeConnections(): Promise<{ conn: WireConnection; replication: ReplicationConnection }> {
+    const [a, r, t] = await this.#opened;
+    this.#conn = a.status === 'fulfilled' ? a.value : null;
+    this.#replication = r.status === 'fulfilled' ? r.value : null;
+    this.#flushTracker = t.status === 'fulfilled' ? t.value : null;
     for (const result of [a, r, t]) if (result.status === 'rejected') throw result.reason;
-    const applyConn = conn!;
+    return { conn: this.#conn!, replication: this.#replication! };
+  }
+
+  /** The run lock, the session's replication origin and the target's settings; the origin id when conflicts are detected. */
+  async #prepareOrigin(conn: WireConnection): Promise<number | null> {
+    const { config, log } = this;
     // Before the origin and the slot: a second pgsub for this subscription is named, not guessed at.
-    await takeRunLock(applyConn, config, deps.own, log);
-    await setupSessionOrigin((text, params) => runAlone(applyConn, [{ text, params }]), replicationOriginName(config.subscription));
-    if (config.twoPhase) await checkPreparedTransactions(applyConn, log);
-    const originId = config.conflicts.detect ? await trackedOriginId(applyConn, replicationOriginName(config.subscription)) : null;
-    replication = replication!;
+    await takeRunLock(conn, config, this.deps.own, log);
+    await setupSessionOrigin((text, params) => runAlone(conn, [{ text, params }]), replicationOriginName(config.subscription));
+    if (config.twoPhase) await checkPreparedTransactions(conn, log);
+    return config.conflicts.detect ? await trackedOriginId(conn, replicationOriginName(config.subscription)) : null;
+  }
+
+  /** The publisher's version against the options, its wal_level, its identity and the publications. */
+  async #checkPublisher(replication: ReplicationConnection): Promise<Publisher> {
     const protoVersion = protoVersionFor(replication.serverVersionNum);
-    checkOptionsAgainstPublisher(config, replication.serverVersionNum);
+    checkOptionsAgainstPublisher(this.config, replication.serverVersionNum);
     const { walLevel, walSenderTimeoutMs } = await replication.settings();
     if (walLevel !== 'logical') {
       throw new SourceSetupError(`publisher has wal_level = ${walLevel}; logical replication needs wal_level = logical (restart the publisher after changing it)`);
     }
     const identity = await replication.identifySystem();
-    await checkPublications(config, replication);
-    const openReplicationConn = replication;
-    const maintenance = openMaintenance(config.target, appName);
-    let originLsn: Lsn;
+    await checkPublications(this.config, replication);
+    return { protoVersion, walSenderTimeoutMs, identity };
+  }
+
+  /** The slot against the origin (the stream's origin LSN), then the tables' registration and initial copy. */
+  async #reconcile(replication: ReplicationConnection): Promise<Lsn> {
+    const { config, deps } = this;
+    const maintenance = openMaintenance(config.target, this.#appName);
     try {
-      originLsn = await reconcileSlot(config, openReplicationConn, maintenance, log, streamingName, deps.own);
+      const originLsn = await reconcileSlot(config, replication, maintenance, this.log, this.#streamingName, deps.own);
       await deps.beforeStreaming();
       // Finished copies are now caught up by this stream, which starts at or before them.
       await maintenance.unsafe(`UPDATE "pgsub"."subscription_rel" SET state = 's', updated_at = now() WHERE subscription = $1 AND state = 'f'`, [config.subscription]);
       for (const t of deps.sync.all()) if (t.state === 'f') deps.sync.set({ ...t, state: 's' });
+      return originLsn;
     } finally {
       await maintenance.end({ timeout: 5 });
     }
-    // two_phase stays pending until every table is ready, as native's (worker.c, "TWO_PHASE
-    // TRANSACTIONS"): a transaction prepared while a table syncs would be prepared without
-    // that table's changes. Until then prepared transactions arrive at COMMIT PREPARED as
-    // ordinary ones; the runner restarts the stream once every table is ready.
-    const notReady = deps.sync.all().filter((t) => t.state !== 'r');
-    const twoPhase = config.twoPhase && notReady.length === 0;
-    if (config.twoPhase && !twoPhase) {
-      log.info({ tables: notReady.length }, 'two_phase pending until every table is ready; prepared transactions are applied at COMMIT PREPARED meanwhile');
+  }
+
+  /**
+   * two_phase stays pending until every table is ready, as native's (worker.c, "TWO_PHASE
+   * TRANSACTIONS"): a transaction prepared while a table syncs would be prepared without
+   * that table's changes. Until then prepared transactions arrive at COMMIT PREPARED as
+   * ordinary ones; the runner restarts the stream once every table is ready.
+   */
+  #twoPhaseNow(): boolean {
+    const notReady = this.deps.sync.all().filter((t) => t.state !== 'r');
+    const twoPhase = this.config.twoPhase && notReady.length === 0;
+    if (this.config.twoPhase && !twoPhase) {
+      this.log.info({ tables: notReady.length }, 'two_phase pending until every table is ready; prepared transactions are applied at COMMIT PREPARED meanwhile');
     }
+    return twoPhase;
+  }
+
+  /** Where the stream starts: the origin, or before it for a table catching up, which the slot must still have. */
+  async #streamStart(replication: ReplicationConnection, originLsn: Lsn): Promise<Lsn> {
+    const { config, deps } = this;
     const startLsn = deps.sync.streamStart(originLsn);
     if (startLsn < originLsn) {
       // A table catching up needs the stream from before the origin: the slot must still have it.
-      const confirmed = (await openReplicationConn.getSlot(config.slotName))?.confirmedFlushLsn ?? null;
+      const confirmed = (await replication.getSlot(config.slotName))?.confirmedFlushLsn ?? null;
       if (confirmed !== null && confirmed > startLsn) {
         const behind = deps.sync.all().filter((t) => (t.state === 's' || t.state === 'f') && t.syncLsn !== null && t.syncLsn < confirmed);
         throw new SlotAheadError(
@@ -185,15 +285,28 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
         );
       }
     }
+    return startLsn;
+  }
+
+  /** The spool (emptied of an earlier run's files), the progress from the origin, the relation map. */
+  #applyParts(conn: WireConnection, originLsn: Lsn): ApplyParts {
+    const { config, log } = this;
     // Streamed transactions not committed before a restart are streamed again from the start.
     const spool = new StreamSpool(config.spoolDir, config.subscription);
     const orphans = spool.prepare();
     if (orphans > 0) log.info({ files: orphans, dir: config.spoolDir }, 'removed spool files of an earlier run');
     const progress = new Progress(originLsn);
-    const relations = new RelationMap(applyConn.serverVersionNum, {
+    const relations = new RelationMap(conn.serverVersionNum, {
       binary: config.binary,
-      ...(isEmptyMapping(config.mapping) ? {} : { mapping: config.mapping, probe: rolledBackOn(config.target, appName), subscription: config.subscription }),
+      ...(isEmptyMapping(config.mapping) ? {} : { mapping: config.mapping, probe: rolledBackOn(config.target, this.#appName), subscription: config.subscription }),
     });
+    return { spool, progress, relations };
+  }
+
+  /** START_REPLICATION with the options this publisher and the tables' states allow. */
+  #startStreaming(replication: ReplicationConnection, startLsn: Lsn, twoPhase: boolean, publisher: Publisher): ReplicationStream {
+    const { config } = this;
+    const { protoVersion, identity } = publisher;
     const stream = replication.startReplication({
       slotName: config.slotName,
       startLsn,
@@ -205,35 +318,45 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
       messages: config.messages,
       binary: config.binary,
     });
-    log.info(
+    this.log.info(
       { subscription: config.subscription, slot: config.slotName, lsn: formatLsn(startLsn), protoVersion, publisher: replication.describe, systemId: identity.systemId },
       'streaming started',
     );
-    events.onStreaming?.({ startLsn, protoVersion, publisherVersion: replication.serverVersionNum });
-    const tracker = flushTracker;
-    const options = applyOptions(config, { walSenderTimeoutMs });
+    this.events.onStreaming?.({ startLsn, protoVersion, publisherVersion: replication.serverVersionNum });
+    return stream;
+  }
+
+  #startApplyLoop(
+    conn: WireConnection,
+    stream: ReplicationStream,
+    parts: ApplyParts,
+    at: { control: Control; originId: number | null; originLsn: Lsn; startLsn: Lsn; walSenderTimeoutMs: number },
+  ): ApplyLoop {
+    const { config, deps, log } = this;
+    const { control, originId } = at;
+    const options = applyOptions(config, { walSenderTimeoutMs: at.walSenderTimeoutMs });
     const laneConnections = {
-      openConnection: (purpose: string) => openTarget(`${appName}_${purpose}`, sessionCommit),
+      openConnection: (purpose: string) => this.#openTarget(`${this.#appName}_${purpose}`, this.#sessionCommit),
       originName: replicationOriginName(config.subscription),
-      targetVersionNum: applyConn.serverVersionNum,
+      targetVersionNum: conn.serverVersionNum,
     };
     const loop: ApplyLoop = startApplyLoop({
       options,
-      flushTracker: tracker,
+      flushTracker: this.#flushTracker,
       stream,
-      conn: applyConn,
-      relations,
-      progress,
-      counters,
+      conn,
+      relations: parts.relations,
+      progress: parts.progress,
+      counters: this.counters,
       sync: deps.sync,
-      spool,
+      spool: parts.spool,
       onUnknownTable: deps.onUnknownTable,
       log,
       noGroupUntil: deps.noGroupUntil ?? null,
       lanes: config.applyWorkers > 1 ? laneConnections : null,
       // A session re-streaming from below the origin (a table catching up) would receive
       // applied streamed transactions again; those are only ever replayed from the spool.
-      parallel: config.streaming === 'parallel' && startLsn >= originLsn ? laneConnections : null,
+      parallel: config.streaming === 'parallel' && at.startLsn >= at.originLsn ? laneConnections : null,
       originId,
       skipLsn: control.skipLsn,
       carefulLsn: deps.carefulLsn ?? null,
@@ -242,138 +365,57 @@ export async function startSession(config: Config, counters: ApplyCounters, log:
     if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
     if (config.conflicts.detect)
       log.info({ originDiffers: originId !== null }, originId !== null ? 'conflict detection on, with origin checks (track_commit_timestamp)' : 'conflict detection on');
+    return loop;
+  }
+
+  /** The running session's handle; its `done` settles after the connections are closed. */
+  #handle(conn: WireConnection, loop: ApplyLoop, stream: ReplicationStream, parts: ApplyParts, originLsn: Lsn, twoPhase: boolean): SessionHandle {
+    const { spool, progress } = parts;
     // A dead target is noticed when it happens, not at the next statement (idle for hours).
-    let stopped = false;
-    let lost: Error | null = null;
-    void applyConn.lost.then((err) => {
-      if (stopped) return;
-      lost = err;
+    void conn.lost.then((err) => {
+      if (this.#stopped) return;
+      this.#lost = err;
       loop.stop();
     });
     const done = loop.done
       .then(() => {
-        if (lost !== null) throw lost;
+        if (this.#lost !== null) throw this.#lost;
       })
       .finally(async () => {
         spool.close();
-        await openReplicationConn.close();
-        await applyConn.close().catch(() => {});
-        await tracker?.close().catch(() => {});
+        await this.#close();
       });
     return {
       done,
       stop: () => {
-        stopped = true;
+        this.#stopped = true;
         loop.stop();
       },
       progress,
       failedTransaction: () => loop.failedTransaction(),
-      twoPhasePending: config.twoPhase && !twoPhase,
+      twoPhasePending: this.config.twoPhase && !twoPhase,
       started: stream.started,
       madeProgress: () => progress.durable > originLsn,
       setSkipLsn: (lsn) => loop.setSkipLsn(lsn),
       health: () => loop.health(),
       spoolBytes: () => spool.bytes,
     };
-  } catch (err) {
-    await replication?.close();
-    await conn?.close().catch(() => {});
-    await flushTracker?.close().catch(() => {});
-    throw err;
   }
-}
 
-/** Where to start streaming: the origin recorded in the target, checked against the slot. */
-async function reconcileSlot(config: Config, replication: ReplicationConnection, sql: Sql, log: Logger, streamingName: string, own: OwnConnections): Promise<Lsn> {
-  const origin = await loadOrigin(sql, config.subscription);
-  const slot = await replication.getSlot(config.slotName);
-  if (slot) await claimSlot(replication, slot, config, streamingName, own, log);
-  if (slot && (slot.slotType !== 'logical' || slot.plugin !== 'pgoutput')) {
-    throw new SourceSetupError(`replication slot "${config.slotName}" exists but is a ${slot.slotType} slot with plugin ${slot.plugin ?? 'none'}, not a logical pgoutput slot`, {
-      slot: config.slotName,
-    });
+  /** After prepareTarget failed: whatever open() managed to open. */
+  async #closeOpened(): Promise<void> {
+    const [a, r, t] = await this.#opened;
+    if (a.status === 'fulfilled') await a.value.close().catch(() => {});
+    if (r.status === 'fulfilled') await r.value.close();
+    if (t.status === 'fulfilled') await t.value?.close().catch(() => {});
   }
-  if (!slot && origin) {
-    throw new SourceSetupError(
-      `replication slot "${config.slotName}" is missing on the publisher, but the target holds progress of subscription "${config.subscription}" at ${formatLsn(origin.remoteLsn)}; a new slot would silently miss changes. Re-create the subscription from scratch (drop its row in pgsub.origin and re-sync the tables).`,
-      { slot: config.slotName },
-    );
-  }
-  if (!slot) {
-    if (!config.createSlot) throw new SourceSetupError(`replication slot "${config.slotName}" does not exist and create_slot is false`, { slot: config.slotName });
-    const created = await replication.createSlot(config.slotName);
-    log.info({ slot: config.slotName, lsn: formatLsn(created.consistentPoint) }, 'replication slot created');
-    await createOrigin(sql, config.subscription, config.slotName, created.consistentPoint);
-    return created.consistentPoint;
-  }
-  const slotLsn = slot.confirmedFlushLsn;
-  if (!origin) {
-    if (slotLsn === null) throw new SourceSetupError(`replication slot "${config.slotName}" has no confirmed position yet`, { slot: config.slotName });
-    log.warn({ slot: config.slotName, lsn: formatLsn(slotLsn) }, 'using an existing slot with no progress recorded in the target; streaming from the slot position');
-    await createOrigin(sql, config.subscription, config.slotName, slotLsn);
-    return slotLsn;
-  }
-  if (origin.slotName !== config.slotName) {
-    throw new SourceSetupError(`subscription "${config.subscription}" was recorded with slot "${origin.slotName}", config says "${config.slotName}"`, { slot: config.slotName });
-  }
-  if (slotLsn !== null && slotLsn > origin.remoteLsn) {
-    throw new SlotAheadError(
-      `replication slot "${config.slotName}" has confirmed ${formatLsn(slotLsn)}, beyond the ${formatLsn(origin.remoteLsn)} recorded in the target: changes in between would be missing. Was the target restored from a backup, or the slot used by another consumer?`,
-      { slot: config.slotName, slotLsn: formatLsn(slotLsn), originLsn: formatLsn(origin.remoteLsn) },
-    );
-  }
-  return origin.remoteLsn;
-}
 
-/** Options the publisher's protocol cannot carry are startup errors, never silent downgrades. */
-function checkOptionsAgainstPublisher(config: Config, serverVersionNum: number): void {
-  const major = Math.floor(serverVersionNum / 10000);
-  if (config.origin === 'none' && serverVersionNum < 160000) {
-    throw new ConfigError(`origin = none needs a PostgreSQL 16 or later publisher; this one is ${major}`, { key: 'origin' });
+  /** The connections start() took, after a failed step or at the loop's end. */
+  async #close(): Promise<void> {
+    await this.#replication?.close();
+    await this.#conn?.close().catch(() => {});
+    await this.#flushTracker?.close().catch(() => {});
   }
-  if (config.streaming !== 'off' && serverVersionNum < 140000) {
-    throw new ConfigError(`streaming = ${config.streaming} needs a PostgreSQL 14 or later publisher (protocol 2); this one is ${major}`, { key: 'streaming' });
-  }
-  if (config.streaming === 'parallel' && serverVersionNum < 160000) {
-    throw new ConfigError(`streaming = parallel needs a PostgreSQL 16 or later publisher (protocol 4); this one is ${major}`, { key: 'streaming' });
-  }
-  if (config.twoPhase && serverVersionNum < 150000) {
-    throw new ConfigError(`two_phase = true needs a PostgreSQL 15 or later publisher (protocol 3); this one is ${major}`, { key: 'two_phase' });
-  }
-  if (config.messages && serverVersionNum < 140000) {
-    throw new ConfigError(`messages = true needs a PostgreSQL 14 or later publisher; this one is ${major}`, { key: 'messages' });
-  }
-  // pgoutput's binary option came with PostgreSQL 14 (older walsenders reject it).
-  if (config.binary && serverVersionNum < 140000) {
-    throw new ConfigError(`binary = true needs a PostgreSQL 14 or later publisher; this one is ${major}`, { key: 'binary' });
-  }
-}
-
-/** PG15+ publishers only warn about a missing publication and then send nothing; refuse it here. */
-async function checkPublications(config: Config, replication: ReplicationConnection): Promise<void> {
-  const names = config.publications.map(quoteLiteral).join(', ');
-  const rows = await replication.sql<{ pubname: string }>(`SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN (${names})`);
-  const found = new Set(rows.map((r) => r.pubname));
-  const missing = config.publications.filter((p) => !found.has(p));
-  if (missing.length > 0) {
-    throw new SourceSetupError(`publication${missing.length > 1 ? 's' : ''} ${missing.map((m) => `"${m}"`).join(', ')} not found in the publisher's database`, {
-      publication: missing.join(', '),
-    });
-  }
-}
-
-/**
- * two_phase prepares transactions on the target, which must allow some. As native, that is
- * a warning here and an apply error (retried, in status) at the first PREPARE: ordinary
- * transactions before it are applied, and a fixed target is used at the next attempt.
- */
-async function checkPreparedTransactions(conn: WireConnection, log: Logger): Promise<void> {
-  const [result] = await runAlone(conn, [{ text: `SELECT pg_catalog.current_setting('max_prepared_transactions')`, params: [], wantRows: true }]);
-  if (Number(result?.rows[0]?.[0] ?? 0) > 0) return;
-  log.warn(
-    { key: 'two_phase', side: 'target' },
-    "two_phase = true prepares transactions on the target, but its max_prepared_transactions is 0: the first PREPARE will fail until max_prepared_transactions is set (at least max_connections is safe) in the target's postgresql.conf and the target restarted",
-  );
 }
 
 async function withMaintenanceConn<T>(config: Config, appName: string, fn: (sql: Sql) => Promise<T>): Promise<T> {
@@ -383,23 +425,4 @@ async function withMaintenanceConn<T>(config: Config, appName: string, fn: (sql:
   } finally {
     await sql.end({ timeout: 5 });
   }
-}
-
-/**
- * This session's replication origin id, when the target can tell who last wrote a row:
- * track_commit_timestamp = on and pg_xact_commit_timestamp_origin (PostgreSQL 16+).
- * Otherwise null, and *_origin_differs are not detected.
- */
-async function trackedOriginId(conn: WireConnection, originName: string): Promise<number | null> {
-  if (conn.serverVersionNum < 160000) return null;
-  const [result] = await runAlone(conn, [
-    {
-      text: `SELECT pg_catalog.current_setting('track_commit_timestamp'), pg_catalog.pg_replication_origin_oid($1)::pg_catalog.int8::pg_catalog.text`,
-      params: [originName],
-      wantRows: true,
-    },
-  ]);
-  const row = result?.rows[0];
-  if (row?.[0] !== 'on' || row?.[1] == null) return null;
-  return Number(row[1]);
 }
