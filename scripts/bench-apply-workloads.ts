@@ -206,8 +206,9 @@ export function workloads(scale: number): Workload[] {
  * schema `m`, one column renamed and one computed column (W1: payload → body, n_mod =
  * n % 7; W2: pgbench_accounts' abalance → balance, balance_eur = abalance / 100.0, the
  * other three tables retargeted only). Reshaped tables (a computed column) batch their
- * inserts as INSERT … SELECT over a VALUES list and apply updates one statement per change
- * (apply/sql/statements.ts); retargeted-only ones take the usual paths.
+ * inserts as INSERT … SELECT and their updates as UPDATE … FROM, both over unnested column
+ * arrays (apply/sql/update-rows.ts, apply/sql/statements.ts); retargeted-only ones take the
+ * usual paths.
  */
 function mappedVariants(all: Workload[]): Workload[] {
   const w1 = all.find((w) => w.id === 'W1')!;
