@@ -21,6 +21,7 @@
 import { parseArgs } from 'node:util';
 import { loadConfig } from '../src/config/config.js';
 import { createLogger } from '../src/log.js';
+import { replicationOriginName } from '../src/origin/replorigin.js';
 import { startRunner } from '../src/service/runner.js';
 import { startCluster, stopAllClusters, waitFor, type Cluster } from '../test/harness/index.js';
 
@@ -71,10 +72,11 @@ async function measure(pub: Cluster, tgt: Cluster, variant: string, n: number): 
   });
   const runner = startRunner(
     config,
-    createLogger('info', {
+    createLogger('debug', {
       write: (line: string) => {
-        const l = JSON.parse(line) as { msg: string; rows?: number; bytes?: number; seconds?: number; level: number };
+        const l = JSON.parse(line) as { msg: string; rows?: number; bytes?: number; seconds?: number; level: number; copy?: string };
         if (l.msg === 'table copy finished') finished = { rows: l.rows!, bytes: l.bytes!, seconds: l.seconds! };
+        if (l.msg === 'copy shape of a mapped table' && n === 0) console.log(`${variant}: ${l.copy} copy`);
         if (l.level >= 50) console.error(line);
       },
     }),
@@ -89,6 +91,8 @@ async function measure(pub: Cluster, tgt: Cluster, variant: string, n: number): 
   const want = { n: String(ROWS), s: String((ROWS * (ROWS + 1)) / 2) };
   if (got?.n !== want.n || got?.s !== want.s) throw new Error(`${variant}: wrong result ${JSON.stringify(got)}, want ${JSON.stringify(want)}`);
   await pub.query(`SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, [config.slotName], 'bench');
+  // Origins are the target cluster's, and PostgreSQL 18 keeps at most 10 active: each measurement's goes with it.
+  await tgt.query(`SELECT pg_catalog.pg_replication_origin_drop($1)`, [replicationOriginName(config.subscription)], db);
   return finished!;
 }
 

@@ -54,9 +54,15 @@ export interface CopyTarget {
    * Many-to-one (a discriminator): the target table is shared with other source tables, so
    * the copy's emptiness check and a retry's cleanup are scoped to this source's rows
    * (`column = value`, a DELETE, never TRUNCATE), indexes are not deferred and nothing is
-   * loaded frozen (job.ts); the value is written as a computed constant (staged).
+   * loaded frozen (job.ts); the value is written as a computed constant (staged), or, where
+   * the target takes it as text, appended on the publisher's side (copy.ts straightShardCopy).
    */
   discriminator?: { column: string; value: string };
+  /**
+   * Set by copy.ts straightShardCopy only: the straight COPY of a shard, the discriminator's
+   * value read on the publisher as a text literal after `columns` (the target's last column).
+   */
+  constant?: string;
 }
 
 /** The target table of a copy: the mapped one, else the publisher's name. */

@@ -44,7 +44,8 @@ export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boole
   // A whole plain table without a row filter: COPY reads the heap directly, as native's
   // tablesync does, without a query's executor overhead (COPY TO never includes children).
   // Generated columns (PG18) are read only by a query, as native's copy does.
-  if (t.relkind === 'r' && !t.rowFilter && !t.generated && range.fromPage === null && range.toPage === null) {
+  const constant = t.target?.constant;
+  if (t.relkind === 'r' && !t.rowFilter && !t.generated && constant === undefined && range.fromPage === null && range.toPage === null) {
     return `COPY ${quoteQualified(t.schema, t.table)}${columnList(t.columns)} TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
   }
   // COPY of a partitioned root must read its partitions; of a plain table only itself.
@@ -54,7 +55,8 @@ export function sourceCopySql(t: PublishedTable, range: CopyRange, binary: boole
   if (range.fromPage !== null) conds.push(`ctid >= ${quoteLiteral(`(${range.fromPage},0)`)}::pg_catalog.tid`);
   if (range.toPage !== null) conds.push(`ctid < ${quoteLiteral(`(${range.toPage},0)`)}::pg_catalog.tid`);
   const where = conds.length > 0 ? ` WHERE ${conds.join(' AND ')}` : '';
-  return `COPY (SELECT ${cols} FROM ${from}${where}) TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+  const read = constant === undefined ? cols : [...(cols ? [cols] : []), `${quoteLiteral(constant)}::pg_catalog.text`].join(', ');
+  return `COPY (SELECT ${read} FROM ${from}${where}) TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
 }
 
 /** `freeze`: the table was created or emptied in the COPY's own transaction (see job.ts). */
@@ -122,8 +124,8 @@ export async function sourceColumnTypes(source: pg.Client, t: PublishedTable): P
   return t.columns.map((c) => byName.get(c) ?? 'pg_catalog.text');
 }
 
-/** The target type of each direct column of a staged copy whose type differs from the remote one. */
-export async function differingTargetTypes(target: pg.Client, t: PublishedTable, sourceTypes: readonly string[]): Promise<Map<string, string>> {
+/** The target table's column types, as sourceColumnTypes spells them. */
+async function targetColumnTypes(target: pg.Client, t: PublishedTable): Promise<Map<string, string>> {
   const to = t.target!;
   const { rows } = await target.query<{ attname: string; type: string }>(
     `SELECT a.attname::text AS attname,
@@ -133,7 +135,16 @@ export async function differingTargetTypes(target: pg.Client, t: PublishedTable,
       WHERE a.attrelid = $1::pg_catalog.regclass AND a.attnum > 0 AND NOT a.attisdropped`,
     [quoteQualified(to.schema, to.table)],
   );
-  const byName = new Map(rows.map((r) => [r.attname, r.type]));
+  return new Map(rows.map((r) => [r.attname, r.type]));
+}
+
+/** The target type of each direct column of a staged copy whose type differs from the remote one. */
+export async function differingTargetTypes(target: pg.Client, t: PublishedTable, sourceTypes: readonly string[]): Promise<Map<string, string>> {
+  return differing(t, sourceTypes, await targetColumnTypes(target, t));
+}
+
+function differing(t: PublishedTable, sourceTypes: readonly string[], byName: ReadonlyMap<string, string>): Map<string, string> {
+  const to = t.target!;
   const out = new Map<string, string>();
   let k = 0;
   t.columns.forEach((_, i) => {
@@ -143,6 +154,29 @@ export async function differingTargetTypes(target: pg.Client, t: PublishedTable,
     if (type !== undefined && type !== sourceTypes[i]) out.set(name, type);
   });
   return out;
+}
+
+/** Types whose input and binary receive take a text value as it is (a typmod is checked as on input). */
+const TEXT_LIKE = /^(text|name|character varying(\(\d+\))?|character(\(\d+\))?)$/;
+
+/**
+ * A shard of a many-to-one table with no computed column of its own, as the straight COPY
+ * (no staging table, no INSERT … SELECT — about half the time): the discriminator's value
+ * is read on the publisher as a text literal after the columns. Only where the COPY can
+ * take it as it is: in binary mode every direct column's type equal on both sides and the
+ * discriminator column text-like; else null, and the copy is staged.
+ */
+export async function straightShardCopy(source: pg.Client, target: pg.Client, t: PublishedTable, binary: boolean): Promise<PublishedTable | null> {
+  const to = t.target;
+  const disc = to?.discriminator;
+  if (!to?.staged || !disc || to.staged.computed.length !== 1 || to.staged.direct.some((d) => !d)) return null;
+  if (binary) {
+    const targetTypes = await targetColumnTypes(target, t);
+    if (!TEXT_LIKE.test(targetTypes.get(disc.column) ?? '')) return null;
+    if (differing(t, await sourceColumnTypes(source, t), targetTypes).size > 0) return null;
+  }
+  const { staged: _staged, ...straight } = to;
+  return { ...t, target: { ...straight, columns: [...to.columns, disc.column], constant: disc.value } };
 }
 
 /** A `COPY … FROM STDIN` the target has started (startCopyIn). */

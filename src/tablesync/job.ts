@@ -21,7 +21,18 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteIdent, quoteLiteral, quoteQualified } from '../quote.js';
 import { copyTarget, type PublishedTable } from './catalog.js';
 import { ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from '../apply/sql/row-security.js';
-import { differingTargetTypes, openCopyClient, relayInto, sourceColumnTypes, splitRanges, stagedCopySql, startCopyIn, type CopyIn, type CopyRange } from './copy.js';
+import {
+  differingTargetTypes,
+  openCopyClient,
+  relayInto,
+  sourceColumnTypes,
+  splitRanges,
+  stagedCopySql,
+  startCopyIn,
+  straightShardCopy,
+  type CopyIn,
+  type CopyRange,
+} from './copy.js';
 import { deferIndexes, restoreIndexes, type Run } from './deferred-indexes.js';
 import type { LanePool } from './copy-lanes.js';
 import { clearSyncProgressStatement, setStateStatement, type SyncStates, type TableSync } from '../origin/sync-state.js';
@@ -257,10 +268,16 @@ async function copyOneRange(ctx: SyncJobContext, t: PublishedTable, range: CopyR
  * `target`, in a target transaction of its own that also counts the rows copied. Returns
  * whether the rows went in frozen.
  */
-async function copyInto(ctx: SyncJobContext, t: PublishedTable, range: CopyRange, source: pg.Client, target: pg.Client, freeze: boolean): Promise<boolean> {
+async function copyInto(ctx: SyncJobContext, published: PublishedTable, range: CopyRange, source: pg.Client, target: pg.Client, freeze: boolean): Promise<boolean> {
   const { config } = ctx;
+  let t = published;
   try {
-    if (t.target?.staged) return await copyStaged(ctx, t, range, source, target);
+    if (t.target?.staged) {
+      const straight = await straightShardCopy(source, target, t, config.binary);
+      ctx.log.debug({ table: `${t.schema}.${t.table}`, copy: straight ? 'straight' : 'staged' }, 'copy shape of a mapped table');
+      if (!straight) return await copyStaged(ctx, t, range, source, target);
+      t = straight;
+    }
     let frozen = await beginCopyTarget(target, t, freeze, ctx.log);
     let liveRows = 0;
     const onData = (n: number, r: number) => {
