@@ -114,6 +114,22 @@ export class ApplyError extends PgsubError {
   readonly retryable = true;
 }
 
+/**
+ * The target has no free replication origin state for this subscription's origin (53400:
+ * every one of max_active_replication_origins — max_replication_slots before PostgreSQL 18 —
+ * holds another origin's progress). Exit 2 at startup naming the setting; later retried with
+ * backoff, since a dropped subscription frees one.
+ */
+export class OriginLimitError extends PgsubError {
+  readonly code = 'PGSUB_ORIGIN_LIMIT';
+  readonly retryable = true;
+  override readonly fatalAtStartup = true;
+  override readonly exitCode = 2;
+  constructor(message: string, context: ErrorContext = {}, options?: ErrorOptions) {
+    super(message, { ...context, side: 'target' }, options);
+  }
+}
+
 /** The source or target connection broke; resume from the committed origin after backoff. */
 export class ConnectionLostError extends PgsubError {
   readonly code = 'PGSUB_CONNECTION_LOST';

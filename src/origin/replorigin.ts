@@ -8,7 +8,7 @@
  *     pg_replication_origin_session_setup(text), pg_replication_origin_xact_setup(pg_lsn, timestamptz),
  *     pg_replication_origin_oid(text) TO <pgsub role>;
  */
-import { TargetSetupError } from '../errors.js';
+import { OriginLimitError, TargetSetupError } from '../errors.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp } from '../protocol/messages.js';
 import type { Statement } from '../pgwire/statement.js';
@@ -26,7 +26,15 @@ export async function setupSessionOrigin(run: OriginSetupRunner, name: string): 
     const setup = originSessionSetupStatement(name);
     await run(setup.text, [name]);
   } catch (err) {
-    const e = err as { code?: string; message?: string };
+    const e = err as { code?: string; message?: string; hint?: string };
+    if (e.code === '53400') {
+      // The server's hint names the setting of its version (max_active_replication_origins from 18).
+      throw new OriginLimitError(
+        `the target has no free replication origin state for origin "${name}" (${e.message}${e.hint ? `; ${e.hint}` : ''}): every one holds another subscription's or pgsub's progress. Raise max_active_replication_origins (PostgreSQL 18; max_replication_slots before) on the target and restart it, or drop what is gone (pgsub drop, DROP SUBSCRIPTION, pg_replication_origin_drop)`,
+        { origin: name },
+        { cause: err },
+      );
+    }
     if (e.code === '42501') {
       throw new TargetSetupError(
         `the target role may not use replication origins (${e.message}); pgsub tags applied changes with origin "${name}" like a native subscription. Run pgsub as a superuser or GRANT EXECUTE ON FUNCTION pg_replication_origin_create(text), pg_replication_origin_oid(text), pg_replication_origin_session_setup(text), pg_replication_origin_xact_setup(pg_lsn, timestamptz) TO the pgsub role`,

@@ -329,3 +329,22 @@ describe('the same refusals during a run: retried, logged, counted, then resumed
     runner = null;
   });
 });
+
+describe('a target without a free replication origin state', () => {
+  test('exit 2 at startup naming max_active_replication_origins, not a retry loop', async () => {
+    // One origin state, held by another origin's progress (as a dropped-without-cleanup subscription leaves it).
+    const full = await startCluster({ major: 18, name: 'refuse-origins', settings: { max_active_replication_origins: '1' } });
+    try {
+      await full.createDatabase('app');
+      await full.query(SCHEMA, [], 'app');
+      await full.query(`SELECT pg_replication_origin_create('someone_else'); SELECT pg_replication_origin_advance('someone_else', '0/1')`, [], 'app');
+      await expectExit2(
+        env('r_origins', superSource(), full.url('app')),
+        'PGSUB_ORIGIN_LIMIT',
+        /no free replication origin state for origin "pgsub_r_origins".*max_active_replication_origins/,
+      );
+    } finally {
+      await full.stop();
+    }
+  });
+});
