@@ -110,14 +110,18 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
       () => null,
       (err: unknown) => (err instanceof CutOverError ? null : err),
     );
+    // A service that fails before the cutover ends the demo at once, not at a wait's timeout.
+    const unlessFailed = (wait: Promise<void>) => Promise.race([wait, runnerEnded.then((err) => (err ? Promise.reject(err) : new Promise<never>(() => {})))]);
     const app = startWorkload(publisher.url('shop'), opts.clients);
     const started = Date.now();
     const progress = setInterval(() => void showProgress(publisher!, app.stats.committed, started, out), 1000);
-    await waitFor(
-      async () =>
-        (await target!.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'demo'`, [], 'shop'))[0]?.ok ===
-        true,
-      { timeoutMs: 300_000, intervalMs: 200, what: 'the initial copy' },
+    await unlessFailed(
+      waitFor(
+        async () =>
+          (await target!.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'demo'`, [], 'shop'))[0]
+            ?.ok === true,
+        { timeoutMs: 300_000, intervalMs: 200, what: 'the initial copy' },
+      ),
     );
     const [copy] = await target.query<{ rows: string; seconds: string }>(
       `SELECT sum(rows_copied)::text AS rows, extract(epoch FROM max(copy_finished_at) - min(copy_started_at))::numeric(10,1)::text AS seconds FROM pgsub.subscription_rel WHERE subscription = 'demo'`,
@@ -129,7 +133,7 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
       const post = await copySchema(config, { step: 'post-data', force: false, print: false, pgDump: null });
       out(`  schema copy, post-data step: ${post.applied.length} object(s) (the foreign key) now that every table is ready`);
     }
-    await waitFor(() => app.stats.committed >= opts.transactions, { timeoutMs: 600_000, intervalMs: 200, what: "the application's transactions" });
+    await unlessFailed(waitFor(() => app.stats.committed >= opts.transactions, { timeoutMs: 600_000, intervalMs: 200, what: "the application's transactions" }));
     clearInterval(progress);
     await showProgress(publisher, app.stats.committed, started, out);
 
