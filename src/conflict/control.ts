@@ -8,7 +8,7 @@
  * statements in the apply transaction instead (report.ts, apply/handlers.ts).
  */
 import type { Sql } from '../pgwire/connect.js';
-import { ControlError } from '../errors.js';
+import { ControlError, CutOverError } from '../errors.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
 import { LOG_COLUMNS, LOG_VALUES, logParams, type ConflictRecord } from './report.js';
 import { CONFLICT_TYPES, counterColumn, type ConflictType } from './types.js';
@@ -146,6 +146,11 @@ export async function cutOverAt(sql: Sql, subscription: string): Promise<{ lsn: 
     [subscription],
   );
   return row?.lsn ? { lsn: parseLsn(row.lsn), at: row.at ?? '' } : null;
+}
+
+/** How the forward service ends once its subscription was cut over at `lsn` (exit 5). */
+export function forwardServiceEnds(lsn: Lsn): CutOverError {
+  return new CutOverError(`cut over at LSN ${formatLsn(lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(lsn) });
 }
 
 /** `pgsub enable`: returns whether it was disabled. A cut-over subscription is refused: its target is the primary now. */

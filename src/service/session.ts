@@ -11,8 +11,8 @@
 import { isEmptyMapping } from '../mapping/rules.js';
 import { applyOptions } from '../config/apply-options.js';
 import type { Config } from '../config/config.js';
-import { CutOverError, SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
-import { clearPassedError, cutOverAt, loadControl, type Control } from '../conflict/control.js';
+import { SlotAheadError, SourceSetupError, SubscriptionDisabledError } from '../errors.js';
+import { clearPassedError, cutOverAt, forwardServiceEnds, loadControl, type Control } from '../conflict/control.js';
 import type { SyncStates } from '../origin/sync-state.js';
 import { StreamSpool } from '../apply/txn/spool.js';
 import type { Logger } from '../log.js';
@@ -165,7 +165,7 @@ class Session {
         // A failure recorded for a transaction applied since is no longer pending.
         await clearPassedError(sql, config.subscription);
         const cut = await cutOverAt(sql, config.subscription);
-        if (cut) throw new CutOverError(`cut over at LSN ${formatLsn(cut.lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(cut.lsn) });
+        if (cut) throw forwardServiceEnds(cut.lsn);
         return loadControl(sql, config.subscription);
       }).catch((err: unknown) => {
         // A wrong password, a pg_hba.conf line, no CREATE for pgsub's schema: say which.

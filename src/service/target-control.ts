@@ -6,7 +6,7 @@
  * that cannot answer is logged (or taken as "no") and the service loop (runner.ts) goes on.
  */
 import type { Config } from '../config/config.js';
-import { cutOverAt, loadControl, recordApplyError } from '../conflict/control.js';
+import { cutOverAt, forwardServiceEnds, loadControl, recordApplyError } from '../conflict/control.js';
 import type { ConflictRecord } from '../conflict/report.js';
 import { ApplyConflictError, ConnectionLostError, CutOverError } from '../errors.js';
 import type { Logger } from '../log.js';
@@ -62,7 +62,7 @@ export class TargetControl {
     const sql = openMaintenance(this.config.target, this.#appName);
     try {
       const cut = await cutOverAt(sql, this.config.subscription);
-      return cut && new CutOverError(`cut over at LSN ${formatLsn(cut.lsn)}: the target is the primary now; the forward service ends`, { lsn: formatLsn(cut.lsn) });
+      return cut && forwardServiceEnds(cut.lsn);
     } catch {
       return null;
     } finally {
