@@ -233,8 +233,11 @@ function ownBinaries(): { dir: string | null; remove: () => void } {
 
 async function showProgress(publisher: Cluster, committed: number, started: number, out: (s: string) => void): Promise<void> {
   try {
-    const [wal, confirmed] = await Promise.all([currentWalLsn(publisher, 'shop'), slotConfirmedLsn(publisher, 'demo')]);
-    const lag = confirmed === null ? 0n : wal - confirmed;
+    // The slot's position first, then the WAL end: read the other way round (or at once) the
+    // slot could move past the WAL end read before it and the lag would print negative.
+    const confirmed = await slotConfirmedLsn(publisher, 'demo');
+    const wal = await currentWalLsn(publisher, 'shop');
+    const lag = confirmed === null || confirmed > wal ? 0n : wal - confirmed;
     out(`  ${((Date.now() - started) / 1000).toFixed(1).padStart(6)} s  application ${String(committed).padStart(7)} tx  lag ${String(lag).padStart(10)} bytes`);
   } catch {
     // Progress is best effort; the final comparison is what counts.
