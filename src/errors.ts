@@ -37,6 +37,24 @@ export abstract class PgsubError extends Error {
   }
 }
 
+/**
+ * The spool directory (`state_dir`) has no room for a streamed transaction (ENOSPC, EDQUOT).
+ * Transient: the session ends, its spool files are deleted, and the retry streams the
+ * transaction again from its first change once space is freed; nothing was confirmed.
+ */
+export class SpoolFullError extends PgsubError {
+  readonly code = 'PGSUB_SPOOL_FULL';
+  readonly retryable = true;
+  constructor(dir: string, remoteXid: number, bytes: number, cause: unknown) {
+    const why = (cause as { code?: string } | null)?.code === 'EDQUOT' ? 'the disk quota is exhausted' : 'no space is left on the device';
+    super(
+      `cannot spool streamed transaction ${remoteXid}: ${why} in the spool directory ${dir} (${bytes} bytes of it spooled); free space there or set state_dir to a larger file system — pgsub retries and streams the transaction again`,
+      { dir, remoteXid, spooledBytes: bytes },
+      { cause },
+    );
+  }
+}
+
 /** Exit code of `pgsub run` when the subscription cannot go on and must be re-created (slot lost, slot ahead of the target). */
 export const EXIT_SUBSCRIPTION_LOST = 4;
 /** Exit code of `pgsub run` for a subscription `pgsub cutover` finished: its work is done, not failed. */

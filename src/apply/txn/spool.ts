@@ -9,11 +9,13 @@
  * Memory stays bounded: records go to disk through one write buffer per file (each
  * message copied into it once, no allocation per message) and come back through a
  * bounded read stream. Files left by a crash are removed at startup — the
- * publisher streams every uncommitted transaction again from its first change.
+ * publisher streams every uncommitted transaction again from its first change. A full
+ * file system (ENOSPC, EDQUOT) is a SpoolFullError naming the directory: the session ends,
+ * closes (deletes) its files and retries with backoff.
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { ProtocolError } from '../../errors.js';
+import { ProtocolError, SpoolFullError } from '../../errors.js';
 
 const WRITE_BUFFER_BYTES = 256 * 1024;
 
@@ -35,6 +37,11 @@ interface SpoolFile {
 function writeAll(fd: number, data: Buffer, length: number, position: number): void {
   let at = 0;
   while (at < length) at += fs.writeSync(fd, data, at, length - at, position + at);
+}
+
+function isOutOfSpace(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return code === 'ENOSPC' || code === 'EDQUOT';
 }
 
 export class StreamSpool {
@@ -72,9 +79,15 @@ export class StreamSpool {
     }
     this.discard(xid);
     const file = path.join(this.dir, `${this.subscription}-${xid}.changes`);
+    let fd: number;
+    try {
+      fd = fs.openSync(file, 'w', 0o600);
+    } catch (err) {
+      throw isOutOfSpace(err) ? new SpoolFullError(this.dir, xid, 0, err) : err;
+    }
     this.files.set(xid, {
       path: file,
-      fd: fs.openSync(file, 'w', 0o600),
+      fd,
       size: 0,
       written: 0,
       buffer: Buffer.allocUnsafe(WRITE_BUFFER_BYTES),
@@ -88,14 +101,14 @@ export class StreamSpool {
     const f = this.fileFor(xid, 'a streamed change');
     if (subXid !== xid && !f.subxacts.has(subXid)) f.subxacts.set(subXid, f.size);
     const length = 4 + message.length;
-    if (f.bufferedBytes + length > f.buffer.length) this.flush(f);
+    if (f.bufferedBytes + length > f.buffer.length) this.flush(f, xid);
     f.size += length;
     if (length > f.buffer.length) {
       // Larger than the buffer: written on its own, right away.
       const header = Buffer.allocUnsafe(4);
       header.writeUInt32BE(message.length, 0);
-      writeAll(f.fd, header, 4, f.written);
-      writeAll(f.fd, message, message.length, f.written + 4);
+      this.write(f, xid, header, 4, f.written);
+      this.write(f, xid, message, message.length, f.written + 4);
       f.written += length;
       return;
     }
@@ -105,15 +118,23 @@ export class StreamSpool {
     f.bufferedBytes += length;
   }
 
-  private flush(f: SpoolFile): void {
-    writeAll(f.fd, f.buffer, f.bufferedBytes, f.written);
+  private write(f: SpoolFile, xid: number, data: Buffer, length: number, position: number): void {
+    try {
+      writeAll(f.fd, data, length, position);
+    } catch (err) {
+      throw isOutOfSpace(err) ? new SpoolFullError(this.dir, xid, f.written, err) : err;
+    }
+  }
+
+  private flush(f: SpoolFile, xid: number): void {
+    this.write(f, xid, f.buffer, f.bufferedBytes, f.written);
     f.written += f.bufferedBytes;
     f.bufferedBytes = 0;
   }
 
   /** STREAM STOP: the segment is complete; its records reach the file. */
   stop(xid: number): void {
-    this.flush(this.fileFor(xid, 'STREAM STOP'));
+    this.flush(this.fileFor(xid, 'STREAM STOP'), xid);
   }
 
   /** STREAM ABORT: the whole transaction, or one subtransaction and those after it. */
@@ -126,7 +147,7 @@ export class StreamSpool {
     const offset = f?.subxacts.get(subXid);
     // A subtransaction with no change in the stream: nothing to take back.
     if (!f || offset === undefined) return;
-    this.flush(f);
+    this.flush(f, xid);
     fs.ftruncateSync(f.fd, offset);
     f.size = offset;
     f.written = offset;
@@ -140,7 +161,7 @@ export class StreamSpool {
    */
   async *replay(xid: number): AsyncGenerator<Buffer[]> {
     const f = this.fileFor(xid, 'STREAM COMMIT');
-    this.flush(f);
+    this.flush(f, xid);
     let pending: Buffer | null = null;
     for await (const chunk of fs.createReadStream(f.path, { highWaterMark: 1 << 20, start: 0, end: Math.max(f.size - 1, 0) })) {
       const buf = chunk as Buffer;
