@@ -80,7 +80,10 @@ export function registerVerifyCommand(program: Command): void {
   program
     .command('verify')
     .description('compare the target with the source at one exact LSN while the service keeps applying (exit 0 equal, 1 differences, 2 could not run)')
-    .option('-c, --config <file>', 'YAML or JSON config file of the subscription (its service must be running)')
+    .option(
+      '-c, --config <file...>',
+      'config file of the subscription (its service must be running); several subscriptions of one source database into one target database are compared at one LSN',
+    )
     .option('--table <patterns>', 'only these tables: schema.table patterns, * matches anything, comma-separated or repeated', list, [])
     .option('--exclude <patterns>', 'not these tables (same patterns)', list, [])
     .option('--rate-limit <rate>', 'per side: rows per second (50000) or bytes per second (20MB)')
@@ -92,7 +95,7 @@ export function registerVerifyCommand(program: Command): void {
     .option('--log-level <level>', 'fatal|error|warn|info|debug|trace')
     .action(
       async (opts: {
-        config?: string;
+        config?: string[];
         table: string[];
         exclude: string[];
         rateLimit?: string;
@@ -104,7 +107,8 @@ export function registerVerifyCommand(program: Command): void {
         logLevel?: string;
       }) => {
         try {
-          const config = loadConfig({ file: opts.config, overrides: { log_level: opts.logLevel } });
+          const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file, overrides: { log_level: opts.logLevel } }));
+          const config = configs[0]!;
           const parallel = Number(opts.parallel);
           if (!Number.isInteger(parallel) || parallel < 1 || parallel > 64)
             throw new ConfigError(`--parallel must be an integer from 1 to 64, not ${JSON.stringify(opts.parallel)}`, { key: 'parallel' });
@@ -115,8 +119,8 @@ export function registerVerifyCommand(program: Command): void {
           const log = createLogger(config.logLevel, process.stderr as never);
           const tty = Boolean(process.stderr.isTTY) && !opts.json;
           let lastLogged = 0;
-          await checkVerifyPrivileges(config, { repair: Boolean(opts.repair), tables: (rels) => selectTables(rels, opts.table, opts.exclude) });
-          const result = await runVerify(config, {
+          for (const c of configs) await checkVerifyPrivileges(c, { repair: Boolean(opts.repair), tables: (rels) => selectTables(rels, opts.table, opts.exclude) });
+          const result = await runVerify(configs, {
             include: opts.table,
             exclude: opts.exclude,
             parallel,

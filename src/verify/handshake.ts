@@ -112,47 +112,67 @@ async function waitFor(control: Control, config: Config, states: readonly Verify
   }
 }
 
+/** One subscription taking part in a hold: its config and its control connection. */
+export interface HoldParty {
+  config: Config;
+  control: Control;
+}
+
 /**
  * The handshake: the source snapshot and the LSN, and in snapshot mode the target's. The
- * replication connection is opened first, so the gate is closed only for a query and the
- * slot's creation.
+ * replication connection is opened first, so the gates are closed only for a query and the
+ * slot's creation. Several subscriptions of one source database (a split migration) are
+ * held at the same L: every gate closes before W is read, one slot gives L and the source
+ * snapshot, and every service holds at L before the answer. The target snapshot is then the
+ * service's when there is one subscription; with several, the caller exports its own while
+ * all of them hold (targetSnapshot null), since each service's shows only its own progress.
  */
-export async function holdAtLsn(config: Config, control: Control, source: pg.Client, mode: 'snapshot' | 'repair', holdTimeoutMs: number): Promise<Held> {
-  const replication = await ReplicationConnection.open(config.source, `pgsub_${config.subscription}_verify`);
+export async function holdAtLsn(parties: readonly HoldParty[], source: pg.Client, mode: 'snapshot' | 'repair', holdTimeoutMs: number): Promise<Held> {
+  const first = parties[0]!.config;
+  const replication = await ReplicationConnection.open(first.source, `pgsub_${first.subscription}_verify`);
   try {
     const started = performance.now();
-    control.requestId = randomUUID();
-    await control.query(
-      `INSERT INTO "pgsub"."verify" (subscription, request_id, mode, state, holder_pid, hold_timeout_ms) VALUES ($1, $2, $3, 'requested', pg_catalog.pg_backend_pid(), $4) ` +
-        `ON CONFLICT (subscription) DO UPDATE SET request_id = $2, mode = $3, state = 'requested', holder_pid = pg_catalog.pg_backend_pid(), hold_timeout_ms = $4, ` +
-        `bound_lsn = NULL, slot_lsn = NULL, applied_lsn = NULL, snapshot = NULL, pause_ms = NULL, detail = NULL, updated_at = now()`,
-      [config.subscription, control.requestId, mode, holdTimeoutMs],
-    );
-    await control.query('SELECT pg_catalog.pg_notify($1, $2)', [verifyChannel(config.subscription), 'requested']);
-    await waitFor(control, config, ['armed'], 'closing its gate');
+    for (const { config, control } of parties) await request(config, control, mode, holdTimeoutMs);
+    for (const { config, control } of parties) await waitFor(control, config, ['armed'], 'closing its gate');
     const armedAt = performance.now();
-    // Read after 'armed': every commit the service applied or started is below it.
+    // Read after every 'armed': every commit the services applied or started is below it.
     const w = parseLsn(String((await source.query('SELECT pg_catalog.pg_current_wal_lsn()::text AS w')).rows[0].w));
-    await moveVerifyRow(control.query, config.subscription, control.requestId, ['armed'], 'bounded', { bound_lsn: formatLsn(w) });
+    for (const { config, control } of parties) await moveVerifyRow(control.query, config.subscription, control.requestId!, ['armed'], 'bounded', { bound_lsn: formatLsn(w) });
     const slotStarted = performance.now();
-    const slot = await replication.createSnapshotSlot(`pgsub_verify_${process.pid}_${control.requestId.slice(0, 8)}`);
+    const tag = parties[0]!.control.requestId!.slice(0, 8);
+    const slot = await replication.createSnapshotSlot(`pgsub_verify_${process.pid}_${tag}`);
     const slotAt = performance.now();
-    await moveVerifyRow(control.query, config.subscription, control.requestId, ['bounded'], 'located', { slot_lsn: formatLsn(slot.consistentPoint) });
-    const row = await waitFor(control, config, [mode === 'snapshot' ? 'snapshot' : 'held'], 'holding at the slot position');
+    for (const { config, control } of parties)
+      await moveVerifyRow(control.query, config.subscription, control.requestId!, ['bounded'], 'located', { slot_lsn: formatLsn(slot.consistentPoint) });
+    const rows: VerifyRow[] = [];
+    for (const { config, control } of parties) rows.push(await waitFor(control, config, [mode === 'snapshot' ? 'snapshot' : 'held'], 'holding at the slot position'));
+    const pauses = rows.map((r) => r.pause_ms).filter((ms): ms is number => ms !== null);
     return {
       lsn: slot.consistentPoint,
       sourceSnapshot: slot.snapshotName,
-      targetSnapshot: row.snapshot,
-      pauseMs: row.pause_ms,
+      targetSnapshot: parties.length === 1 ? rows[0]!.snapshot : null,
+      pauseMs: pauses.length > 0 ? Math.max(...pauses) : null,
       replication,
       handshakeMs: performance.now() - started,
       steps: { armedMs: round(armedAt - started), slotMs: round(slotAt - slotStarted), answerMs: round(performance.now() - slotAt) },
     };
   } catch (err) {
     await replication.close();
-    if (control.requestId) await moveVerifyRow(control.query, config.subscription, control.requestId, null, 'done').catch(() => {});
+    for (const { config, control } of parties) if (control.requestId) await moveVerifyRow(control.query, config.subscription, control.requestId, null, 'done').catch(() => {});
     throw err;
   }
+}
+
+/** Post a hold request for one subscription and wake its service. */
+async function request(config: Config, control: Control, mode: 'snapshot' | 'repair', holdTimeoutMs: number): Promise<void> {
+  control.requestId = randomUUID();
+  await control.query(
+    `INSERT INTO "pgsub"."verify" (subscription, request_id, mode, state, holder_pid, hold_timeout_ms) VALUES ($1, $2, $3, 'requested', pg_catalog.pg_backend_pid(), $4) ` +
+      `ON CONFLICT (subscription) DO UPDATE SET request_id = $2, mode = $3, state = 'requested', holder_pid = pg_catalog.pg_backend_pid(), hold_timeout_ms = $4, ` +
+      `bound_lsn = NULL, slot_lsn = NULL, applied_lsn = NULL, snapshot = NULL, pause_ms = NULL, detail = NULL, updated_at = now()`,
+    [config.subscription, control.requestId, mode, holdTimeoutMs],
+  );
+  await control.query('SELECT pg_catalog.pg_notify($1, $2)', [verifyChannel(config.subscription), 'requested']);
 }
 
 /** Snapshot mode: the snapshot is imported, the service may end its exporting transaction. */

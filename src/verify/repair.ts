@@ -99,7 +99,7 @@ export async function repairDifferences(
   const source = await openSide('source', config.source, app);
   const target = await openSide('target', config.target, app, ` -c session_replication_role=replica -c lock_timeout=${LOCK_TIMEOUT}`);
   try {
-    const held = await holdAtLsn(config, control, source, 'repair', opts.holdTimeoutMs);
+    const held = await holdAtLsn([{ config, control }], source, 'repair', opts.holdTimeoutMs);
     const heldAt = performance.now();
     report.lsn = formatLsn(held.lsn);
     try {

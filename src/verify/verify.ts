@@ -8,19 +8,22 @@
  * holds the source's rows at its own position, not at L, and is reported as not compared
  * (syncing). A table a mapping retargets, renames or excludes columns of is compared under
  * the target's names (sql.ts onSide); one with computed columns, row rules or a changed
- * type is reported as not compared, never skipped silently. The result goes to
- * pgsub.verify for `pgsub status` and the service's metrics.
+ * type is reported as not compared, never skipped silently. Several subscriptions of one
+ * source database into one target database (a migration split over several instances) are
+ * compared at one L. The result goes to each subscription's pgsub.verify row for
+ * `pgsub status` and the service's metrics.
  */
 import type pg from 'pg';
 import type { Config } from '../config/config.js';
 import { hasRowRules, ruleFor, type TableRule } from '../mapping/rules.js';
 import type { Logger } from '../log.js';
-import { formatLsn } from '../protocol/lsn.js';
+import { VerifyError } from '../errors.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';
 import { listPublishedTables, type PublishedTable } from '../tablesync/catalog.js';
 import { RateLimit, TableComparison, WorkQueue, type ConnectionPair, type TableReport } from './compare.js';
-import { finish, holdAtLsn, imported, openControl } from './handshake.js';
+import { finish, holdAtLsn, imported, openControl, type Held, type HoldParty } from './handshake.js';
 import { repairDifferences, syncingReason, type RepairReport } from './repair.js';
 import { typeTreeQuery, typeTrees } from './normalise.js';
 import { columnsQuery, parseColumns, qualified, type ColumnInfo, type TableShape } from './sql.js';
@@ -164,52 +167,157 @@ function notCompared(t: { schema: string; table: string }, status: 'different' |
   };
 }
 
-export async function runVerify(config: Config, opts: VerifyOptions): Promise<VerifyResult> {
+/** A published table and the subscription it belongs to. */
+interface Candidate {
+  table: PublishedTable;
+  config: Config;
+}
+
+/**
+ * Several subscriptions are compared at one L only when they share the source database (one
+ * slot gives L and the source snapshot) and the target database (one snapshot shows every
+ * service held at L). Repair holds one service at a time: refused with several.
+ */
+function checkParties(configs: readonly Config[], repair: boolean): void {
+  const first = configs[0]!;
+  const same = (a: Config['source'], b: Config['source']) => a.host === b.host && a.port === b.port && a.database === b.database;
+  for (const c of configs.slice(1)) {
+    if (c.subscription === first.subscription) throw new VerifyError(`subscription ${c.subscription} is named twice`);
+    if (!same(c.source, first.source))
+      throw new VerifyError(`subscriptions ${first.subscription} and ${c.subscription} replicate different source databases: verify them one at a time`);
+    if (!same(c.target, first.target))
+      throw new VerifyError(`subscriptions ${first.subscription} and ${c.subscription} apply into different target databases: verify them one at a time`);
+  }
+  if (repair && configs.length > 1)
+    throw new VerifyError(`--repair works on one subscription at a time: run pgsub verify --repair -c <file> for each of ${configs.map((c) => c.subscription).join(', ')}`);
+}
+
+/** The tables to compare: each subscription's publications, selected by --table/--exclude. */
+async function listCandidates(configs: readonly Config[], opts: VerifyOptions): Promise<{ candidates: Candidate[]; sourceVersion: number }> {
+  const first = configs[0]!;
+  const lister = await ReplicationConnection.open(first.source, `pgsub_${first.subscription}_verify_list`);
+  try {
+    const candidates: Candidate[] = [];
+    const seen = new Set<string>();
+    for (const config of configs) {
+      for (const table of selectTables(await listPublishedTables(lister, config.publications), opts.include, opts.exclude)) {
+        const name = `${table.schema}.${table.table}`;
+        // A table in two subscriptions' publications is compared once, under the first that names it.
+        if (seen.has(name)) continue;
+        seen.add(name);
+        candidates.push({ table, config });
+      }
+    }
+    return { candidates, sourceVersion: lister.serverVersionNum };
+  } finally {
+    await lister.close();
+  }
+}
+
+/**
+ * Every connection pair in one transaction at L. With one subscription the target snapshot
+ * is its service's; with several, this command exports one while every service holds at L.
+ */
+async function importSnapshots(parties: readonly HoldParty[], sources: pg.Client[], targets: pg.Client[], holdTimeoutMs: number): Promise<Held> {
+  const held = await holdAtLsn(parties, sources[0]!, 'snapshot', holdTimeoutMs);
+  try {
+    const begin = 'BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY';
+    const set = (snapshot: string) => `${begin}; SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`;
+    let targetSnapshot = held.targetSnapshot;
+    let importers = targets;
+    if (targetSnapshot === null) {
+      await targets[0]!.query(begin);
+      targetSnapshot = String((await targets[0]!.query('SELECT pg_catalog.pg_export_snapshot() AS s')).rows[0].s);
+      importers = targets.slice(1);
+    }
+    await Promise.all([...sources.map((c) => c.query(set(held.sourceSnapshot))), ...importers.map((c) => c.query(set(targetSnapshot)))]);
+  } finally {
+    // Imported: the slot and the services' exporting transactions are no longer needed.
+    await held.replication.close();
+    for (const { config, control } of parties) await imported(config, control).catch(() => {});
+  }
+  return held;
+}
+
+/** Start a comparison for each candidate that can be compared; a report for every other. */
+async function planComparisons(
+  candidates: readonly Candidate[],
+  sides: { source: pg.Client; target: pg.Client; sourceVersion: number; targetVersion: number },
+  opts: VerifyOptions,
+  start: (c: TableComparison) => void,
+  onRows: (n: number) => void,
+): Promise<{ reports: TableReport[]; comparisons: TableComparison[] }> {
+  const reports: TableReport[] = [];
+  const comparisons: TableComparison[] = [];
+  const limits = {
+    source: opts.rateLimit ? new RateLimit(opts.rateLimit.perSecond, opts.rateLimit.unit) : null,
+    target: opts.rateLimit ? new RateLimit(opts.rateLimit.perSecond, opts.rateLimit.unit) : null,
+  };
+  // The table states in the target snapshot: only a ready table holds the source's rows at L.
+  const states = new Map<string, Map<string, string>>();
+  for (const { config } of candidates) if (!states.has(config.subscription)) states.set(config.subscription, await readSyncStates(sides.target, config.subscription));
+  for (const { table: t, config } of candidates) {
+    const state = states.get(config.subscription)!.get(`${t.schema}.${t.table}`) ?? null;
+    if (state !== 'r') {
+      reports.push(notCompared(t, 'not compared', syncingReason(state)));
+      continue;
+    }
+    const rule = ruleFor(config.mapping, t.schema, t.table);
+    const refused = rule ? notComparable(rule) : null;
+    if (refused !== null) {
+      reports.push(notCompared(t, 'not compared', refused));
+      continue;
+    }
+    const source = await readColumns(sides.source, sides.sourceVersion, t.schema, t.table);
+    if (source === null) {
+      reports.push(notCompared(t, 'not compared', 'no longer on the source'));
+      continue;
+    }
+    const to = rule ? { schema: rule.targetSchema, table: rule.targetTable } : t;
+    const shaped = shapeOf(t, source, await readColumns(sides.target, sides.targetVersion, to.schema, to.table), rule);
+    if (!('shape' in shaped)) {
+      reports.push(notCompared(t, shaped.status, shaped.reason));
+      continue;
+    }
+    const c = new TableComparison(shaped.shape, t.estimatedRows, { listLimit: opts.listLimit, repairLimit: opts.repair ? 100_000 : 0, limits, onRows });
+    comparisons.push(c);
+    reports.push(c.report);
+    start(c);
+  }
+  return { reports, comparisons };
+}
+
+/**
+ * Compare the subscriptions' tables at one LSN: one subscription, or several of one source
+ * database into one target database (a migration split over several instances).
+ */
+export async function runVerify(configs: readonly Config[], opts: VerifyOptions): Promise<VerifyResult> {
   const started = performance.now();
+  checkParties(configs, opts.repair);
+  const first = configs[0]!;
   const parallel = Math.max(1, Math.floor(opts.parallel));
-  const control = await openControl(config);
+  const parties: HoldParty[] = [];
   const clients: pg.Client[] = [];
   try {
-    const lister = await ReplicationConnection.open(config.source, `pgsub_${config.subscription}_verify_list`);
-    let published: PublishedTable[];
-    let sourceVersion: number;
-    try {
-      published = selectTables(await listPublishedTables(lister, config.publications), opts.include, opts.exclude);
-      sourceVersion = lister.serverVersionNum;
-    } finally {
-      await lister.close();
-    }
-    const app = `pgsub_${config.subscription}_verify`;
-    const sources = await Promise.all(Array.from({ length: parallel }, () => openSide('source', config.source, app)));
+    for (const config of configs) parties.push({ config, control: await openControl(config) });
+    const { candidates, sourceVersion } = await listCandidates(configs, opts);
+    const app = `pgsub_${first.subscription}_verify`;
+    const sources = await Promise.all(Array.from({ length: parallel }, () => openSide('source', first.source, app)));
     clients.push(...sources);
-    const targets = await Promise.all(Array.from({ length: parallel }, () => openSide('target', config.target, app)));
+    const targets = await Promise.all(Array.from({ length: parallel }, () => openSide('target', first.target, app)));
     clients.push(...targets);
     const targetVersion = Number((await targets[0]!.query('SHOW server_version_num')).rows[0].server_version_num);
 
-    const held = await holdAtLsn(config, control, sources[0]!, 'snapshot', opts.holdTimeoutMs);
-    try {
-      const begin = (snapshot: string) => `BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`;
-      await Promise.all([...sources.map((c) => c.query(begin(held.sourceSnapshot))), ...targets.map((c) => c.query(begin(held.targetSnapshot!)))]);
-    } finally {
-      // Imported: the slot and the service's exporting transaction are no longer needed.
-      await held.replication.close();
-      await imported(config, control).catch(() => {});
-    }
+    const held = await importSnapshots(parties, sources, targets, opts.holdTimeoutMs);
     opts.log.info(
-      { lsn: formatLsn(held.lsn), pauseMs: held.pauseMs, handshakeMs: Math.round(held.handshakeMs), tables: published.length },
+      { lsn: formatLsn(held.lsn), pauseMs: held.pauseMs, handshakeMs: Math.round(held.handshakeMs), tables: candidates.length, subscriptions: configs.length },
       'verify: snapshots taken at the same LSN',
     );
 
-    const reports: TableReport[] = [];
-    const comparisons: TableComparison[] = [];
-    const limits = {
-      source: opts.rateLimit ? new RateLimit(opts.rateLimit.perSecond, opts.rateLimit.unit) : null,
-      target: opts.rateLimit ? new RateLimit(opts.rateLimit.perSecond, opts.rateLimit.unit) : null,
-    };
     let rows = 0;
     let tablesDone = 0;
     const compareStarted = performance.now();
-    const totalRows = published.reduce((n, t) => n + Math.max(0, t.estimatedRows), 0);
+    const totalRows = candidates.reduce((n, c) => n + Math.max(0, c.table.estimatedRows), 0);
     const progress = () => {
       const seconds = (performance.now() - compareStarted) / 1000;
       const rowsPerSecond = seconds > 0 ? rows / seconds : 0;
@@ -219,50 +327,23 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
         rowsPerSecond,
         etaSeconds: rowsPerSecond > 0 ? Math.max(0, (totalRows - rows) / rowsPerSecond) : null,
         tablesDone,
-        tables: published.length,
+        tables: candidates.length,
       });
     };
     const queue = new WorkQueue();
-    // The table states in the target snapshot: only a ready table holds the source's rows at L.
-    const states = await readSyncStates(targets[0]!, config.subscription);
-    for (const t of published) {
-      const state = states.get(`${t.schema}.${t.table}`) ?? null;
-      if (state !== 'r') {
-        reports.push(notCompared(t, 'not compared', syncingReason(state)));
-        continue;
-      }
-      const rule = ruleFor(config.mapping, t.schema, t.table);
-      const refused = rule ? notComparable(rule) : null;
-      if (refused !== null) {
-        reports.push(notCompared(t, 'not compared', refused));
-        continue;
-      }
-      const source = await readColumns(sources[0]!, sourceVersion, t.schema, t.table);
-      if (source === null) {
-        reports.push(notCompared(t, 'not compared', 'no longer on the source'));
-        continue;
-      }
-      const to = rule ? { schema: rule.targetSchema, table: rule.targetTable } : t;
-      const shaped = shapeOf(t, source, await readColumns(targets[0]!, targetVersion, to.schema, to.table), rule);
-      if (!('shape' in shaped)) {
-        reports.push(notCompared(t, shaped.status, shaped.reason));
-        continue;
-      }
-      const c = new TableComparison(shaped.shape, t.estimatedRows, {
-        listLimit: opts.listLimit,
-        repairLimit: opts.repair ? 100_000 : 0,
-        limits,
-        onRows: (n) => {
-          rows += n;
-        },
-      });
-      comparisons.push(c);
-      reports.push(c.report);
-      c.start(queue, () => {
-        tablesDone++;
-        progress();
-      });
-    }
+    const { reports, comparisons } = await planComparisons(
+      candidates,
+      { source: sources[0]!, target: targets[0]!, sourceVersion, targetVersion },
+      opts,
+      (c) =>
+        c.start(queue, () => {
+          tablesDone++;
+          progress();
+        }),
+      (n) => {
+        rows += n;
+      },
+    );
     const ticker = setInterval(progress, 1000);
     try {
       await queue.run(sources.map((s, i): ConnectionPair => ({ source: sideConnection(s), target: sideConnection(targets[i]!) })));
@@ -274,7 +355,7 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
     reports.sort((a, b) => a.table.localeCompare(b.table));
     const differences = reports.reduce((n, r) => n + r.missing + r.extra + r.different, 0);
     const result: VerifyResult = {
-      subscription: config.subscription,
+      subscription: configs.map((c) => c.subscription).join(', '),
       lsn: formatLsn(held.lsn),
       equal: differences === 0,
       differences,
@@ -287,14 +368,22 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
       repair: null,
     };
     if (opts.repair && differences > 0)
-      result.repair = await repairDifferences(config, control, comparisons, { log: opts.log, holdTimeoutMs: Math.max(opts.holdTimeoutMs, 60_000) });
+      result.repair = await repairDifferences(first, parties[0]!.control, comparisons, { log: opts.log, holdTimeoutMs: Math.max(opts.holdTimeoutMs, 60_000) });
     result.elapsedMs = Math.round(performance.now() - started);
-    await finish(config, control, held.lsn, result.equal ? 'equal' : result.repair?.complete ? 'repaired' : 'differences', differences).catch((err) =>
-      opts.log.warn({ err: String(err) }, 'cannot record the verify result'),
-    );
+    await recordResults(parties, candidates, held.lsn, result, opts.log);
     return result;
   } finally {
     await Promise.all(clients.map((c) => c.end().catch(() => {})));
-    await control.close();
+    for (const { control } of parties) await control.close();
+  }
+}
+
+/** Each subscription's own result (its tables' differences) for `pgsub status` and its metrics. */
+async function recordResults(parties: readonly HoldParty[], candidates: readonly Candidate[], lsn: Lsn, result: VerifyResult, log: Logger): Promise<void> {
+  for (const { config, control } of parties) {
+    const own = new Set(candidates.filter((c) => c.config === config).map((c) => `${c.table.schema}.${c.table.table}`));
+    const differences = result.tables.filter((t) => own.has(t.table)).reduce((n, r) => n + r.missing + r.extra + r.different, 0);
+    const outcome = differences === 0 ? 'equal' : result.repair?.complete ? 'repaired' : 'differences';
+    await finish(config, control, lsn, outcome, differences).catch((err) => log.warn({ err: String(err), subscription: config.subscription }, 'cannot record the verify result'));
   }
 }
