@@ -399,3 +399,14 @@ export class RepairError extends PgsubError {
   readonly retryable = false;
   override readonly exitCode = 2;
 }
+
+/**
+ * `pgsub demo` has no server binaries for a major it needs (exit 2): the demo starts its
+ * servers from the npm packages pg10 … pg18, development dependencies that an installed
+ * pgsub leaves out, so it runs from a checkout; in a checkout, a major that is not among them.
+ */
+export class DemoUnavailableError extends PgsubError {
+  readonly code = 'PGSUB_DEMO_NO_SERVERS';
+  readonly retryable = false;
+  override readonly exitCode = 2;
+}

