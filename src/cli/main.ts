@@ -234,11 +234,12 @@ function metricsSource(runner: Runner, config: Config): MetricsSource {
     counters: runner.counters,
     sync: runner.sync,
     copies: () => new Map([...runner.launcher.progress].map(([k, v]) => [k, v])),
-    spoolBytes: () => runner.current()?.spoolBytes() ?? 0,
+    spoolBytes: () => runner.current()?.spoolBytes() ?? null,
     streaming: () => runner.current() !== null,
     slot: () => runner.slotHealth(),
-    errors: () => ({ apply: runner.applyErrors(), sync: runner.launcher.syncErrors }),
-    info: { version: packageVersion(), subscription: config.subscription, slot: config.slotName },
+    errors: () => ({ apply: runner.applyErrors(), syncTable: runner.launcher.syncErrors, syncSeq: runner.sequenceSyncErrors() }),
+    build: { version: packageVersion() },
+    info: { subscription: config.subscription, slot: config.slotName },
     lastVerify: () => runner.lastVerify(),
   };
 }

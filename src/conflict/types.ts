@@ -20,6 +20,10 @@ export const CONFLICT_TYPES = [
 ] as const;
 export type ConflictType = (typeof CONFLICT_TYPES)[number];
 
+export function isConflictType(s: string): s is ConflictType {
+  return (CONFLICT_TYPES as readonly string[]).includes(s);
+}
+
 export const POLICIES = ['error', 'skip', 'apply_remote', 'keep_local'] as const;
 export type Policy = (typeof POLICIES)[number];
 

@@ -340,6 +340,8 @@ export interface SequenceSyncService {
   stop(): Promise<void>;
   /** The last round's result (null before the first). */
   last(): SequenceSync[] | null;
+  /** Rounds that failed (pg_stat_subscription_stats.sync_seq_error_count; a fence ending the session is not one). */
+  errors(): number;
 }
 
 /**
@@ -348,10 +350,11 @@ export interface SequenceSyncService {
  * logged (at warn the first time a message is seen, at debug after) and retried next time.
  */
 export function startSequenceSync(config: Config, log: Logger): SequenceSyncService {
-  if (config.sequences === 'off') return { stop: async () => {}, last: () => null };
+  if (config.sequences === 'off') return { stop: async () => {}, last: () => null, errors: () => 0 };
   const appName = `pgsub_${config.subscription}_sequences`;
   let stopped = false;
   let last: SequenceSync[] | null = null;
+  let errors = 0;
   let timer: NodeJS.Timeout | null = null;
   let running: Promise<void> | null = null;
   const warned = new Set<string>();
@@ -380,6 +383,7 @@ export function startSequenceSync(config: Config, log: Logger): SequenceSyncServ
         log.info('sequence sync: its session was ended by the server (a fence ends sessions); retrying at the next interval');
         return;
       }
+      errors++;
       const key = `error:${e.message}`;
       if (warned.has(key)) log.debug({ err: e }, 'sequence sync failed; retrying at the next interval');
       else log.warn({ err: e }, 'sequence sync failed; retrying at the next interval');
@@ -402,6 +406,7 @@ export function startSequenceSync(config: Config, log: Logger): SequenceSyncServ
   schedule(0);
   return {
     last: () => last,
+    errors: () => errors,
     stop: async () => {
       stopped = true;
       if (timer) clearTimeout(timer);

@@ -1,12 +1,31 @@
 /**
- * Prometheus metrics (`metrics_listen`, prom-client) and the health endpoints, named the
- * way PostgreSQL names what the native subscriber shows: the columns of
- * pg_stat_subscription (received_lsn, latest_end_lsn, last_msg_send_time,
- * last_msg_receipt_time, latest_end_time) and of pg_stat_subscription_stats
- * (apply_error_count, sync_error_count, confl_*) as `pgsub_<column>`, plus lag in bytes
- * and seconds, what was applied, the table sync, the spool, the slot's health and a
- * `pgsub_info` series. Every value is read from the running service when scraped: nothing
- * is computed per change. LSNs are exported as numbers (exact up to 2^53 bytes of WAL).
+ * Prometheus metrics (`metrics_listen`, prom-client) and the health endpoints. Names follow
+ * Prometheus' conventions (https://prometheus.io/docs/practices/naming): counters end in
+ * `_total`, times are seconds (`_timestamp_seconds` for a point in time), sizes and LSNs
+ * bytes (`_lsn_bytes`: an LSN X/Y is X * 2^32 + Y bytes of WAL, exact up to 2^53), and
+ * labels that describe the process ride on `pgsub_build_info` and `pgsub_info`. Their
+ * meanings are PostgreSQL's: each help text names the column of pg_stat_subscription,
+ * pg_stat_subscription_stats (PostgreSQL 19's names) or pg_replication_slots it mirrors,
+ * and README's metrics table lists them all. prom-client's default process metrics
+ * (`process_*`, `nodejs_*`, unprefixed as every client library names them) are
+ * registered beside them. Every value is read from the running service when scraped:
+ * nothing is computed per change.
+ *
+ * A value that is not known, or does not apply, is absent — never 0: the LSNs and times
+ * before a session has them, safe_wal_size when PostgreSQL reports NULL (an unlimited
+ * max_slot_wal_keep_size), the verify series before any verify, the conflict types this
+ * process does not detect (conflict detection off; the *_origin_differs without
+ * track_commit_timestamp on the target; update_deleted, which needs retain_dead_tuples
+ * inside the target server), sync_seq errors with `sequences: off`. A labelless prom-client
+ * gauge exports 0 until set, so such a series is removed in its collect().
+ *
+ * Counters count this process (PostgreSQL's stats_reset is process_start_time_seconds).
+ * A conflict is counted once each time it is detected in an apply attempt, whatever its
+ * policy did, as PostgreSQL counts it: under `error` together with the apply error it
+ * raises (service/runner.ts), so each retry that meets it again counts again; resolved by
+ * another policy when the target transaction resolving it commits (apply/txn/commit.ts),
+ * so pgsub's own re-applies of a transaction (a careful replay, a group retried one by one)
+ * do not count it twice — the same counts pgsub.subscription_stats keeps in the target.
  *
  * Lag: bytes = the publisher's WAL end (its keepalives carry it) minus what the target
  * holds flushed; seconds = now minus the source commit time of the last transaction the
@@ -16,16 +35,17 @@
  * while streaming with lag under `ready_max_lag_bytes`.
  */
 import http from 'node:http';
-import { Counter, Gauge, Registry } from 'prom-client';
+import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client';
 import type { Logger } from '../log.js';
 import { pgTimeToEpochMs, type Progress } from '../origin/positions.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
-import { CONFLICT_TYPES } from '../conflict/types.js';
+import { CONFLICT_TYPES, counterColumn } from '../conflict/types.js';
 import { STATE_NAMES, type SyncStates } from '../origin/sync-state.js';
 import type { TableProgress } from '../tablesync/job.js';
 
 export interface SlotHealth {
   walStatus: string | null;
+  /** pg_replication_slots.safe_wal_size; null when unlimited (max_slot_wal_keep_size = -1) or not applicable. */
   safeWalSizeBytes: number | null;
   retainedWalBytes: number | null;
 }
@@ -36,10 +56,15 @@ export interface MetricsSource {
   counters: ApplyCounters;
   sync: SyncStates;
   copies(): ReadonlyMap<string, TableProgress>;
-  spoolBytes(): number;
+  /** Bytes spooled by the running session; null without one. */
+  spoolBytes(): number | null;
   streaming(): boolean;
   slot(): SlotHealth | null;
-  errors(): { apply: number; sync: number };
+  /** apply_error_count, sync_table_error_count, sync_seq_error_count (null: sequences are not synced). */
+  errors(): { apply: number; syncTable: number; syncSeq: number | null };
+  /** pgsub_build_info's labels (version). */
+  build: Record<string, string>;
+  /** pgsub_info's labels (subscription, slot). */
   info: Record<string, string>;
   /** The last `pgsub verify` of the subscription (verify/hold.ts reads it), if any. */
   lastVerify?(): { lsn: bigint; result: string; differences: number; at: string } | null;
@@ -50,101 +75,101 @@ export interface MetricsServer {
   close(): Promise<void>;
 }
 
-const LSN_HELP = 'as a number of bytes (an LSN X/Y is X * 2^32 + Y)';
+const LSN_HELP = 'as bytes of WAL (an LSN X/Y is X * 2^32 + Y)';
+
+/** A labelless metric without a value: no sample at all (prom-client would export 0). */
+function absent(metric: Gauge | Counter): void {
+  metric.reset();
+  metric.remove();
+}
 
 export function buildRegistry(source: MetricsSource): Registry {
   const registry = new Registry();
-  const gauge = (name: string, help: string, read: () => number | null, labelNames: string[] = []) =>
+  collectDefaultMetrics({ register: registry });
+  const gauge = (name: string, help: string, read: () => number | null) =>
     new Gauge({
       name,
       help,
-      labelNames,
       registers: [registry],
       collect() {
         const v = read();
-        if (v !== null) this.set(v);
+        if (v === null) absent(this);
+        else this.set(v);
+      },
+    });
+  const counter = (name: string, help: string, read: () => number | null) =>
+    new Counter({
+      name,
+      help,
+      registers: [registry],
+      collect() {
+        const v = read();
+        if (v === null) absent(this);
+        else setCounter(this, v);
       },
     });
   const seconds = (ms: number | null) => (ms === null ? null : ms / 1000);
   const p = () => source.progress();
-  gauge('pgsub_received_lsn', `Last WAL position received from the publisher, ${LSN_HELP}`, () => num(p()?.received));
-  gauge('pgsub_latest_end_lsn', `Last WAL position reported to the publisher as flushed, ${LSN_HELP}`, () => num(p()?.latestEndLsn));
-  gauge('pgsub_last_msg_send_time', 'Send time of the last keepalive from the publisher, seconds since the epoch (publisher clock)', () => {
+
+  // pg_stat_subscription
+  gauge('pgsub_received_lsn_bytes', `Last WAL position received from the publisher, ${LSN_HELP} (pg_stat_subscription.received_lsn)`, () => num(p()?.received));
+  gauge('pgsub_latest_end_lsn_bytes', `Last WAL position reported to the publisher as flushed, ${LSN_HELP} (pg_stat_subscription.latest_end_lsn)`, () => num(p()?.latestEndLsn));
+  gauge('pgsub_last_msg_send_timestamp_seconds', 'Send time of the last message from the publisher, publisher clock (pg_stat_subscription.last_msg_send_time)', () => {
     const t = p()?.lastMsgSendTime;
     return t == null ? null : pgTimeToEpochMs(t) / 1000;
   });
-  gauge('pgsub_last_msg_receipt_time', 'Receipt time of the last keepalive from the publisher, seconds since the epoch', () => seconds(p()?.lastMsgReceiptAt ?? null));
-  gauge('pgsub_latest_end_time', 'Time of the last flush position reported to the publisher, seconds since the epoch', () => seconds(p()?.latestEndAt ?? null));
-  gauge('pgsub_flushed_lsn', `WAL position the target holds flushed (what feedback may report), ${LSN_HELP}`, () => num(p()?.flushed));
+  gauge('pgsub_last_msg_receipt_timestamp_seconds', 'Receipt time of the last message from the publisher (pg_stat_subscription.last_msg_receipt_time)', () =>
+    seconds(p()?.lastMsgReceiptAt ?? null),
+  );
+  gauge('pgsub_latest_end_timestamp_seconds', 'Time the last flush position was reported to the publisher (pg_stat_subscription.latest_end_time)', () =>
+    seconds(p()?.latestEndAt ?? null),
+  );
+  gauge('pgsub_flushed_lsn_bytes', `WAL position the target holds flushed (what feedback may report), ${LSN_HELP} (pg_replication_origin_status.remote_lsn, once on disk)`, () =>
+    num(p()?.flushed),
+  );
   gauge('pgsub_lag_bytes', 'Publisher WAL end minus the position the target holds flushed', () => {
     const pr = p();
     return pr ? Math.max(0, Number(pr.received - pr.flushed)) : null;
   });
   gauge('pgsub_lag_seconds', 'Age of the last source commit applied while more waits, clock offset corrected; 0 when caught up', () => lagSeconds(source));
-  const v = () => source.lastVerify?.() ?? null;
-  gauge('pgsub_verify_last_lsn', `Source LSN the last pgsub verify compared both sides at, ${LSN_HELP}`, () => num(v()?.lsn));
-  gauge('pgsub_verify_last_equal', 'Whether the last pgsub verify found the target equal to the source (1) or not (0)', () => (v() ? (v()!.result === 'equal' ? 1 : 0) : null));
-  gauge('pgsub_verify_last_differences', 'Rows missing, extra or different the last pgsub verify counted', () => v()?.differences ?? null);
-  gauge('pgsub_verify_last_timestamp_seconds', 'When the last pgsub verify finished, seconds since the epoch', () => {
-    const at = v()?.at;
-    return at ? Date.parse(at) / 1000 : null;
-  });
   gauge('pgsub_clock_offset_seconds', 'Estimated offset of the publisher clock behind this host plus the shortest network delay', () => seconds(p()?.clockOffsetMs ?? null));
 
+  // pg_stat_subscription_stats (PostgreSQL 19's columns)
+  counter('pgsub_apply_errors_total', 'Apply errors in this process, every occurrence (pg_stat_subscription_stats.apply_error_count)', () => source.errors().apply);
+  counter(
+    'pgsub_sync_table_errors_total',
+    'Table copy errors in this process (pg_stat_subscription_stats.sync_table_error_count; sync_error_count before PostgreSQL 19)',
+    () => source.errors().syncTable,
+  );
+  counter(
+    'pgsub_sync_seq_errors_total',
+    'Failed sequence sync rounds in this process; absent with sequences: off (pg_stat_subscription_stats.sync_seq_error_count)',
+    () => source.errors().syncSeq,
+  );
   new Counter({
-    name: 'pgsub_apply_error_count',
-    help: 'Apply errors in this process (pg_stat_subscription_stats.apply_error_count)',
+    name: 'pgsub_conflicts_total',
+    help: `Conflicts detected in this process, whatever the policy did (an error too); label conflict = the type, mirroring pg_stat_subscription_stats.confl_<conflict> (${CONFLICT_TYPES.map(counterColumn).join(', ')}); a type this process does not detect has no series`,
+    labelNames: ['conflict'],
     registers: [registry],
     collect() {
-      setCounter(this, source.errors().apply);
-    },
-  });
-  new Counter({
-    name: 'pgsub_sync_error_count',
-    help: 'Table copy errors in this process (pg_stat_subscription_stats.sync_error_count)',
-    registers: [registry],
-    collect() {
-      setCounter(this, source.errors().sync);
-    },
-  });
-  for (const type of CONFLICT_TYPES) {
-    new Counter({
-      name: `pgsub_confl_${type}`,
-      help: `${type} conflicts resolved by a policy in this process (pg_stat_subscription_stats.confl_${type})`,
-      registers: [registry],
-      collect() {
-        setCounter(this, source.counters.conflicts[type]);
-      },
-    });
-  }
-  new Counter({
-    name: 'pgsub_transactions_applied_total',
-    help: 'Source transactions applied by this process',
-    registers: [registry],
-    collect() {
-      setCounter(this, source.counters.transactionsApplied);
-    },
-  });
-  new Counter({
-    name: 'pgsub_transactions_skipped_total',
-    help: 'Source transactions skipped (pgsub skip, or nothing published in them)',
-    registers: [registry],
-    collect() {
-      setCounter(this, source.counters.transactionsSkipped);
-    },
-  });
-  new Counter({
-    name: 'pgsub_changes_applied_total',
-    help: 'Row changes applied by this process',
-    registers: [registry],
-    collect() {
-      setCounter(this, source.counters.changesApplied);
+      this.reset();
+      const detected = source.counters.detectedConflicts;
+      for (const type of CONFLICT_TYPES) {
+        const n = source.counters.conflicts[type];
+        if (n > 0 || detected?.includes(type)) this.inc({ conflict: type }, n);
+      }
     },
   });
 
+  // What this process applied
+  counter('pgsub_transactions_applied_total', 'Source transactions applied by this process', () => source.counters.transactionsApplied);
+  counter('pgsub_transactions_skipped_total', 'Source transactions skipped (pgsub skip, or nothing published in them)', () => source.counters.transactionsSkipped);
+  counter('pgsub_changes_applied_total', 'Row changes applied by this process', () => source.counters.changesApplied);
+
+  // Table sync (pg_subscription_rel.srsubstate)
   new Gauge({
     name: 'pgsub_tablesync_tables',
-    help: 'Published tables by sync state (init, datasync, finishedcopy, syncdone, ready)',
+    help: 'Published tables by sync state (init, datasync, finishedcopy, syncdone, ready; pg_subscription_rel.srsubstate)',
     labelNames: ['state'],
     registers: [registry],
     collect() {
@@ -164,21 +189,18 @@ export function buildRegistry(source: MetricsSource): Registry {
       for (const [table, c] of source.copies()) this.set({ table }, c.bytes);
     },
   });
-  new Counter({
-    name: 'pgsub_tablesync_rows_copied_total',
-    help: 'Rows copied by table sync in this process',
-    registers: [registry],
-    collect() {
-      let rows = 0;
-      for (const c of source.copies().values()) rows += c.rows;
-      setCounter(this, rows);
-    },
+  counter('pgsub_tablesync_rows_copied_total', 'Rows copied by table sync in this process', () => {
+    let rows = 0;
+    for (const c of source.copies().values()) rows += c.rows;
+    return rows;
   });
-  gauge('pgsub_spool_bytes', 'Bytes of streamed transactions spooled to disk', () => source.spoolBytes());
-  gauge('pgsub_streaming', '1 while the apply session streams from the slot', () => (source.streaming() ? 1 : 0));
+  gauge('pgsub_spool_bytes', 'Bytes of streamed transactions spooled to disk by the running session', () => source.spoolBytes());
+  gauge('pgsub_streaming', '1 while an apply session streams from the slot, else 0', () => (source.streaming() ? 1 : 0));
+
+  // The slot on the publisher (pg_replication_slots), as the slot guard last read it
   new Gauge({
     name: 'pgsub_slot_wal_status',
-    help: "The slot's pg_replication_slots.wal_status: 1 for the current one (reserved, extended, unreserved, lost)",
+    help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost; pg_replication_slots.wal_status)",
     labelNames: ['wal_status'],
     registers: [registry],
     collect() {
@@ -189,13 +211,41 @@ export function buildRegistry(source: MetricsSource): Registry {
   });
   gauge(
     'pgsub_slot_safe_wal_size_bytes',
-    'WAL that can still be written before the slot is lost (pg_replication_slots.safe_wal_size)',
+    'WAL that can still be written before the slot is lost; absent when unlimited, max_slot_wal_keep_size = -1 (pg_replication_slots.safe_wal_size)',
     () => source.slot()?.safeWalSizeBytes ?? null,
   );
-  gauge('pgsub_slot_retained_wal_bytes', 'WAL the publisher keeps for the slot (current WAL position minus restart_lsn)', () => source.slot()?.retainedWalBytes ?? null);
+  gauge(
+    'pgsub_slot_retained_wal_bytes',
+    'WAL the publisher keeps for the slot (pg_current_wal_lsn() minus pg_replication_slots.restart_lsn)',
+    () => source.slot()?.retainedWalBytes ?? null,
+  );
+
+  // The last pgsub verify: absent before any
+  const v = () => source.lastVerify?.() ?? null;
+  gauge('pgsub_verify_last_lsn_bytes', `Source LSN the last pgsub verify compared both sides at, ${LSN_HELP}`, () => num(v()?.lsn));
+  gauge('pgsub_verify_last_equal', 'Whether the last pgsub verify found the target equal to the source (1) or not (0)', () => {
+    const last = v();
+    return last ? (last.result === 'equal' ? 1 : 0) : null;
+  });
+  gauge('pgsub_verify_last_differences', 'Rows missing, extra or different the last pgsub verify counted', () => v()?.differences ?? null);
+  gauge('pgsub_verify_last_timestamp_seconds', 'When the last pgsub verify finished', () => {
+    const at = v()?.at;
+    return at ? Date.parse(at) / 1000 : null;
+  });
+
+  // Labels, as _info pseudo-metrics (value 1)
+  new Gauge({
+    name: 'pgsub_build_info',
+    help: 'pgsub build, as labels (version); always 1',
+    labelNames: Object.keys(source.build),
+    registers: [registry],
+    collect() {
+      this.set(source.build, 1);
+    },
+  });
   new Gauge({
     name: 'pgsub_info',
-    help: 'Versions and names, as labels',
+    help: 'The subscription this process runs, as labels (subscription, slot); always 1',
     labelNames: Object.keys(source.info),
     registers: [registry],
     collect() {

@@ -26,7 +26,8 @@
  * to the target's control row, target-control.ts; how an error is sorted, error-kinds.ts.
  */
 import type { Config } from '../config/config.js';
-import { PgsubError, SubscriptionDisabledError } from '../errors.js';
+import { ApplyConflictError, PgsubError, SubscriptionDisabledError } from '../errors.js';
+import { isConflictType } from '../conflict/types.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
 import { setMaintenanceTimeout } from '../pgwire/connect.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
@@ -66,6 +67,8 @@ export interface Runner {
   fail(err: unknown): void;
   /** Apply errors in this process (pg_stat_subscription_stats.apply_error_count). */
   applyErrors(): number;
+  /** Failed sequence sync rounds in this process (sync_seq_error_count); null with sequences: off. */
+  sequenceSyncErrors(): number | null;
   /** The slot's health as last read on the publisher (slot-guard.ts). */
   slotHealth(): SlotHealth | null;
   /** The last `pgsub verify` of this subscription, as the service last read it. */
@@ -179,6 +182,11 @@ class ServiceRunner {
 
   applyErrors(): number {
     return this.#applyErrors;
+  }
+
+  sequenceSyncErrors(): number | null {
+    if (this.config.sequences === 'off') return null;
+    return this.#sequenceSync?.errors() ?? 0;
   }
 
   slotHealth(): SlotHealth | null {
@@ -310,6 +318,8 @@ class ServiceRunner {
       return;
     }
     if (!connectionFailure(err)) this.#applyErrors++;
+    // A conflict under `error` is detected and raises the apply error: both count, each time (as PostgreSQL; recordError does the same in the target).
+    if (err instanceof ApplyConflictError && isConflictType(err.conflict)) this.counters.conflicts[err.conflict]++;
     const disabled = await this.#control.recordError(err, failed);
     if (this.#stopped) return;
     if (!isRetryable(err)) {
@@ -402,6 +412,7 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     fail: (err) => runner.fail(err),
     slotHealth: () => runner.slotHealth(),
     applyErrors: () => runner.applyErrors(),
+    sequenceSyncErrors: () => runner.sequenceSyncErrors(),
     lastVerify: () => setup.verifyHold.last,
   };
 }

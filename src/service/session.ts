@@ -26,6 +26,7 @@ import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/run/l
 import type { ApplyHold } from '../apply/run/hold.js';
 import { RelationMap } from '../apply/sql/relmap.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
+import { CONFLICT_TYPES } from '../conflict/types.js';
 import { openApplyConnection, openMaintenance, rolledBackOn, runAlone, type Sql, type WireConnection } from '../pgwire/connect.js';
 import { refusal } from '../connect-failure.js';
 import { takeRunLock, type OwnConnections } from './preflight.js';
@@ -363,6 +364,11 @@ class Session {
       hold: deps.hold ?? null,
     });
     if (control.skipLsn !== null) log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
+    // What the conflicts metric may report (service/metrics.ts): a type not detected has no count to show.
+    // Without detection only a missing row is still seen (the statement changes nothing; skipped, as native's default).
+    this.counters.detectedConflicts = config.conflicts.detect
+      ? CONFLICT_TYPES.filter((t) => originId !== null || !t.endsWith('_origin_differs'))
+      : ['update_missing', 'delete_missing'];
     if (config.conflicts.detect)
       log.info({ originDiffers: originId !== null }, originId !== null ? 'conflict detection on, with origin checks (track_commit_timestamp)' : 'conflict detection on');
     return loop;

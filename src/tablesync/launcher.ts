@@ -47,7 +47,7 @@ export class Launcher {
   private publisherVersion = 0;
   /** Lane pools of batches that still have tables to start. */
   private readonly lanePools = new Set<LanePool>();
-  /** Copies that failed in this process (pg_stat_subscription_stats.sync_error_count). */
+  /** Copies that failed in this process (pg_stat_subscription_stats.sync_table_error_count, sync_error_count before PostgreSQL 19). */
   syncErrors = 0;
   /** Tables already warned about for their replica identity. */
   private readonly warned = new Set<string>();

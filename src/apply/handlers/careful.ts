@@ -239,7 +239,8 @@ async function decide(state: ApplyState, xact: RemoteTransaction, rel: MappedRel
     });
   }
   state.session.log.warn(fields, 'conflict detected');
-  state.session.counters.conflicts[seen.type]++;
+  // Counted when this target transaction commits (commit.ts), with its log row.
+  state.tx.resolved.push(seen.type);
   await run(state, conflictLogStatement(state.session.subscription, record));
   return record.policy;
 }

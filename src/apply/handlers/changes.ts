@@ -108,6 +108,7 @@ export async function updateChange(state: ApplyState, m: UpdateMessage): Promise
     if (count === 0) {
       // Detection off: native's update_missing default, skipped, logged and counted in memory.
       state.session.counters.updateMissing++;
+      state.session.counters.conflicts.update_missing++;
       state.session.log.warn({ conflict: 'update_missing', table: rel.displayName, xid: xact.xid }, 'row to update not found; change skipped');
     }
   });
@@ -125,6 +126,7 @@ export async function onDelete(state: ApplyState, m: DeleteMessage): Promise<voi
   await sendStatement(state, deleteStatement(rel, m.oldKind, m.oldTuple), (count) => {
     if (count === 0) {
       state.session.counters.deleteMissing++;
+      state.session.counters.conflicts.delete_missing++;
       state.session.log.warn({ conflict: 'delete_missing', table: rel.displayName, xid: xact.xid }, 'row to delete not found; change skipped');
     }
   });

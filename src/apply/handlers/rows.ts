@@ -85,6 +85,7 @@ export async function rowsUpdate(state: ApplyState, xact: RemoteTransaction, rel
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
       state.session.counters.updateMissing++;
+      state.session.counters.conflicts.update_missing++;
       state.session.log.warn({ conflict: 'update_missing', table: rel.displayName, target: rel.qualifiedName, xid: xact.xid }, 'row to update not found; change skipped');
     }
   });
@@ -113,6 +114,7 @@ export async function rowsDelete(
   await sendStatement(state, stmt, (count) => {
     if (count === 0) {
       state.session.counters.deleteMissing++;
+      state.session.counters.conflicts.delete_missing++;
       state.session.log.warn({ conflict: 'delete_missing', table: rel.displayName, target: rel.qualifiedName, xid: xact.xid }, 'row to delete not found; change skipped');
     }
   });

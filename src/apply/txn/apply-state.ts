@@ -55,8 +55,20 @@ export interface ApplyCounters {
   changesApplied: number;
   updateMissing: number;
   deleteMissing: number;
-  /** Conflicts resolved by a policy in this process (the durable counters are in the target). */
+  /**
+   * Conflicts detected in this process, as pg_stat_subscription_stats.confl_* counts them
+   * (the durable counters are in the target): one resolved by a policy once the target
+   * transaction resolving it commits (commit.ts settleCommit, from TxState.resolved), one
+   * under `error` with the apply error it raises (service/runner.ts); with detection off,
+   * a missing row when its statement's answer says so (handlers/changes.ts, rows.ts, batch.ts).
+   */
   conflicts: Record<ConflictType, number>;
+  /**
+   * The conflict types the current (or last) session detects: none with detection off,
+   * no *_origin_differs without track_commit_timestamp on the target; null before a
+   * session set it. A type outside it has no conflicts metric unless counted.
+   */
+  detectedConflicts: readonly ConflictType[] | null;
   /** Remote transactions re-applied one change at a time after the fast path met a conflict. */
   carefulReplays: number;
   /** Rows inserted through COPY batches (batch.ts). */
@@ -104,6 +116,12 @@ export interface TxState {
   rowWritesTracked: number;
   /** False once a row was written often enough in the open target transaction to end the group. */
   canGroupHotRows: boolean;
+  /**
+   * Conflicts a policy resolved in the open target transaction (handlers/careful.ts), in
+   * its conflict log: counted in the session's counters when it commits, dropped with a
+   * rollback (a re-apply of the transaction detects them again).
+   */
+  readonly resolved: ConflictType[];
   /**
    * The last target commit sent without waiting for its answer (commit.ts commitTarget):
    * its end LSN and the answer's outcome; null once the answer arrived. A failure while one
@@ -163,7 +181,7 @@ export interface ApplyState {
 
 /** A transaction state with nothing under way. */
 export function newTxState(): TxState {
-  return { xact: null, group: null, rowBatches: new Map(), rowWrites: new Map(), rowWritesTracked: 0, canGroupHotRows: true, unconfirmed: null };
+  return { xact: null, group: null, rowBatches: new Map(), rowWrites: new Map(), rowWritesTracked: 0, canGroupHotRows: true, resolved: [], unconfirmed: null };
 }
 
 /** The syncTouched of a transaction that changed no table being synced: shared, never written (no Set per transaction). */
@@ -177,6 +195,7 @@ export function newCounters(): ApplyCounters {
     updateMissing: 0,
     deleteMissing: 0,
     conflicts: Object.fromEntries(CONFLICT_TYPES.map((t) => [t, 0])) as Record<ConflictType, number>,
+    detectedConflicts: null,
     carefulReplays: 0,
     rowsCopied: 0,
     lastCommitTime: null,

@@ -345,6 +345,7 @@ function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, ro
             });
           }
           state.session.counters.updateMissing += rows - count;
+          state.session.counters.conflicts.update_missing += rows - count;
           state.session.log.warn({ conflict: 'update_missing', table: batch.rel.displayName, xid: batch.xid, rows: rows - count }, 'rows to update not found; changes skipped');
         }
       : undefined,

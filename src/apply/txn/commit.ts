@@ -17,6 +17,7 @@ import { advanceSyncStatement, clearSyncProgressStatement, setStateStatement } f
 import { NO_TABLES, type ApplyState, type RemoteTransaction } from './apply-state.js';
 import type { TxStatus, WireResult } from '../../pgwire/wire.js';
 import type { TableSync } from '../../origin/sync-state.js';
+import type { ConflictType } from '../../conflict/types.js';
 import { flushRowBatch } from './batch.js';
 import { sendStatement } from './transaction.js';
 
@@ -181,7 +182,9 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
   // Otherwise Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = pipelined ? null : state.conn.sync();
   if (synced) await state.pipeline.push(synced);
-  const settled = settleCommit(state, xact, commit, synced, walAfter, { endLsn, commitTime, expected, transactions, groupChanges: group?.changes ?? 0, promoted });
+  // Taken now: a pipelined commit's state is reset (endTarget) before its answer arrives.
+  const resolved = state.tx.resolved.splice(0);
+  const settled = settleCommit(state, xact, commit, synced, walAfter, { endLsn, commitTime, expected, transactions, groupChanges: group?.changes ?? 0, promoted, resolved });
   settled.catch(() => {});
   if (pipelined) {
     endTarget(state);
@@ -221,6 +224,7 @@ export function endTarget(state: ApplyState): void {
   state.tx.rowWrites.clear();
   state.tx.rowWritesTracked = 0;
   state.tx.canGroupHotRows = true;
+  state.tx.resolved.length = 0;
 }
 
 /** Whether the last commit sent without waiting went through (its answer awaited); then it is forgotten. */
@@ -242,7 +246,7 @@ export async function settleCommit(
   commit: Promise<WireResult>,
   synced: Promise<TxStatus> | null,
   walAfter: Promise<WireResult> | null,
-  c: { endLsn: Lsn; commitTime: bigint; expected: string; transactions: number; groupChanges: number; promoted: TableSync[] },
+  c: { endLsn: Lsn; commitTime: bigint; expected: string; transactions: number; groupChanges: number; promoted: TableSync[]; resolved: readonly ConflictType[] },
 ): Promise<void> {
   // COMMIT of a failed transaction answers ROLLBACK without an error; never count that.
   const { command } = await commit;
@@ -256,6 +260,8 @@ export async function settleCommit(
   for (const t of promoted) state.session.sync.set({ ...t, state: 'r', syncLsn: null });
   if (promoted.length > 0) state.session.log.info({ tables: promoted.map((t) => `${t.schema}.${t.table}`), lsn: formatLsn(endLsn) }, 'tables ready');
   state.session.counters.changesApplied += xact.changes + c.groupChanges;
+  // The conflicts resolved in it count once they are in the target (their log rows committed).
+  for (const type of c.resolved) state.session.counters.conflicts[type]++;
   if (xact.behind || c.expected !== 'COMMIT') {
     state.session.onDurable();
     return;
