@@ -239,13 +239,19 @@ export async function waitApplied(run: Run, fenceLsn: Lsn): Promise<void> {
     run.check('while waiting for the services');
     const at = await Promise.all(subs.map((s) => originLsn(s)));
     if (at.every((l) => l >= fenceLsn)) break;
+    // A service that stopped (crashed, killed) is waited for: its unit's Restart= brings it
+    // back and it resumes from its origin; only the deadline ends the wait, naming it.
+    const stopped: string[] = [];
+    for (const [i, sub] of subs.entries()) if (at[i]! < fenceLsn && !(await serviceRunning(sub))) stopped.push(sub.config.subscription);
     if (Date.now() - lastShown > 1000) {
       lastShown = Date.now();
-      out(`  ${'apply'.padEnd(12)} waiting: ${subs.map((s, i) => `${s.config.subscription} at ${formatLsn(at[i]!)}`).join(', ')} of ${formatLsn(fenceLsn)}`);
+      const where = subs.map((s, i) => `${s.config.subscription} at ${formatLsn(at[i]!)}${stopped.includes(s.config.subscription) ? ' (its service is not running)' : ''}`);
+      out(`  ${'apply'.padEnd(12)} waiting: ${where.join(', ')} of ${formatLsn(fenceLsn)}`);
     }
-    for (const sub of subs)
-      if (!(await serviceRunning(sub))) throw new Error(`the pgsub service of subscription ${sub.config.subscription} stopped before it reached the fence LSN`);
-    if (Date.now() > applyDeadline) throw new Error(`the target did not reach the fence LSN ${formatLsn(fenceLsn)} within ${opts.applyTimeoutMs / 1000} s`);
+    if (Date.now() > applyDeadline) {
+      const why = stopped.length > 0 ? `: the pgsub service of ${stopped.join(', ')} is not running (start it, or let its unit restart it, and run the cutover again)` : '';
+      throw new Error(`the target did not reach the fence LSN ${formatLsn(fenceLsn)} within ${opts.applyTimeoutMs / 1000} s${why}`);
+    }
     await run.sleep(50);
   }
   for (const sub of subs.filter((s) => s.config.twoPhase)) {

@@ -89,11 +89,11 @@ program
 program
   .command('status')
   .description("show the subscription's progress recorded in the target and the slot on the publisher (exit 3: a side is unreachable; docs/status-json.md)")
-  .option('-c, --config <file>', 'YAML or JSON config file')
+  .option('-c, --config <file...>', 'config file(s); several print each subscription (JSON: an array)')
   .option('--json', 'print JSON')
-  .action(async (opts: { config?: string; json?: boolean }) => {
-    const config = loadConfig({ file: opts.config });
-    process.exitCode = await printStatus(config, Boolean(opts.json));
+  .action(async (opts: { config?: string[]; json?: boolean }) => {
+    const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file }));
+    process.exitCode = await printStatus(configs, Boolean(opts.json));
   });
 
 program

@@ -152,7 +152,26 @@ class SideError extends Error {
 }
 
 /** Gathers both sides and prints them; returns the exit code (0, or 3 with a side unreachable). */
-export async function printStatus(config: Config, json: boolean): Promise<number> {
+/**
+ * Print the status of one subscription, or of several side by side (the instances of a
+ * split migration): text one after another, JSON one object (one config) or an array of
+ * them. Exit 3 when a side of any of them is unreachable.
+ */
+export async function printStatus(configs: readonly Config[], json: boolean): Promise<number> {
+  const reports = await Promise.all(configs.map((config) => readStatus(config)));
+  for (const report of reports) {
+    for (const side of ['source', 'target'] as const) {
+      const s = report[side];
+      const who = configs.length > 1 ? `${report.subscription}: ` : '';
+      if (s.error !== null) process.stderr.write(`pgsub: ${who}${side} ${s.reachable ? 'could not be read' : 'unreachable'} (${s.host}): ${s.error}\n`);
+    }
+  }
+  if (json) process.stdout.write(`${JSON.stringify(configs.length === 1 ? reports[0] : reports, null, 2)}\n`);
+  else process.stdout.write(reports.map(renderText).join('\n'));
+  return reports.some((r) => r.source.error !== null || r.target.error !== null) ? EXIT_SIDE_UNREACHABLE : 0;
+}
+
+async function readStatus(config: Config): Promise<StatusReport> {
   const [source, target, sequences] = await Promise.allSettled([
     readSource(config),
     readTarget(config),
@@ -166,12 +185,7 @@ export async function printStatus(config: Config, json: boolean): Promise<number
   const report = buildReport(config, source, target);
   report.sequences = sequences.status === 'fulfilled' ? sequences.value : null;
   report.sequences_error = sequences.status === 'rejected' ? redactSecrets(String((sequences.reason as Error)?.message ?? sequences.reason)) : null;
-  for (const side of ['source', 'target'] as const) {
-    const s = report[side];
-    if (s.error !== null) process.stderr.write(`pgsub: ${side} ${s.reachable ? 'could not be read' : 'unreachable'} (${s.host}): ${s.error}\n`);
-  }
-  process.stdout.write(json ? `${JSON.stringify(report, null, 2)}\n` : renderText(report));
-  return report.source.error !== null || report.target.error !== null ? EXIT_SIDE_UNREACHABLE : 0;
+  return report;
 }
 
 function hostPort(info: ConnInfo): string {

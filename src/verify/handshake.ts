@@ -124,8 +124,9 @@ export interface HoldParty {
  * slot's creation. Several subscriptions of one source database (a split migration) are
  * held at the same L: every gate closes before W is read, one slot gives L and the source
  * snapshot, and every service holds at L before the answer. The target snapshot is then the
- * service's when there is one subscription; with several, the caller exports its own while
- * all of them hold (targetSnapshot null), since each service's shows only its own progress.
+ * service's when there is one subscription; with several (asked in repair mode, so that
+ * each stays held until released), the caller exports its own while all of them hold
+ * (targetSnapshot null): each service's snapshot shows only its own progress.
  */
 export async function holdAtLsn(parties: readonly HoldParty[], source: pg.Client, mode: 'snapshot' | 'repair', holdTimeoutMs: number): Promise<Held> {
   const first = parties[0]!.config;
@@ -150,7 +151,7 @@ export async function holdAtLsn(parties: readonly HoldParty[], source: pg.Client
     return {
       lsn: slot.consistentPoint,
       sourceSnapshot: slot.snapshotName,
-      targetSnapshot: parties.length === 1 ? rows[0]!.snapshot : null,
+      targetSnapshot: mode === 'snapshot' ? rows[0]!.snapshot : null,
       pauseMs: pauses.length > 0 ? Math.max(...pauses) : null,
       replication,
       handshakeMs: performance.now() - started,

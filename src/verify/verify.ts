@@ -23,7 +23,7 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral } from '../quote.js';
 import { listPublishedTables, type PublishedTable } from '../tablesync/catalog.js';
 import { RateLimit, TableComparison, WorkQueue, type ConnectionPair, type TableReport } from './compare.js';
-import { finish, holdAtLsn, imported, openControl, type Held, type HoldParty } from './handshake.js';
+import { finish, holdAtLsn, imported, openControl, release, type Held, type HoldParty } from './handshake.js';
 import { repairDifferences, syncingReason, type RepairReport } from './repair.js';
 import { typeTreeQuery, typeTrees } from './normalise.js';
 import { columnsQuery, parseColumns, qualified, type ColumnInfo, type TableShape } from './sql.js';
@@ -216,10 +216,13 @@ async function listCandidates(configs: readonly Config[], opts: VerifyOptions): 
 
 /**
  * Every connection pair in one transaction at L. With one subscription the target snapshot
- * is its service's; with several, this command exports one while every service holds at L.
+ * is its service's, exported at L as it lets the apply go on. With several, each service
+ * stays held at L (the hold repair uses) until this command has exported its own target
+ * snapshot, which then shows every one of them at L; they are released right after.
  */
 async function importSnapshots(parties: readonly HoldParty[], sources: pg.Client[], targets: pg.Client[], holdTimeoutMs: number): Promise<Held> {
-  const held = await holdAtLsn(parties, sources[0]!, 'snapshot', holdTimeoutMs);
+  const several = parties.length > 1;
+  const held = await holdAtLsn(parties, sources[0]!, several ? 'repair' : 'snapshot', holdTimeoutMs);
   try {
     const begin = 'BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY';
     const set = (snapshot: string) => `${begin}; SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`;
@@ -232,9 +235,9 @@ async function importSnapshots(parties: readonly HoldParty[], sources: pg.Client
     }
     await Promise.all([...sources.map((c) => c.query(set(held.sourceSnapshot))), ...importers.map((c) => c.query(set(targetSnapshot)))]);
   } finally {
-    // Imported: the slot and the services' exporting transactions are no longer needed.
+    // Imported: the slot, the services' exporting transactions and their holds are no longer needed.
     await held.replication.close();
-    for (const { config, control } of parties) await imported(config, control).catch(() => {});
+    for (const { config, control } of parties) await (several ? release(config, control) : imported(config, control)).catch(() => {});
   }
   return held;
 }
