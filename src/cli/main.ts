@@ -110,14 +110,17 @@ program
 
 program
   .command('refresh')
-  .description('pick up tables added to or dropped from the publications now (a running pgsub is woken; otherwise at its next start)')
+  .description(
+    'ALTER SUBSCRIPTION … REFRESH PUBLICATION: add the tables published since the last refresh, drop those no longer published (a running pgsub is woken; otherwise at its next start)',
+  )
   .option('-c, --config <file>', 'YAML or JSON config file')
   .option('--no-copy', 'mark published tables not copied yet as ready without copying them (ALTER SUBSCRIPTION … REFRESH PUBLICATION WITH (copy_data = false))')
   .action(async (opts: { config?: string; copy: boolean }) => {
     const config = loadConfig({ file: opts.config });
     await checkControlPrivileges(config, 'refresh', { source: !opts.copy });
+    // The request is recorded in pgsub.origin (migrations/0010) for a pgsub that is not running.
+    await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
     if (!opts.copy) {
-      await migrateTarget(config.target, `pgsub_${config.subscription}_cli`);
       const tables = await withSource(config, (replication) => listPublishedTables(replication, config.publications));
       const marked = await withMaintenance(config, (sql) => markReadyWithoutCopy(sql, config.subscription, tables));
       process.stdout.write(`${marked.length} table(s) marked ready without a copy${marked.length > 0 ? `: ${marked.join(', ')}` : ''}\n`);

@@ -5,7 +5,9 @@
  * whether the subscription is enabled, the last apply error with the finish LSN that
  * `pgsub skip --lsn` takes, a pending skip, whether `pgsub cutover` finished it (and its
  * slot, if kept, with the WAL it retains), and per table its sync state and last copy
- * error. Read-only on both sides.
+ * error, and the tables the publications publish that are not part of the subscription yet
+ * (published since the last refresh: their changes are skipped until `pgsub refresh`) and
+ * the configured publications missing on the publisher. Read-only on both sides.
  *
  * Both sides are read independently: with one down, what the other holds is still shown,
  * the unreachable side is named (host:port, never the password) and the exit code is 3.
@@ -27,6 +29,7 @@ import { STATE_NAMES, type RelState } from '../origin/sync-state.js';
 import { cutOverAt, loadStats, type Stats } from '../conflict/control.js';
 import { CONFLICT_TYPES } from '../conflict/types.js';
 import { sequenceStatus, type SequenceStatus } from '../migrate/sequences.js';
+import { existingPublications, listPublishedNames } from '../tablesync/catalog.js';
 
 /** Exit code of `pgsub status` when the source or the target could not be reached or read. */
 export const EXIT_SIDE_UNREACHABLE = 3;
@@ -94,7 +97,11 @@ export type StatusReport = {
   cut_over_at: string | null;
 } & Conflicts & {
     stats_reset: string | null;
+    /** Configured publications that do not exist on the publisher (warned, looked for at each refresh); null: source not read. */
+    publications_missing: string[] | null;
     tables: TableStatus[] | null;
+    /** Published by the existing publications, not part of the subscription: changes skipped until a refresh adds them; null: a side not read. */
+    tables_not_subscribed: string[] | null;
     /** The synced sequences on both sides (migrate/sequences.ts); null when a side could not be read; [] with sequences: off. */
     sequences: SequenceStatus[] | null;
     /** Why `sequences` is null: the server, and for a missing privilege the GRANT to run there. */
@@ -104,6 +111,9 @@ export type StatusReport = {
 interface SourceRead {
   slot: SlotInfo | null;
   walLsn: Lsn;
+  missing: string[];
+  /** schema.table of every published table. */
+  published: string[];
 }
 
 interface OriginRead {
@@ -214,7 +224,9 @@ async function readSource(config: Config): Promise<SourceRead> {
   try {
     const slot = await replication.getSlot(config.slotName);
     const [wal] = await replication.sql<{ lsn: string }>('SELECT pg_catalog.pg_current_wal_lsn()::text AS lsn');
-    return { slot, walLsn: parseLsn(wal!.lsn) };
+    const existing = await existingPublications(replication, config.publications);
+    const published = (await listPublishedNames(replication, existing)).map((t) => `${t.schema}.${t.table}`);
+    return { slot, walLsn: parseLsn(wal!.lsn), missing: config.publications.filter((p) => !existing.includes(p)), published };
   } catch (err) {
     throw new SideError(true, reason(err));
   } finally {
@@ -399,7 +411,9 @@ function buildReport(config: Config, sourceRead: PromiseSettledResult<SourceRead
     cut_over_at: tgt?.cutOver?.at ?? null,
     ...conflicts,
     stats_reset: stats?.statsReset ?? null,
+    publications_missing: src ? src.missing : null,
     tables: tgt?.tables ?? null,
+    tables_not_subscribed: src && tgt ? src.published.filter((t) => !tgt.tables.some((r) => r.table === t)) : null,
     sequences: null,
     sequences_error: null,
   };
@@ -426,11 +440,16 @@ function driftLines(report: StatusReport): string[] {
 
 /** One `key value` line per field, then the tables with their last copy error. */
 function renderText(report: StatusReport): string {
-  const { tables, source, target, sequences, sequences_error, ...rest } = report;
+  const { tables, source, target, sequences, sequences_error, publications_missing, tables_not_subscribed, ...rest } = report;
   const sideLine = (s: SideStatus) => `${s.host} ${s.error === null ? 'reachable' : `${s.reachable ? 'could not be read' : 'UNREACHABLE'}: ${s.error}`}`;
   const lines = [`${'subscription'.padEnd(32)} ${report.subscription}`, `${'source'.padEnd(32)} ${sideLine(source)}`, `${'target'.padEnd(32)} ${sideLine(target)}`];
   for (const [k, v] of Object.entries(rest)) if (k !== 'subscription') lines.push(`${k.padEnd(32)} ${v ?? '-'}`);
+  lines.push(`${'publications_missing'.padEnd(32)} ${publications_missing === null ? '-' : publications_missing.length === 0 ? 'none' : publications_missing.join(', ')}`);
   lines.push(...driftLines(report));
+  if (tables_not_subscribed !== null && tables_not_subscribed.length > 0) {
+    lines.push('', 'published, not part of the subscription yet (changes skipped; pgsub refresh adds them):');
+    for (const t of tables_not_subscribed) lines.push(`  ${t}`);
+  }
   if (tables === null) {
     lines.push('', 'tables: unknown (target not read)');
   } else if (tables.length > 0) {

@@ -100,7 +100,8 @@ const fileSchema = z
     copy_freeze: boolish.default(true),
     max_sync_workers: int(1, 64).default(4),
     sync_range_min_mb: range(0, 1_000_000).default(256),
-    refresh_interval: seconds.default(60),
+    // 0: tables published later are added only by `pgsub refresh`.
+    refresh_interval: numeric.pipe(z.number().min(0, { error: (iss) => `must be 0 (refresh only by command) or more (seconds), got ${showValue(iss.input)}` })).default(60),
     create_slot: boolish.default(true),
     enabled: boolish.default(true),
     connect: boolish.default(true),
@@ -115,7 +116,8 @@ const fileSchema = z
     origin: oneOf(['any', 'none']).default('any'),
     messages: boolish.default(false),
     password_required: boolish.default(true),
-    run_as_owner: boolish.default(false),
+    // pgsub applies as its own target role: native's run_as_owner = true, its default here.
+    run_as_owner: boolish.default(true),
     failover: boolish.default(false),
     // pgsub's own settings.
     status_interval: seconds.default(10),
@@ -425,7 +427,12 @@ function rejectUnimplemented(c: FileConfig): void {
   if (!c.enabled) refuse('enabled', false, 'remove the setting to run the subscription');
   if (!c.connect) refuse('connect', false, 'pgsub always connects to the publisher');
   if (!c.password_required) refuse('password_required', false, "pgsub connects as a client; authentication is the server's choice");
-  if (c.run_as_owner) refuse('run_as_owner', true, 'pgsub applies as the target user of its conninfo');
+  if (!c.run_as_owner)
+    refuse(
+      'run_as_owner',
+      false,
+      "pgsub applies every table's changes as the target user of its conninfo (native's run_as_owner = true), not as each table's owner; remove the setting or set it to true",
+    );
   if (c.failover) refuse('failover', true, 'failover slots are not built yet');
   const unbuilt = c.mapping ? unbuiltKey(c.mapping) : null;
   if (unbuilt) throw new NotImplementedError(`${unbuilt} is not implemented yet (docs/mapping.md lists what is)`, { key: unbuilt });

@@ -19,6 +19,8 @@ export const origin = pgsubSchema.table('origin', {
   lastCommitEndLsn: pgLsn('last_commit_end_lsn'),
   lastCommitTime: timestamp('last_commit_time', { withTimezone: true, mode: 'string' }),
   transactionsApplied: bigint('transactions_applied', { mode: 'bigint' }).notNull(),
+  /** The publication list of the last refresh (migrations/0010). */
+  publications: text('publications').array(),
   createdAt: timestamp('created_at', { withTimezone: true, mode: 'string' }).notNull(),
   updatedAt: timestamp('updated_at', { withTimezone: true, mode: 'string' }).notNull(),
 });

@@ -13,6 +13,8 @@
  *   X init/datasync/finishedcopy: never — a copy that finished while a stream ran missed
  *                           what that stream passed; the next stream, which starts at the
  *                           smallest syncLsn, turns it into syncdone
+ *   X not registered:       never — published since the last refresh, not part of the
+ *                           subscription until `pgsub refresh` (native: no pg_subscription_rel row)
  * No commit record straddles a consistent point or a commit end, so "C >= P" is exactly
  * "this transaction is not yet in X". The publisher is never told a position beyond the
  * smallest syncLsn of a table being synced, and streaming (re)starts from the smallest
@@ -41,10 +43,6 @@ export const syncKey = key;
 
 export class SyncStates {
   private readonly tables = new Map<string, TableSync>();
-
-  /** With copy_data false, a table pgsub has not registered yet is applied as ready. */
-  constructor(private readonly copyData: boolean) {}
-
   private version = 0;
   private readonly changedAt = new Map<string, number>();
 
@@ -90,9 +88,13 @@ export class SyncStates {
     return this.entryApplies(this.tables.get(key(schema, table)), commitLsn, originLsn);
   }
 
-  /** shouldApply for an entry already looked up (undefined: a table not registered yet). */
+  /**
+   * shouldApply for an entry already looked up. A table not registered yet (published since
+   * the last refresh) is not part of the subscription: its changes are skipped, as native's
+   * apply worker skips a relation without a pg_subscription_rel row, until `pgsub refresh`.
+   */
   entryApplies(t: TableSync | undefined, commitLsn: Lsn, originLsn: Lsn): boolean {
-    if (!t) return !this.copyData && commitLsn >= originLsn;
+    if (!t) return false;
     switch (t.state) {
       case 'r':
         return commitLsn >= originLsn;
@@ -105,7 +107,11 @@ export class SyncStates {
     }
   }
 
-  /** The smallest position a table being synced still needs: feedback must not pass it. */
+  /**
+   * The smallest position a table being synced still needs: feedback must not pass it. A
+   * datasync table holds only while its copy runs (the launcher loads a datasync row whose
+   * copy is not running without its position: the next attempt takes a new snapshot).
+   */
   heldLsn(): Lsn | null {
     let held: Lsn | null = null;
     for (const t of this.tables.values()) {

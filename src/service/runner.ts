@@ -156,6 +156,7 @@ class ServiceRunner {
       own,
       sync: this.setup.sync,
       beforeStreaming: () => this.setup.beforeStreaming(),
+      publications: () => this.setup.publications(),
       onUnknownTable: (schema, table) => this.setup.onUnknownTable(schema, table),
       carefulLsn: null,
       noGroupUntil: null,

@@ -9,7 +9,7 @@ import { ConfigError, SlotAheadError, SourceSetupError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { ReplicationConnection } from '../protocol/replication.js';
-import { quoteLiteral } from '../quote.js';
+import { existingPublications } from '../tablesync/catalog.js';
 import { createOrigin, loadOrigin } from '../origin/store.js';
 import { runAlone, type Sql, type WireConnection } from '../pgwire/connect.js';
 import { claimSlot, type OwnConnections } from './preflight.js';
@@ -80,16 +80,19 @@ export function checkOptionsAgainstPublisher(config: Config, serverVersionNum: n
   }
 }
 
-/** PG15+ publishers only warn about a missing publication and then send nothing; refuse it here. */
+/**
+ * At least one configured publication must exist: with none, there is nothing to
+ * replicate (exit 2 at startup, retried once a session has streamed). A missing one beside
+ * existing ones is the launcher's warning, looked at again at each refresh (launcher.ts).
+ */
 export async function checkPublications(config: Config, replication: ReplicationConnection): Promise<void> {
-  const names = config.publications.map(quoteLiteral).join(', ');
-  const rows = await replication.sql<{ pubname: string }>(`SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN (${names})`);
-  const found = new Set(rows.map((r) => r.pubname));
-  const missing = config.publications.filter((p) => !found.has(p));
-  if (missing.length > 0) {
-    throw new SourceSetupError(`publication${missing.length > 1 ? 's' : ''} ${missing.map((m) => `"${m}"`).join(', ')} not found in the publisher's database`, {
-      publication: missing.join(', '),
-    });
+  const existing = await existingPublications(replication, config.publications);
+  if (existing.length === 0) {
+    const missing = config.publications;
+    throw new SourceSetupError(
+      `publication${missing.length > 1 ? 's' : ''} ${missing.map((m) => `"${m}"`).join(', ')} not found in the publisher's database: none of the configured publications exists`,
+      { publication: missing.join(', ') },
+    );
   }
 }
 

@@ -49,6 +49,8 @@ export interface SessionHandle {
   spoolBytes(): number;
   /** Resolves once the publisher accepted START_REPLICATION (never rejects). */
   started: Promise<void>;
+  /** The publications this session streams: those of the configured ones that existed at its start. */
+  publications: readonly string[];
   /** Something was committed in the target (a transaction, an idle position) during this session. */
   madeProgress(): boolean;
 }
@@ -62,6 +64,8 @@ export interface SessionDeps {
   sync: SyncStates;
   /** After the slot and origin exist, before streaming: register tables, run the initial copy. */
   beforeStreaming(): Promise<void>;
+  /** The configured publications that exist, as the launcher last found them (at beforeStreaming at the latest). */
+  publications(): readonly string[];
   onUnknownTable(schema: string, table: string): void;
   /** Finish LSN of a conflicting transaction to apply carefully from its start. */
   carefulLsn?: Lsn | null;
@@ -192,9 +196,10 @@ class Session {
       const twoPhase = this.#twoPhaseNow();
       const startLsn = await this.#streamStart(replication, originLsn);
       const parts = this.#applyParts(conn, originLsn);
-      const stream = this.#startStreaming(replication, startLsn, twoPhase, publisher);
+      const publications = this.#publications();
+      const stream = this.#startStreaming(replication, startLsn, twoPhase, publisher, publications);
       const loop = this.#startApplyLoop(conn, stream, parts, { control, originId, originLsn, startLsn, walSenderTimeoutMs: publisher.walSenderTimeoutMs });
-      return this.#handle(conn, loop, stream, parts, originLsn, twoPhase);
+      return this.#handle(conn, loop, stream, parts, originLsn, twoPhase, publications);
     } catch (err) {
       await this.#close();
       throw err;
@@ -304,15 +309,30 @@ class Session {
     return { spool, progress, relations };
   }
 
+  /**
+   * Only the configured publications that exist go to START_REPLICATION: pgoutput before 18
+   * fails on a missing one, 18 skips it with a warning only in its own log. The launcher
+   * found them after this session's checks; a later change restarts the stream (stream-setup.ts).
+   */
+  #publications(): readonly string[] {
+    const publications = this.deps.publications();
+    if (publications.length === 0) {
+      throw new SourceSetupError(`none of the publications ${this.config.publications.map((m) => `"${m}"`).join(', ')} exists in the publisher's database`, {
+        publication: this.config.publications.join(', '),
+      });
+    }
+    return publications;
+  }
+
   /** START_REPLICATION with the options this publisher and the tables' states allow. */
-  #startStreaming(replication: ReplicationConnection, startLsn: Lsn, twoPhase: boolean, publisher: Publisher): ReplicationStream {
+  #startStreaming(replication: ReplicationConnection, startLsn: Lsn, twoPhase: boolean, publisher: Publisher, publications: readonly string[]): ReplicationStream {
     const { config } = this;
     const { protoVersion, identity } = publisher;
     const stream = replication.startReplication({
       slotName: config.slotName,
       startLsn,
       protoVersion,
-      publications: config.publications,
+      publications: [...publications],
       origin: config.origin === 'none' ? 'none' : undefined,
       streaming: config.streaming,
       twoPhase,
@@ -320,7 +340,15 @@ class Session {
       binary: config.binary,
     });
     this.log.info(
-      { subscription: config.subscription, slot: config.slotName, lsn: formatLsn(startLsn), protoVersion, publisher: replication.describe, systemId: identity.systemId },
+      {
+        subscription: config.subscription,
+        slot: config.slotName,
+        lsn: formatLsn(startLsn),
+        protoVersion,
+        publications,
+        publisher: replication.describe,
+        systemId: identity.systemId,
+      },
       'streaming started',
     );
     this.events.onStreaming?.({ startLsn, protoVersion, publisherVersion: replication.serverVersionNum });
@@ -375,7 +403,7 @@ class Session {
   }
 
   /** The running session's handle; its `done` settles after the connections are closed. */
-  #handle(conn: WireConnection, loop: ApplyLoop, stream: ReplicationStream, parts: ApplyParts, originLsn: Lsn, twoPhase: boolean): SessionHandle {
+  #handle(conn: WireConnection, loop: ApplyLoop, stream: ReplicationStream, parts: ApplyParts, originLsn: Lsn, twoPhase: boolean, publications: readonly string[]): SessionHandle {
     const { spool, progress } = parts;
     // A dead target is noticed when it happens, not at the next statement (idle for hours).
     void conn.lost.then((err) => {
@@ -401,6 +429,7 @@ class Session {
       failedTransaction: () => loop.failedTransaction(),
       twoPhasePending: this.config.twoPhase && !twoPhase,
       started: stream.started,
+      publications,
       madeProgress: () => progress.durable > originLsn,
       setSkipLsn: (lsn) => loop.setSkipLsn(lsn),
       health: () => loop.health(),

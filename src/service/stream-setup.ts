@@ -2,13 +2,18 @@
  * What the service's sessions stand on beside their stream: the table sync (launcher,
  * sync states, copy reporters), the 30 s progress line and the `pgsub verify` hold, and
  * the steps every session start runs through it before streaming (SessionDeps.beforeStreaming
- * in session.ts): the startup checks, the tables' refresh, the initial copy, the hold's
- * start. It restarts the running session when finished copies must catch up; which session
- * runs, and whether the service is stopping, it reads from the service loop (runner.ts).
+ * in session.ts): the startup checks, the tables' refresh (at the process's first session,
+ * when the publication list changed) or resume, the initial copy, the hold's start. It
+ * restarts the running session when finished copies must catch up or a refresh finds
+ * another set of the configured publications existing (the stream carries only those);
+ * which session runs, and whether the service is stopping, it reads from the service loop
+ * (runner.ts). Changes of a table published but not part of the subscription are skipped
+ * by the apply (origin/sync-state.ts); this names each such table once.
  */
 import type { Config } from '../config/config.js';
 import { PgsubError } from '../errors.js';
 import type { Logger } from '../log.js';
+import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { Launcher } from '../tablesync/launcher.js';
 import { ProgressReporter } from '../tablesync/copy-report.js';
@@ -43,8 +48,12 @@ export class StreamSetup {
   #streaming = false;
   #launcherStarted = false;
   #verifyStarted = false;
-  /** Changes of a table not registered yet arrive row after row: one refresh per table name. */
+  /** Changes of a table not registered yet arrive row after row: one log line per table name. */
   readonly #reportedUnknown = new Set<string>();
+  /** The configured publications that exist, as the launcher last found them. */
+  #publications: readonly string[] = [];
+  /** The session a publication change will restart (one wait per session). */
+  #restartPending: SessionHandle | null = null;
 
   constructor(
     private readonly config: Config,
@@ -53,7 +62,7 @@ export class StreamSetup {
     private readonly loop: LoopView,
     control: TargetControl,
   ) {
-    this.sync = new SyncStates(config.copyData);
+    this.sync = new SyncStates();
     // The 30 s progress line; it also counts the rows each finished copy brought.
     this.progressLog = new ProgressLog(log, { counters, sync: this.sync, session: () => loop.session(), copyRunning: () => this.launcher.busy });
     this.launcher = new Launcher(config, log, this.sync, {
@@ -63,6 +72,7 @@ export class StreamSetup {
       },
       onIdle: () => this.restartForFinishedCopies(),
       onSkipRequested: () => control.takeSkipRequest(() => loop.session()),
+      onPublications: (existing, seenAt) => this.#publicationsFound(existing, seenAt),
     });
     this.progressLog.start();
     // `pgsub verify` holds the apply at an LSN through this (verify/hold.ts); apply lanes and
@@ -90,11 +100,46 @@ export class StreamSetup {
     }
   }
 
+  /**
+   * A change of a table the subscription does not have (published since the last refresh):
+   * skipped, as native's apply worker skips a relation without a pg_subscription_rel row.
+   * Named once per process; `pgsub refresh` or the periodic refresh adds it.
+   */
   onUnknownTable(schema: string, table: string): void {
     const name = `${schema}.${table}`;
     if (this.#reportedUnknown.has(name)) return;
     this.#reportedUnknown.add(name);
-    void this.launcher.refresh().catch(() => {});
+    this.log.info(
+      { table: name, refreshInterval: this.config.refreshIntervalMs / 1000 },
+      'changes skipped: the table is published but not part of the subscription yet; pgsub refresh (or the periodic refresh) adds it',
+    );
+  }
+
+  /** The configured publications that exist (START_REPLICATION's list, session.ts). */
+  publications(): readonly string[] {
+    return this.#publications;
+  }
+
+  /**
+   * A refresh's look at the publications: a streaming session with another set is restarted
+   * (an ordinary re-stream from the origin) once its origin has passed `seenAt`, the WAL
+   * position at which the refresh saw them: a walsender before PostgreSQL 18 fails on a
+   * publication missing in the catalog as of a change it decodes, so the new stream must
+   * start after the publication's creation.
+   */
+  #publicationsFound(existing: readonly string[], seenAt: Lsn): void {
+    this.#publications = existing;
+    const session = this.loop.session();
+    if (!this.#streaming || !session || this.loop.stopped() || this.#restartPending === session) return;
+    const same = session.publications.length === existing.length && session.publications.every((p) => existing.includes(p));
+    if (same || existing.length === 0) return;
+    this.#restartPending = session;
+    this.log.info({ was: session.publications, now: existing, after: formatLsn(seenAt) }, 'the publications to stream changed; restarting the stream');
+    const restart = async () => {
+      while (!this.loop.stopped() && this.loop.session() === session && session.progress.durable < seenAt) await new Promise((r) => setTimeout(r, 200));
+      if (!this.loop.stopped() && this.loop.session() === session) session.stop();
+    };
+    void restart();
   }
 
   async beforeStreaming(): Promise<void> {
@@ -105,7 +150,10 @@ export class StreamSetup {
     // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
     if (!this.loop.streamedOnce()) await checkMappingsAtStartup(config, this.log);
     await launcher.load();
-    await launcher.refresh();
+    // A refresh only where the publication list changed since the last one (or a new
+    // subscription); every other session start only resumes the copies due.
+    if (!this.#launcherStarted) await launcher.refreshAtStart();
+    else await launcher.resume();
     // At startup, before any copy: a role that cannot write the tables is a setup error.
     if (!this.loop.streamedOnce()) await checkTablePrivileges(config, sync.all());
     // And one whose row-level security would hide rows from the apply (row-security.ts).

@@ -96,6 +96,36 @@ export function mapTable(t: PublishedTable, rule: TableRule | null): PublishedTa
   return { ...t, columns, rowFilter, target: { ...target, staged: { direct: columns.map(isDirect), computed } } };
 }
 
+/**
+ * Which of `publications` exist in the publisher's database now, in the configured order.
+ * A missing one is skipped with a warning by PostgreSQL 18's pgoutput and an error in older
+ * ones: only these are given to START_REPLICATION, and checked again at each refresh.
+ */
+export async function existingPublications(replication: ReplicationConnection, publications: readonly string[]): Promise<string[]> {
+  const names = publications.map(quoteLiteral).join(', ');
+  const rows = await replication.sql<{ pubname: string }>(`SELECT pubname::text FROM pg_catalog.pg_publication WHERE pubname IN (${names})`);
+  const found = new Set(rows.map((r) => r.pubname));
+  return publications.filter((p) => found.has(p));
+}
+
+/**
+ * The names of the tables `publications` publish (as listPublishedTables lists them, without
+ * their columns and sizes): what `pgsub status` compares with the subscription's tables.
+ */
+export async function listPublishedNames(replication: ReplicationConnection, publications: readonly string[]): Promise<{ schema: string; table: string }[]> {
+  if (publications.length === 0) return [];
+  const pubs = publications.map(quoteLiteral).join(', ');
+  const rows = await replication.sql<{ schemaname: string; tablename: string }>(
+    `SELECT DISTINCT pt.schemaname::text, pt.tablename::text
+       FROM pg_catalog.pg_publication_tables pt
+       JOIN pg_catalog.pg_namespace n ON n.nspname = pt.schemaname
+       JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+      WHERE pt.pubname IN (${pubs})${replication.serverVersionNum >= 130000 ? viaAncestor(pubs) : ''}
+      ORDER BY 1, 2`,
+  );
+  return rows.map((r) => ({ schema: r.schemaname, table: r.tablename }));
+}
+
 export async function listPublishedTables(replication: ReplicationConnection, publications: string[]): Promise<PublishedTable[]> {
   const v = replication.serverVersionNum;
   const pubs = publications.map(quoteLiteral).join(', ');

@@ -2,11 +2,19 @@
  * The table-sync launcher (launcher.c + the sync half of tablesync.c): keeps
  * pgsub.subscription_rel in step with what the publications publish, and runs sync
  * jobs for tables that need a copy — several tables at once and large tables in ranges,
- * under one limit of parallel COPY streams (p-queue). Refresh runs at startup,
- * periodically, on demand (`pgsub refresh`, or a Relation message for a table it does not
- * know), and `resync` copies one table again while the others keep streaming.
+ * under one limit of parallel COPY streams (p-queue). A refresh (ALTER SUBSCRIPTION …
+ * REFRESH PUBLICATION) registers the tables published since the last one and drops those
+ * no longer published; it runs only on demand (`pgsub refresh`), every `refresh_interval`
+ * (0: never by itself), and at a process start whose `publication` list differs from the
+ * one recorded at the last refresh (ADD/DROP/SET PUBLICATION). A table published but not
+ * registered is not part of the subscription: its changes are skipped (sync-state.ts).
+ * Every session start resumes the copies due without registering anything; `resync`
+ * copies one table again while the others keep streaming. A copy that fails is that
+ * table's error (last_error, sync error count), retried with backoff, and holds nothing
+ * back: the other tables stream and the slot is confirmed for them.
  * It tells the runner when a finished copy needs the stream to re-deliver what that table
- * missed (origin/sync-state.ts), and holds the live progress shown by status and the terminal.
+ * missed (origin/sync-state.ts), which publications exist (the stream is given only those),
+ * and holds the live progress shown by status and the terminal.
  */
 import PQueue from 'p-queue';
 import type { Config } from '../config/config.js';
@@ -15,8 +23,8 @@ import { redactSecrets } from '../config/conninfo.js';
 import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../pgwire/connect.js';
-import { ZERO_LSN } from '../protocol/lsn.js';
-import { listPublishedTables, mapTable, type PublishedTable } from './catalog.js';
+import { parseLsn, ZERO_LSN, type Lsn } from '../protocol/lsn.js';
+import { existingPublications, listPublishedTables, mapTable, type PublishedTable } from './catalog.js';
 import { ruleFor } from '../mapping/rules.js';
 import { restoreIndexes, runOnSql } from './deferred-indexes.js';
 import { syncTable, type TableProgress } from './job.js';
@@ -30,6 +38,12 @@ export interface LauncherEvents {
   onIdle?(): void;
   /** `pgsub skip` set a skip LSN (the service takes it at its next remote transaction). */
   onSkipRequested?(): void;
+  /**
+   * A refresh found these of the configured publications existing (the stream must carry
+   * exactly these), with the publisher's WAL position then: every one of them was created
+   * before it.
+   */
+  onPublications?(existing: readonly string[], seenAt: Lsn): void;
 }
 
 export class Launcher {
@@ -41,6 +55,10 @@ export class Launcher {
   readonly progress = new Map<string, TableProgress>();
   private timer: NodeJS.Timeout | null = null;
   private refreshing: Promise<void> | null = null;
+  /** The refresh under way registers tables (not only a session start's resume). */
+  private refreshingRegisters = false;
+  /** Configured publications missing on the publisher, as of the last look (warned once per change). */
+  private missing: string[] = [];
   private stopped = false;
   private failures = 0;
   /** server_version_num of the publisher, as of the last refresh. */
@@ -87,68 +105,105 @@ export class Launcher {
         .filter((t) => t.state === 'i')
         .map((t) => `${t.schema}.${t.table}`),
     );
-    this.states.load(rows.map(rowToSync), { since, keep });
+    // A datasync row whose copy is not running here (a crash, a failed attempt) holds
+    // nothing: its next attempt starts over from a new snapshot (sync-state.ts heldLsn).
+    const loaded = rows.map(rowToSync).map((t) => (t.state === 'd' && !keep(t.schema, t.table) ? { ...t, syncLsn: null } : t));
+    this.states.load(loaded, { since, keep });
     const taken = this.states.all().filter((t) => t.state === 'r' && waiting.has(`${t.schema}.${t.table}`));
     if (taken.length > 0) this.log.info({ tables: taken.map((t) => `${t.schema}.${t.table}`) }, 'tables applied from now on without a copy (pgsub refresh --no-copy)');
   }
 
-  /** Periodic refresh, and on demand: `pgsub refresh` / `pgsub resync` NOTIFY this channel. */
+  /**
+   * Periodic refresh (none with refresh_interval 0), and on demand: `pgsub refresh` NOTIFYs
+   * this channel to refresh, `pgsub resync` to start the copy it marked (no registration).
+   */
   startPeriodicRefresh(): void {
-    const refresh = () => void this.refresh().catch((err) => this.log.warn({ err: redactSecrets(String(err)) }, 'publication refresh failed'));
-    this.timer = setInterval(refresh, this.config.refreshIntervalMs);
-    this.timer.unref();
+    const failed = (err: unknown) => this.log.warn({ err: redactSecrets(String(err)) }, 'publication refresh failed');
+    const refresh = () => void this.refresh().catch(failed);
+    if (this.config.refreshIntervalMs > 0) {
+      this.timer = setInterval(refresh, this.config.refreshIntervalMs);
+      this.timer.unref();
+    }
     this.sql
       .listen(notifyChannel(this.config.subscription), (payload) => {
         if (payload === 'skip') return this.events.onSkipRequested?.();
         this.log.info({ request: payload }, 'refresh requested');
-        refresh();
+        if (payload.startsWith('resync ')) void this.resume().catch(failed);
+        else refresh();
       })
       .catch((err) => this.log.warn({ err: redactSecrets(String(err)) }, 'cannot listen for refresh requests; periodic refresh only'));
   }
 
-  /** Sync the table list with the publications and start copies that are due. Coalesced. */
+  /** Sync the table list with the publications and start copies that are due (REFRESH PUBLICATION). Coalesced. */
   refresh(): Promise<void> {
-    this.refreshing ??= this.doRefresh().finally(() => {
-      this.refreshing = null;
-    });
-    return this.refreshing;
+    return this.run(true);
   }
 
-  private async doRefresh(): Promise<void> {
+  /** Start the copies that are due, registering nothing (a session start, a copy's retry, a resync). */
+  resume(): Promise<void> {
+    return this.run(false);
+  }
+
+  /**
+   * At the process's first session: a refresh when the configured publications differ from
+   * those recorded at the last refresh (or none is recorded: a new subscription, or one
+   * from before the record), as CREATE SUBSCRIPTION and ALTER SUBSCRIPTION … ADD/DROP/SET
+   * PUBLICATION (refresh = true) do; otherwise only a resume.
+   */
+  async refreshAtStart(): Promise<void> {
+    // As JSON: the maintenance connection does not parse arrays.
+    const [row] = await this.sql.unsafe<{ publications: string | null }[]>(
+      `SELECT pg_catalog.to_json("publications")::text AS publications FROM "pgsub"."origin" WHERE "subscription" = $1`,
+      [this.config.subscription],
+    );
+    const recorded = row?.publications ? (JSON.parse(row.publications) as string[]) : null;
+    const configured = [...this.config.publications];
+    if (recorded !== null && sameSet(recorded, configured)) return this.resume();
+    if (recorded !== null) {
+      this.log.info(
+        { was: recorded, now: configured, added: configured.filter((p) => !recorded.includes(p)), dropped: recorded.filter((p) => !configured.includes(p)) },
+        'publications changed since the last refresh; refreshing (as ALTER SUBSCRIPTION … SET PUBLICATION)',
+      );
+    }
+    return this.refresh();
+  }
+
+  /** One refresh or resume at a time; a refresh asked for during a resume runs after it. */
+  private run(register: boolean): Promise<void> {
+    if (this.refreshing && (this.refreshingRegisters || !register)) return this.refreshing;
+    const before = this.refreshing ?? Promise.resolve();
+    const next: Promise<void> = before
+      .catch(() => {})
+      .then(() => this.doRefresh(register))
+      .finally(() => {
+        if (this.refreshing === next) this.refreshing = null;
+      });
+    this.refreshing = next;
+    this.refreshingRegisters = register;
+    return next;
+  }
+
+  private async doRefresh(register: boolean): Promise<void> {
     const replication = await ReplicationConnection.open(this.config.source, `pgsub_${this.config.subscription}_refresh`);
     let tables: PublishedTable[];
+    let existing: string[];
+    let seenAt: Lsn;
     let twoPhaseEnabled = false;
     try {
+      const [wal] = await replication.sql<{ lsn: string }>('SELECT pg_catalog.pg_current_wal_lsn()::text AS lsn');
+      seenAt = parseLsn(wal!.lsn);
+      existing = await existingPublications(replication, this.config.publications);
       tables = (await listPublishedTables(replication, this.config.publications)).map((t) => mapTable(t, ruleFor(this.config.mapping, t.schema, t.table)));
       this.publisherVersion = replication.serverVersionNum;
       if (this.config.twoPhase) twoPhaseEnabled = (await replication.getSlot(this.config.slotName))?.twoPhase ?? false;
     } finally {
       await replication.close();
     }
-    const initial = this.config.copyData ? 'i' : 'r';
+    this.notePublications(existing, seenAt);
     this.published.clear();
     for (const t of tables) this.published.set(`${t.schema}.${t.table}`, t);
-    await this.warnAboutIdentities(tables);
-    await this.sql.begin(async (tx) => {
-      for (const t of tables) {
-        await tx.unsafe(
-          `INSERT INTO "pgsub"."subscription_rel" (subscription, schema_name, table_name, state, ready_at)
-           VALUES ($1, $2, $3, $4::text, CASE WHEN $4::text = 'r' THEN now() END) ON CONFLICT DO NOTHING`,
-          [this.config.subscription, t.schema, t.table, initial],
-        );
-      }
-      // Tables no longer published stop being applied (native: ALTER SUBSCRIPTION … REFRESH).
-      const keep = tables.map((t) => `${t.schema}.${t.table}`);
-      const removed = await tx.unsafe<{ schema_name: string; table_name: string }[]>(
-        `DELETE FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND NOT (schema_name || '.' || table_name = ANY($2::text[])) RETURNING schema_name, table_name`,
-        [this.config.subscription, textArray(keep)],
-      );
-      for (const r of removed) {
-        // A copy cut short may have left its indexes dropped; the table is the user's again.
-        await restoreIndexes(runOnSql(tx), this.config.subscription, r.schema_name, r.table_name);
-        this.log.info({ table: `${r.schema_name}.${r.table_name}` }, 'table no longer published; not applied any more');
-      }
-    });
+    // None exists (dropped, or not created yet): a setup problem, not a reason to drop every table.
+    if (register && existing.length > 0) await this.register(tables);
     await this.load();
     // Largest first: the last table to start should be a short one, not the one that
     // decides when the whole copy ends.
@@ -170,12 +225,65 @@ export class Launcher {
     for (const t of due.sort((a, b) => size(b) - size(a))) this.schedule(t, lanes);
   }
 
+  /**
+   * A missing publication is a warning naming it (PostgreSQL 18's pgoutput skips it so),
+   * again whenever the set changes; the runner is told which exist, to stream exactly those.
+   */
+  private notePublications(existing: string[], seenAt: Lsn): void {
+    const missing = this.config.publications.filter((p) => !existing.includes(p));
+    if (!sameSet(missing, this.missing)) {
+      const found = this.missing.filter((p) => !missing.includes(p));
+      if (found.length > 0) this.log.info({ publications: found }, 'publication now exists on the publisher; its tables are registered at this refresh');
+      if (missing.length > 0)
+        this.log.warn(
+          { publications: missing, side: 'source' },
+          `publication${missing.length > 1 ? 's' : ''} ${missing.map((m) => `"${m}"`).join(', ')} not found on the publisher; replicating the others, and looking again at each refresh`,
+        );
+    }
+    this.missing = missing;
+    this.events.onPublications?.(existing, seenAt);
+  }
+
+  /** The refresh proper: new tables registered (each logged with its copy), tables no longer published dropped, the publications recorded. */
+  private async register(tables: PublishedTable[]): Promise<void> {
+    const initial = this.config.copyData ? 'i' : 'r';
+    await this.warnAboutIdentities(tables);
+    const added: string[] = [];
+    await this.sql.begin(async (tx) => {
+      for (const t of tables) {
+        const rows = await tx.unsafe(
+          `INSERT INTO "pgsub"."subscription_rel" (subscription, schema_name, table_name, state, ready_at)
+           VALUES ($1, $2, $3, $4::text, CASE WHEN $4::text = 'r' THEN now() END) ON CONFLICT DO NOTHING RETURNING 1`,
+          [this.config.subscription, t.schema, t.table, initial],
+        );
+        if (rows.length > 0) added.push(`${t.schema}.${t.table}`);
+      }
+      // Tables no longer published stop being applied (native: ALTER SUBSCRIPTION … REFRESH).
+      const keep = tables.map((t) => `${t.schema}.${t.table}`);
+      const removed = await tx.unsafe<{ schema_name: string; table_name: string }[]>(
+        `DELETE FROM "pgsub"."subscription_rel" WHERE subscription = $1 AND NOT (schema_name || '.' || table_name = ANY($2::text[])) RETURNING schema_name, table_name`,
+        [this.config.subscription, textArray(keep)],
+      );
+      for (const r of removed) {
+        // A copy cut short may have left its indexes dropped; the table is the user's again.
+        await restoreIndexes(runOnSql(tx), this.config.subscription, r.schema_name, r.table_name);
+        this.log.info({ table: `${r.schema_name}.${r.table_name}` }, 'table no longer published; not applied any more');
+      }
+      // What the next process start compares its publication list with (refreshAtStart).
+      await tx.unsafe(`UPDATE "pgsub"."origin" SET "publications" = $2::text[] WHERE "subscription" = $1`, [this.config.subscription, textArray([...this.config.publications])]);
+    });
+    for (const table of added) {
+      if (this.config.copyData) this.log.info({ table, copy: true }, 'table added to the subscription; its copy starts');
+      else this.log.info({ table, copy: false }, 'table added to the subscription without a copy (copy_data = false); applied from now on');
+    }
+  }
+
   /** Copy one table again from a fresh snapshot, while everything else keeps streaming. */
   async resync(schema: string, table: string): Promise<void> {
     if (!(await requestRefresh(this.sql, this.config.subscription, { schema, table }))) {
       throw new ConfigError(`table ${schema}.${table} is not part of subscription ${this.config.subscription}`, { relation: `${schema}.${table}` });
     }
-    await this.refresh();
+    await this.resume();
   }
 
   private schedule(t: TableSync, lanes: LanePool): void {
@@ -223,13 +331,13 @@ export class Launcher {
         const message = redactSecrets(String((err as Error).message));
         this.log.error({ table: k, err: { code: (err as { code?: string }).code, message } }, 'table copy failed; will retry');
         await this.recordError(t, message);
+        // That table's error only: its hold on the feedback (set for its snapshot) ends
+        // here, so the others' positions are confirmed while it waits for its retry.
+        this.states.set({ schema: t.schema, table: t.table, state: t.state, syncLsn: null });
         // Retry with backoff; the table stays in init/datasync and is picked up again.
         const delay = Math.min(this.config.retryMinDelayMs * 2 ** Math.min(this.failures, 10), this.config.retryMaxDelayMs);
         setTimeout(() => {
-          if (!this.stopped)
-            void this.load()
-              .then(() => this.refresh())
-              .catch(() => {});
+          if (!this.stopped) void this.resume().catch(() => {});
         }, delay).unref();
       } finally {
         this.running.delete(k);
@@ -331,7 +439,11 @@ export function notifyChannel(subscription: string): string {
   return `pgsub_${subscription}`.slice(0, 63);
 }
 
-/** For `pgsub refresh` / `pgsub resync` from another process: mark, then wake the service. */
+/**
+ * For `pgsub refresh` / `pgsub resync` from another process: mark, then wake the service. A
+ * refresh asked for while no pgsub runs is made at the next start, as native's ALTER
+ * SUBSCRIPTION … REFRESH PUBLICATION works on a disabled subscription too.
+ */
 export async function requestRefresh(sql: Sql, subscription: string, resync?: { schema: string; table: string }): Promise<boolean> {
   if (resync) {
     const rows = await sql.unsafe(
@@ -339,6 +451,9 @@ export async function requestRefresh(sql: Sql, subscription: string, resync?: { 
       [subscription, resync.schema, resync.table],
     );
     if (rows.length === 0) return false;
+  } else {
+    // Forget the recorded publication list: a pgsub not running now refreshes at its next start (refreshAtStart).
+    await sql.unsafe(`UPDATE "pgsub"."origin" SET "publications" = NULL WHERE "subscription" = $1`, [subscription]);
   }
   await sql.notify(notifyChannel(subscription), resync ? `resync ${resync.schema}.${resync.table}` : 'refresh');
   return true;
@@ -366,6 +481,10 @@ export async function markReadyWithoutCopy(sql: Sql, subscription: string, table
     }
   });
   return marked;
+}
+
+function sameSet(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((x) => b.includes(x));
 }
 
 /** A text[] literal of `items`, each quoted (a parameter; names may hold commas and quotes). */

@@ -163,8 +163,19 @@ describe('pgsub CLI against PostgreSQL 18', () => {
       { id: 2, v: 'two' },
     ]);
 
-    // Forced error: a published table that the target lacks. Retryable; pgsub keeps trying.
-    await publisher.query("ALTER PUBLICATION pub_items ADD TABLE public.late; INSERT INTO public.late VALUES (10, 'late')", [], DB);
+    // A table published since the start is not part of the subscription: its change is
+    // skipped (native: no pg_subscription_rel row) until pgsub refresh adds it.
+    await publisher.query("ALTER PUBLICATION pub_items ADD TABLE public.late; INSERT INTO public.late VALUES (9, 'before the refresh')", [], DB);
+    const skipped = await p.waitForLog('changes skipped: the table is published but not part of the subscription yet; pgsub refresh (or the periodic refresh) adds it', 30_000);
+    assert.equal(skipped.table, 'public.late');
+    const refresh = start(pgsubEnv('cli_a', 'pub_items'), ['refresh']);
+    assert.equal(await withTimeout(refresh.exited, 30_000, 'pgsub refresh'), 0, refresh.output());
+    const added = (r: Record<string, unknown>) => r.msg === 'table added to the subscription without a copy (copy_data = false); applied from now on' && r.table === 'public.late';
+    await waitFor(() => logRecords(p.output()).some(added), { timeoutMs: 30_000, what: `public.late added at the refresh:\n${p.output().slice(-2000)}` });
+    assert.equal(logRecords(p.output()).find(added)!.copy, false);
+
+    // Forced error: a table of the subscription that the target lacks. Retryable; pgsub keeps trying.
+    await publisher.query("INSERT INTO public.late VALUES (10, 'late')", [], DB);
     await p.waitForLog('apply failed; retrying', 30_000);
     const failure = logRecords(p.output()).find((r) => r.msg === 'apply failed; retrying')!;
     assert.equal((failure.err as { code?: string }).code, 'PGSUB_SCHEMA_MISMATCH');

@@ -27,12 +27,19 @@ after(async () => {
 
 const info = () => parseConninfo(target.url('dst'), 'target');
 const applied = async () => (await target.query<{ n: string }>('SELECT count(*)::text AS n FROM pgsub.schema_migrations', [], 'dst'))[0]!.n;
-/** How many migrations there are, and the table the newest one creates. */
+/** How many migrations there are, and the column the newest one (0010_publications) adds. */
 const MIGRATIONS = String(
   (JSON.parse(fs.readFileSync(path.join(import.meta.dirname, '..', '..', 'migrations', 'meta', '_journal.json'), 'utf8')) as { entries: unknown[] }).entries.length,
 );
 const BEHIND = String(Number(MIGRATIONS) - 1);
-const hasNewestTable = async () => (await target.query<{ t: string | null }>(`SELECT to_regclass('pgsub.cutover')::text AS t`, [], 'dst'))[0]!.t !== null;
+const hasNewestTable = async () =>
+  (
+    await target.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM pg_attribute WHERE attrelid = 'pgsub.origin'::regclass AND attname = 'publications' AND NOT attisdropped`,
+      [],
+      'dst',
+    )
+  )[0]!.n === 1;
 
 /** Another session holding the migration lock, as a second pgsub migrating would. */
 async function holdLock(): Promise<pg.Client> {
@@ -59,7 +66,11 @@ test('a first start creates the schema; an up-to-date schema is left alone even 
 
 test('a target behind the newest migration waits for the lock, then gets the missing migration', async () => {
   // As a target last migrated by an older pgsub: the newest migration not applied.
-  await target.query(`DROP TABLE pgsub.cutover; DELETE FROM pgsub.schema_migrations WHERE created_at = (SELECT max(created_at) FROM pgsub.schema_migrations)`, undefined, 'dst');
+  await target.query(
+    `ALTER TABLE pgsub.origin DROP COLUMN publications; DELETE FROM pgsub.schema_migrations WHERE created_at = (SELECT max(created_at) FROM pgsub.schema_migrations)`,
+    undefined,
+    'dst',
+  );
   assert.equal(await applied(), BEHIND);
   const holder = await holdLock();
   let finished = false;

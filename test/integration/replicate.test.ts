@@ -180,6 +180,8 @@ for (const [publisherMajor, targetMajor] of [
         CREATE TABLE app.t_serial (id bigserial PRIMARY KEY, v text);`;
       await target.query(`${ddl} SELECT nextval('app.t_serial_id_seq') FROM generate_series(1, 5);`, [], 'dst');
       await publisher.query(`${ddl} ALTER PUBLICATION pub ADD TABLE app.t_parent, app.t_child, app.t_serial;`, [], 'src');
+      // Part of the subscription only from a refresh (ALTER SUBSCRIPTION … REFRESH PUBLICATION).
+      await runner.launcher.refresh();
       await publisher.query(
         `INSERT INTO app.t_parent VALUES (1), (2); INSERT INTO app.t_child VALUES (1, 1), (2, 2); INSERT INTO app.t_serial (v) VALUES ('a'), ('b');`,
         [],
@@ -208,6 +210,7 @@ for (const [publisherMajor, targetMajor] of [
       const ddl = `CREATE TABLE app.${q(longName)} (${q(evil)} int PRIMARY KEY, ${q('a\'b"c')} text, ${q(longName)} text);`;
       await target.query(ddl, [], 'dst');
       await publisher.query(`${ddl} ALTER PUBLICATION pub ADD TABLE app.${q(longName)};`, [], 'src');
+      await runner.launcher.refresh();
       await publisher.query(
         `INSERT INTO app.${q(longName)} VALUES (1, $$'); DELETE FROM app.items; --$$, 'v'), (2, NULL, 'w');
          UPDATE app.${q(longName)} SET ${q('a\'b"c')} = 'updated' WHERE ${q(evil)} = 2;

@@ -358,11 +358,26 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
     ['enabled', 'PGSUB_ENABLED', 'false'],
     ['connect', 'PGSUB_CONNECT', 'false'],
     ['password_required', 'PGSUB_PASSWORD_REQUIRED', 'false'],
-    ['run_as_owner', 'PGSUB_RUN_AS_OWNER', 'true'],
+    ['run_as_owner', 'PGSUB_RUN_AS_OWNER', 'false'],
   ];
   for (const [key, name, value] of refused) {
     test(`${key} = ${value}`, () => assertNotImplemented(() => load({ env: { ...MINIMAL_ENV, [name]: value } }), key));
   }
+
+  test('run_as_owner = true (what pgsub does: it applies as its own role) is the default and accepted', () => {
+    load({ env: MINIMAL_ENV });
+    load({ env: { ...MINIMAL_ENV, PGSUB_RUN_AS_OWNER: 'true' } });
+    assert.throws(
+      () => load({ env: { ...MINIMAL_ENV, PGSUB_RUN_AS_OWNER: 'false' } }),
+      (err: Error & { code?: string }) => err.code === 'PGSUB_NOT_IMPLEMENTED' && /run_as_owner = false .*native's run_as_owner = true/.test(err.message),
+    );
+  });
+
+  test('refresh_interval: 0 means refresh only by command; negative is refused', () => {
+    assert.equal(load({ env: MINIMAL_ENV }).refreshIntervalMs, 60_000);
+    assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_REFRESH_INTERVAL: '0' } }).refreshIntervalMs, 0);
+    assertConfigError(() => load({ env: { ...MINIMAL_ENV, PGSUB_REFRESH_INTERVAL: '-1' } }), 'refresh_interval');
+  });
 
   test('disable_on_error and conflict policies: native defaults, per-table overrides, validation', () => {
     assert.equal(load({ env: { ...MINIMAL_ENV, PGSUB_DISABLE_ON_ERROR: 'true' } }).disableOnError, true);
@@ -431,7 +446,7 @@ describe('unimplemented CREATE SUBSCRIPTION options', () => {
         PGSUB_ENABLED: 'true',
         PGSUB_CONNECT: 'true',
         PGSUB_PASSWORD_REQUIRED: 'true',
-        PGSUB_RUN_AS_OWNER: 'false',
+        PGSUB_RUN_AS_OWNER: 'true',
       },
     });
     assert.equal(c.streaming, 'off');

@@ -49,7 +49,7 @@ test('interval: 30 s unless PGSUB_PROGRESS_INTERVAL_MS says otherwise', () => {
 test('a line: rate since the previous line, lag from the session positions, counts of finished copies', async () => {
   // Nothing listens on port 1: the lag in seconds, read from the target, is then unknown.
   const counters = newCounters();
-  const sync = new SyncStates(false);
+  const sync = new SyncStates();
   const progress = new Progress(lsn(1000));
   let session: SessionHandle | null = null;
   const { log, lines } = capture();
