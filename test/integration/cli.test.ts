@@ -231,7 +231,7 @@ describe('pgsub CLI against PostgreSQL 18', () => {
   test('a wrong publication name is reported', async () => {
     const p = start(pgsubEnv('cli_wrongpub', 'no_such_pub'));
     try {
-      await waitFor(() => p.child.exitCode !== null, { timeoutMs: 5000, what: 'pgsub to stop on a missing publication' });
+      await waitFor(() => p.child.exitCode !== null, { timeoutMs: 30_000, what: 'pgsub to stop on a missing publication' });
       // A setup error the operator must fix: exit 2 and one stderr line, as a configuration error.
       assert.equal(p.child.exitCode, 2);
       assert.match(p.output(), /publication \\"no_such_pub\\" not found.*"code":"PGSUB_SOURCE_SETUP"/);

@@ -155,6 +155,8 @@ for (const kind of ['FOR ALL TABLES', 'FOR TABLES IN SCHEMA'] as const) {
     await publisher.query(`INSERT INTO s.t_new VALUES (501, 'streamed'); DELETE FROM s.t_new WHERE id = 1; UPDATE s.t0 SET v = 'bb' WHERE id = 2;`, [], db);
     await confirmed(publisher, db);
     assert.ok((await compareTables(publisher, db, target, db, ['s.t0', 's.t_new'])).equal);
+    // syncdone turns ready with the apply's next commit past the copy's position.
+    await waitFor(async () => (await status(env)).tables.every((t) => t.state === 'ready'), { timeoutMs: 30_000, intervalMs: 300, what: 'every table ready' });
     const after = await status(env);
     assert.deepEqual(after.tables_not_subscribed, []);
     assert.deepEqual(
@@ -220,7 +222,7 @@ test('a publication dropped from the config and added back (at restarts, as DROP
   assert.ok(b.error_count >= 1, JSON.stringify(b));
   assert.equal(refusedStatus.tables.find((t) => t.table === 'r.a')!.state, 'ready');
   const metrics = await (await fetch(`http://127.0.0.1:${metricsPort}/metrics`)).text();
-  const syncErrors = Number(/^pgsub_sync_error_count(?:\{[^}]*\})? (\d+)/m.exec(metrics)?.[1]);
+  const syncErrors = Number(/^pgsub_sync_table_errors_total(?:\{[^}]*\})? (\d+)/m.exec(metrics)?.[1]);
   assert.ok(syncErrors >= 1, metrics);
 
   // The documented way back: resync empties the table and copies it again.
