@@ -26,7 +26,7 @@
  * to the target's control row, target-control.ts; how an error is sorted, error-kinds.ts.
  */
 import type { Config } from '../config/config.js';
-import { PgsubError, SubscriptionDisabledError } from '../errors.js';
+import { CutOverError, PgsubError, SubscriptionDisabledError } from '../errors.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
 import { setMaintenanceTimeout } from '../pgwire/connect.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
@@ -42,7 +42,7 @@ import { TargetControl } from './target-control.js';
 import { StreamSetup } from './stream-setup.js';
 import type { SlotHealth } from './metrics.js';
 import { checkRunPrivileges, OwnConnections } from './preflight.js';
-import { connectionFailure, describeError, isRetryable, slotBusy } from './error-kinds.js';
+import { connectionFailure, isRetryable, slotBusy } from './error-kinds.js';
 import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
 
 /** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
@@ -78,8 +78,8 @@ async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
   clearTimeout(timer);
 }
 
-// The error classification lives in error-kinds.ts; these two are part of runner.ts's API.
-export { describeError, isRetryable } from './error-kinds.js';
+// The error classification lives in error-kinds.ts; this is part of runner.ts's API.
+export { isRetryable } from './error-kinds.js';
 
 /** The wait before the next session after a failure: doubles up to retry_max_delay, and starts over after progress. */
 class Backoff {
@@ -195,7 +195,7 @@ class ServiceRunner {
   fail(err: unknown): void {
     if (this.#fatal !== null || this.#stopped) return;
     this.#fatal = err;
-    this.log.fatal({ err: describeError(err) }, 'the subscription cannot go on');
+    this.log.fatal({ err }, 'the subscription cannot go on');
     this.stop();
   }
 
@@ -281,31 +281,28 @@ class ServiceRunner {
 
   /** After a session's failure: the cutover's end, a wait, a re-stream, or a retry after the backoff; a throw ends the service. */
   async #afterError(err: unknown): Promise<void> {
-    const { config, log, failures } = this;
+    const { log, failures } = this;
     const failed = this.#session?.failedTransaction() ?? null;
     // A session that committed something shows the fault is new: start the backoff over.
     if (this.#madeProgress(this.#session)) this.#backoff.reset();
     this.#session = null;
     if (this.#stopped) return;
     const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await this.#control.cutOver(err);
-    if (cut) {
-      log.info({ subscription: config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
-      throw cut;
-    }
+    if (cut) this.#endCutOver(cut);
     const code = String((err as { code?: unknown })?.code ?? 'UNKNOWN');
     failures[code] = (failures[code] ?? 0) + 1;
     if (err instanceof SubscriptionDisabledError) {
-      log.warn({ err: describeError(err) }, 'subscription disabled; waiting for pgsub enable');
+      log.warn({ err }, 'subscription disabled; waiting for pgsub enable');
       await this.#waitForEnable();
       return;
     }
     if (this.#takeReplayRequest(err)) return;
     if (err instanceof PgsubError && err.fatalAtStartup && !this.#streamedOnce) {
-      log.fatal({ err: describeError(err) }, 'cannot start: fix this and start pgsub again');
+      log.fatal({ err }, 'cannot start: fix this and start pgsub again');
       throw err;
     }
     if (slotBusy(err)) {
-      log.warn({ err: describeError(err), retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
+      log.warn({ err, retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
       await this.#sleep(SLOT_BUSY_RETRY_MS);
       return;
     }
@@ -313,20 +310,17 @@ class ServiceRunner {
     const disabled = await this.#control.recordError(err, failed);
     if (this.#stopped) return;
     if (!isRetryable(err)) {
-      log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
+      log.fatal({ err }, 'apply stopped by a non-retryable error');
       throw err;
     }
     if (disabled) {
-      log.error(
-        { err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
-        'apply failed; subscription disabled (disable_on_error)',
-      );
+      log.error({ err, ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; subscription disabled (disable_on_error)');
       await this.#waitForEnable();
       this.#backoff.reset();
       return;
     }
     log.error(
-      { err: describeError(err), retryInMs: this.#backoff.ms, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
+      { err, retryInMs: this.#backoff.ms, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
       'apply failed; retrying',
     );
     // Not unref'd: between sessions this timer is what keeps the service alive.
@@ -334,11 +328,23 @@ class ServiceRunner {
     this.#backoff.grow();
   }
 
+  /**
+   * The cutover's end of the forward service: its normal end, not a failure — logged at info
+   * (what happened and at which LSN), never as an error, and the service ends with exit 5.
+   * The error that ended the session (the walsender the cutover terminated, 57P01) is not
+   * logged: the cutover is what happened.
+   */
+  #endCutOver(cut: CutOverError): never {
+    this.log.info({ subscription: this.config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
+    throw cut;
+  }
+
   /** Not yet an error: the apply asks for its transactions re-streamed, and the next session's deps say how. */
   #takeReplayRequest(err: unknown): boolean {
     if (err instanceof GroupRetryError) {
       // The failing transaction is found by applying the group one by one.
-      this.log.info({ untilLsn: err.context.untilLsn, cause: describeError(err.cause).message }, 'a grouped transaction failed; re-applying one transaction at a time');
+      // The one line of this failure (apply lanes hand theirs here unlogged): the cause is the statement's error.
+      this.log.info({ err }, 'a grouped transaction failed; re-applying one transaction at a time');
       this.#deps.noGroupUntil = err.untilLsn;
       return true;
     }
@@ -371,7 +377,9 @@ class ServiceRunner {
     while (!this.#stopped) {
       await this.#sleep(pollMs);
       if (this.#stopped) return;
-      if (await this.#control.enabled()) return;
+      const answer = await this.#control.enabled();
+      if (answer instanceof CutOverError) this.#endCutOver(answer);
+      if (answer) return;
     }
   }
 

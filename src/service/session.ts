@@ -164,9 +164,13 @@ class Session {
         await migrateWith(sql);
         // A failure recorded for a transaction applied since is no longer pending.
         await clearPassedError(sql, config.subscription);
+        // The control row first: the cutover records its end and disables the subscription in
+        // one transaction, so a subscription read disabled by it is read cut over too (the other
+        // order could read "not cut over", then "disabled": a wait for pgsub enable, for ever).
+        const control = await loadControl(sql, config.subscription);
         const cut = await cutOverAt(sql, config.subscription);
         if (cut) throw forwardServiceEnds(cut.lsn);
-        return loadControl(sql, config.subscription);
+        return control;
       }).catch((err: unknown) => {
         // A wrong password, a pg_hba.conf line, no CREATE for pgsub's schema: say which.
         throw refusal('target', config.target, err, 'schema') ?? err;

@@ -94,7 +94,7 @@ export class Launcher {
 
   /** Periodic refresh, and on demand: `pgsub refresh` / `pgsub resync` NOTIFY this channel. */
   startPeriodicRefresh(): void {
-    const refresh = () => void this.refresh().catch((err) => this.log.warn({ err: redactSecrets(String(err)) }, 'publication refresh failed'));
+    const refresh = () => void this.refresh().catch((err) => this.log.warn({ err }, 'publication refresh failed'));
     this.timer = setInterval(refresh, this.config.refreshIntervalMs);
     this.timer.unref();
     this.sql
@@ -103,7 +103,7 @@ export class Launcher {
         this.log.info({ request: payload }, 'refresh requested');
         refresh();
       })
-      .catch((err) => this.log.warn({ err: redactSecrets(String(err)) }, 'cannot listen for refresh requests; periodic refresh only'));
+      .catch((err) => this.log.warn({ err }, 'cannot listen for refresh requests; periodic refresh only'));
   }
 
   /** Sync the table list with the publications and start copies that are due. Coalesced. */
@@ -221,10 +221,11 @@ export class Launcher {
         this.failures++;
         this.syncErrors++;
         const message = redactSecrets(String((err as Error).message));
-        this.log.error({ table: k, err: { code: (err as { code?: string }).code, message } }, 'table copy failed; will retry');
-        await this.recordError(t, message);
         // Retry with backoff; the table stays in init/datasync and is picked up again.
         const delay = Math.min(this.config.retryMinDelayMs * 2 ** Math.min(this.failures, 10), this.config.retryMaxDelayMs);
+        // Logged here only: the copy's failure is handled here (the apply session goes on).
+        this.log.error({ table: k, err, retryInMs: delay }, 'table copy failed; will retry');
+        await this.recordError(t, message);
         setTimeout(() => {
           if (!this.stopped)
             void this.load()
@@ -267,7 +268,7 @@ export class Launcher {
         [textArray(unwarned.map((t) => `${t.schema}.${t.table}`))],
       )
       .catch((err: unknown) => {
-        this.log.debug({ err: redactSecrets(String(err)) }, 'cannot look up target indexes');
+        this.log.debug({ err }, 'cannot look up target indexes');
         return null;
       });
     if (indexed === null) return;
@@ -300,7 +301,7 @@ export class Launcher {
           WHERE subscription = $1 AND schema_name = $2 AND table_name = $3`,
         [this.config.subscription, t.schema, t.table, message],
       )
-      .catch((err: unknown) => this.log.debug({ err: redactSecrets(String(err)) }, 'cannot record the copy error in the target'));
+      .catch((err: unknown) => this.log.debug({ err }, 'cannot record the copy error in the target'));
   }
 
   /** Resolves when no copy is running or waiting. */

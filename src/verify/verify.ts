@@ -290,7 +290,7 @@ export async function runVerify(config: Config, opts: VerifyOptions): Promise<Ve
       result.repair = await repairDifferences(config, control, comparisons, { log: opts.log, holdTimeoutMs: Math.max(opts.holdTimeoutMs, 60_000) });
     result.elapsedMs = Math.round(performance.now() - started);
     await finish(config, control, held.lsn, result.equal ? 'equal' : result.repair?.complete ? 'repaired' : 'differences', differences).catch((err) =>
-      opts.log.warn({ err: String(err) }, 'cannot record the verify result'),
+      opts.log.warn({ err }, 'cannot record the verify result'),
     );
     return result;
   } finally {

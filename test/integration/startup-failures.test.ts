@@ -105,8 +105,11 @@ function spawn(e: Record<string, string>): PgsubProcess & { stderr(): string } {
   return Object.assign(p, { stderr: () => err });
 }
 
-/** Runs pgsub and expects it to stop with exit 2 within seconds, with this code and message on stderr. */
-async function expectExit2(e: Record<string, string>, code: string, message: RegExp): Promise<string> {
+/**
+ * Runs pgsub and expects it to stop with exit 2 within seconds, with this code and message on
+ * stderr, and the refusal logged once as a JSON line naming the error's class, code and stack.
+ */
+async function expectExit2(e: Record<string, string>, code: string, message: RegExp, check?: (p: PgsubProcess) => void): Promise<string> {
   const p = spawn(e);
   const startedAt = Date.now();
   const exit = await withTimeout(p.exited, 20_000, `pgsub to exit (${code}); output:\n${p.output().slice(-3000)}`).catch((err: Error) => {
@@ -124,6 +127,20 @@ async function expectExit2(e: Record<string, string>, code: string, message: Reg
   assert.doesNotMatch(p.output(), /PGSUB_CONNECTION_LOST/, 'reported as a lost connection');
   assert.doesNotMatch(p.output(), /streaming started/);
   assert.ok(!p.output().includes(PW), 'a password in the output');
+  const logged = p
+    .output()
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l) as { level: number; msg: string; err?: { type?: string; code?: string; message?: string; stack?: string } })
+    .filter((l) => l.level >= 50);
+  assert.equal(logged.length, 1, JSON.stringify(logged));
+  const [fatal] = logged;
+  assert.match(fatal!.msg, /^(cannot start: fix this and start pgsub again|apply stopped by a non-retryable error)$/);
+  assert.equal(fatal!.err?.code, code);
+  assert.match(fatal!.err?.type ?? '', /^[A-Z]\w+Error$/, JSON.stringify(fatal));
+  assert.ok(fatal!.err?.stack?.startsWith(`${fatal!.err.type}: ${fatal!.err.message}\n`), JSON.stringify(fatal));
+  assert.match(fatal!.err.stack ?? '', /\n +at .*src\/|\n +at .*bundle/, 'the stack names where it was thrown');
+  check?.(p);
   console.log(`${code} after ${Date.now() - startedAt} ms: ${line}`);
   return line;
 }
