@@ -21,6 +21,11 @@
  * at start) is no failure: the service ends with CutOverError, "cut over at LSN X/Y", and
  * its own exit code 5, which systemd does not restart (RestartPreventExitStatus).
  *
+ * The run lock taken by a session (preflight.ts) is the single-instance check: the slot
+ * guard and the sequence sync start once it was first taken, and `started` tells `pgsub
+ * run` it may bind the metrics port, so a second pgsub ends naming the first instead of
+ * finding the port taken.
+ *
  * The loop's state is ServiceRunner's private fields, each written in one method. What the
  * sessions stand on (table sync, progress line, verify hold) is stream-setup.ts; the visits
  * to the target's control row, target-control.ts; how an error is sorted, error-kinds.ts.
@@ -70,6 +75,13 @@ export interface Runner {
   slotHealth(): SlotHealth | null;
   /** The last `pgsub verify` of this subscription, as the service last read it. */
   lastVerify(): VerifyOutcome | null;
+  /**
+   * Resolves once the single-instance check has its answer: the run lock is taken, or an
+   * attempt failed in a way that is waited out (a target that does not answer cannot say).
+   * A second pgsub ends (done rejects) without it; so does a service stopped before it.
+   * `pgsub run` binds the metrics port only after it, racing it with `done`.
+   */
+  started: Promise<void>;
 }
 
 async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
@@ -116,7 +128,13 @@ class ServiceRunner {
   /** Given to every session; its carefulLsn and noGroupUntil are written by #takeReplayRequest. */
   readonly #deps: SessionDeps & { carefulLsn: Lsn | null; noGroupUntil: Lsn | null };
   readonly #backoff: Backoff;
-  readonly #slotGuard: SlotGuard;
+  /** Started once the run lock was first taken (written by #runLockTaken). */
+  #slotGuard: SlotGuard | null = null;
+  /** Resolves `started` (called by #runLockTaken and #sleep). */
+  readonly #answerStart: () => void;
+  readonly started: Promise<void>;
+  /** checkRunPrivileges passed (written by #runSession). */
+  #privilegesChecked = false;
   /** Written by stop() only; never cleared. */
   #stopped = false;
   /** A session of this process reached streaming: refusals are retried from now on (written by #runSession). */
@@ -156,16 +174,14 @@ class ServiceRunner {
       onUnknownTable: (schema, table) => this.setup.onUnknownTable(schema, table),
       carefulLsn: null,
       noGroupUntil: null,
+      onRunLock: () => this.#runLockTaken(),
     };
     this.#backoff = new Backoff(config.retryMinDelayMs, config.retryMaxDelayMs);
-    // The loop's first step (the privilege check) is called before the slot guard starts, as it always was.
+    let answer!: () => void;
+    this.started = new Promise<void>((resolve) => (answer = resolve));
+    this.#answerStart = answer;
+    // Not answered at the loop's end: a caller racing `started` with `done` sees the end as the end.
     const loop = this.#loop();
-    // The slot on the publisher, watched beside the sessions: a lost one ends the service.
-    this.#slotGuard = startSlotGuard(config, log, {
-      intervalMs: config.slotCheckIntervalMs,
-      maxRetainedBytes: config.maxRetainedWalBytes,
-      onLost: (err) => this.fail(err),
-    });
     this.done = loop
       .finally(() => this.#close())
       .then(() => {
@@ -182,7 +198,7 @@ class ServiceRunner {
   }
 
   slotHealth(): SlotHealth | null {
-    return this.#slotGuard.health();
+    return this.#slotGuard?.health() ?? null;
   }
 
   stop(): void {
@@ -214,9 +230,9 @@ class ServiceRunner {
   async #runSession(): Promise<void> {
     this.#sessionStartedAt = null;
     // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every privilege on both sides.
-    if (this.#sequenceSync === null) {
+    if (!this.#privilegesChecked) {
       await checkRunPrivileges(this.config);
-      this.#sequenceSync = startSequenceSync(this.config, this.log);
+      this.#privilegesChecked = true;
     }
     const current = await this.#startSession();
     if (current === null) return;
@@ -231,6 +247,25 @@ class ServiceRunner {
     // A session that ran a while, or committed something, resets the backoff.
     if (this.#madeProgress(current)) this.#backoff.reset();
     this.#session = null;
+  }
+
+  /**
+   * A session took the run lock: this process is the subscription's one runner. The first
+   * time, what works beside the sessions starts — the slot guard (a lost slot ends the
+   * service) and the sequence sync — so that a second pgsub, refused at the lock, never
+   * touched either, and `started` lets `pgsub run` bind the metrics port.
+   */
+  #runLockTaken(): void {
+    // A start stop() abandoned may still get this far: nothing new starts once the service ends.
+    if (this.#slotGuard === null && !this.#stopped) {
+      this.#slotGuard = startSlotGuard(this.config, this.log, {
+        intervalMs: this.config.slotCheckIntervalMs,
+        maxRetainedBytes: this.config.maxRetainedWalBytes,
+        onLost: (err) => this.fail(err),
+      });
+      this.#sequenceSync = startSequenceSync(this.config, this.log);
+    }
+    this.#answerStart();
   }
 
   /** The started session, or null when stop() came first: a stop while connecting (a server that does not answer) is not kept waiting for it. */
@@ -360,6 +395,8 @@ class ServiceRunner {
   // A stop during the wait ends it at once, and clears its timer (which would hold the
   // process up to retry_max_delay); a stop just before it skips it.
   #sleep(ms: number): Promise<void> {
+    // A failure the service waits out, not its end: the single-instance check has no better answer yet.
+    this.#answerStart();
     if (this.#stopped) return Promise.resolve();
     let timer: NodeJS.Timeout | undefined;
     return new Promise<void>((resolve) => {
@@ -390,7 +427,7 @@ class ServiceRunner {
     if (this.#abandoned !== null) await waitAtMost(this.#abandoned, ABANDONED_START_WAIT_MS);
     this.setup.stopProgressLog();
     await this.#sequenceSync?.stop();
-    await this.#slotGuard.stop();
+    await this.#slotGuard?.stop();
     return this.setup.close();
   }
 }
@@ -411,5 +448,6 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     slotHealth: () => runner.slotHealth(),
     applyErrors: () => runner.applyErrors(),
     lastVerify: () => setup.verifyHold.last,
+    started: runner.started,
   };
 }

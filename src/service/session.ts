@@ -70,6 +70,8 @@ export interface SessionDeps {
   own: OwnConnections;
   /** The hold of `pgsub verify` (verify/hold.ts). */
   hold?: ApplyHold | null;
+  /** The run lock is taken (preflight.ts): this process is the subscription's one runner. */
+  onRunLock?(): void;
 }
 
 /**
@@ -225,6 +227,7 @@ class Session {
     const { config, log } = this;
     // Before the origin and the slot: a second pgsub for this subscription is named, not guessed at.
     await takeRunLock(conn, config, this.deps.own, log);
+    this.deps.onRunLock?.();
     await setupSessionOrigin((text, params) => runAlone(conn, [{ text, params }]), replicationOriginName(config.subscription));
     if (config.twoPhase) await checkPreparedTransactions(conn, log);
     return config.conflicts.detect ? await trackedOriginId(conn, replicationOriginName(config.subscription)) : null;

@@ -22,7 +22,7 @@ import { parseConninfo } from '../../src/config/conninfo.js';
 import { createLogger } from '../../src/log.js';
 import { ReplicationConnection } from '../../src/protocol/replication.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';
-import { compareTables, currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { compareTables, currentWalLsn, pickPort, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 const PW = 'right-Pw-1';
 const SCHEMA = 'CREATE SCHEMA app; CREATE TABLE app.items (id int PRIMARY KEY, v text NOT NULL);';
@@ -231,19 +231,34 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
     await expectExit2({ ...env('r_nopub', superSource(), superTarget()), PGSUB_PUBLICATION: 'no_such_pub' }, 'PGSUB_SOURCE_SETUP', /publication "no_such_pub" not found/);
   });
 
-  test('a second pgsub for a running subscription is named by pid and host', async () => {
-    const e = env('r_twice', superSource(), superTarget());
+  test('a second pgsub for a running subscription is named by pid and host, before it binds the metrics port', async () => {
+    // The same configuration twice, metrics_listen included: the run lock answers first.
+    const port = await pickPort();
+    const e = env('r_twice', superSource(), superTarget(), { PGSUB_METRICS_LISTEN: `127.0.0.1:${port}` });
     const first = spawn(e);
     await first.waitForLog('streaming started', 30_000);
+    await first.waitForLog('metrics endpoint listening', 30_000);
+    const scrape = async () => {
+      const res = await fetch(`http://127.0.0.1:${port}/metrics`);
+      return { status: res.status, body: await res.text() };
+    };
+    assert.equal((await scrape()).status, 200);
     await expectExit2(
       e,
       'PGSUB_ALREADY_RUNNING',
       new RegExp(
-        `subscription r_twice is already run by pgsub pid ${first.child.pid} on host ${os.hostname().replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} \\(target backend pid \\d+\\)`,
+        `subscription r_twice is already running under pgsub pid ${first.child.pid} on host ${os.hostname().replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} \\(target backend pid \\d+\\): stop that process first`,
       ),
+      (second) => {
+        assert.doesNotMatch(second.output(), /EADDRINUSE|metrics_listen/, 'the port, not the running pgsub, reported');
+        assert.doesNotMatch(second.output(), /metrics endpoint listening/);
+      },
     );
-    // The first one did not notice.
+    // The first one did not notice, and still serves its metrics.
     assert.equal(first.child.exitCode, null);
+    const after = await scrape();
+    assert.equal(after.status, 200);
+    assert.match(after.body, /^pgsub_info\{/m);
     first.kill('SIGTERM');
     assert.equal(await withTimeout(first.exited, 20_000, 'the first pgsub to stop'), 0);
   });
