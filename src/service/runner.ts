@@ -2,11 +2,11 @@
  * The service loop: run apply sessions until stopped. A retryable failure (lost
  * connection, a target that cannot take a change yet, a missing column the operator can
  * add) ends the session, rolls back what was in flight, and starts a new one after an
- * exponential backoff — resuming from the origin committed in the target, so nothing is
- * lost or applied twice. The backoff starts over after a session that committed
- * something; a slot still held by our own earlier walsender is retried every second. A
- * fatal failure (bad protocol bytes, slot ahead of the target, setup errors) ends the
- * service with the error; so does, before the first session reached streaming, a refusal
+ * exponential backoff with jitter (backoff.ts) — resuming from the origin committed in
+ * the target, so nothing is lost or applied twice. The backoff starts over after a session
+ * that committed something; a slot still held by our own earlier walsender is retried
+ * within a second. A fatal failure (bad protocol bytes, slot ahead of the target, setup
+ * errors) ends the service with the error; so does, before the first session reached streaming, a refusal
  * the operator must fix (wrong password, pg_hba.conf, privileges, pgsub already running),
  * which later is retried and counted instead. Errors are logged here, once.
  *
@@ -49,8 +49,9 @@ import type { SlotHealth } from './metrics.js';
 import { checkRunPrivileges, OwnConnections } from './preflight.js';
 import { connectionFailure, isRetryable, slotBusy } from './error-kinds.js';
 import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
+import { Backoff, jitteredDelay } from '../backoff.js';
 
-/** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
+/** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s); jittered below it. */
 const SLOT_BUSY_RETRY_MS = 1000;
 /** How long the service's end waits for a session start it abandoned to let go of its connections. */
 const ABANDONED_START_WAIT_MS = 10_000;
@@ -92,30 +93,6 @@ async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
 
 // The error classification lives in error-kinds.ts; this is part of runner.ts's API.
 export { isRetryable } from './error-kinds.js';
-
-/** The wait before the next session after a failure: doubles up to retry_max_delay, and starts over after progress. */
-class Backoff {
-  #delayMs: number;
-
-  constructor(
-    private readonly minMs: number,
-    private readonly maxMs: number,
-  ) {
-    this.#delayMs = minMs;
-  }
-
-  get ms(): number {
-    return this.#delayMs;
-  }
-
-  reset(): void {
-    this.#delayMs = this.minMs;
-  }
-
-  grow(): void {
-    this.#delayMs = Math.min(this.#delayMs * 2, this.maxMs);
-  }
-}
 
 /** The service loop's state; each field says which method writes it. */
 class ServiceRunner {
@@ -337,8 +314,9 @@ class ServiceRunner {
       throw err;
     }
     if (slotBusy(err)) {
-      log.warn({ err, retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
-      await this.#sleep(SLOT_BUSY_RETRY_MS);
+      const retryInMs = jitteredDelay(SLOT_BUSY_RETRY_MS);
+      log.warn({ err, retryInMs, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
+      await this.#sleep(retryInMs);
       return;
     }
     if (!connectionFailure(err)) this.#applyErrors++;
@@ -354,13 +332,11 @@ class ServiceRunner {
       this.#backoff.reset();
       return;
     }
-    log.error(
-      { err, retryInMs: this.#backoff.ms, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
-      'apply failed; retrying',
-    );
+    // The wait actually slept (jittered, backoff.ts) is the one logged.
+    const retryInMs = this.#backoff.next();
+    log.error({ err, retryInMs, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; retrying');
     // Not unref'd: between sessions this timer is what keeps the service alive.
-    await this.#sleep(this.#backoff.ms);
-    this.#backoff.grow();
+    await this.#sleep(retryInMs);
   }
 
   /**

@@ -12,6 +12,7 @@ import PQueue from 'p-queue';
 import type { Config } from '../config/config.js';
 import { ConfigError } from '../errors.js';
 import { redactSecrets } from '../config/conninfo.js';
+import { Backoff } from '../backoff.js';
 import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../pgwire/connect.js';
@@ -42,7 +43,8 @@ export class Launcher {
   private timer: NodeJS.Timeout | null = null;
   private refreshing: Promise<void> | null = null;
   private stopped = false;
-  private failures = 0;
+  /** The wait before a failed copy is tried again; starts over after a copy that finished. */
+  private readonly copyBackoff: Backoff;
   /** server_version_num of the publisher, as of the last refresh. */
   private publisherVersion = 0;
   /** Lane pools of batches that still have tables to start. */
@@ -64,6 +66,7 @@ export class Launcher {
     this.rangeQueue = new PQueue({ concurrency: config.maxSyncWorkers });
     this.sql = openMaintenance(config.target, `pgsub_${config.subscription}_launcher`);
     this.tableQueue.on('idle', () => this.events.onIdle?.());
+    this.copyBackoff = new Backoff(config.retryMinDelayMs, config.retryMaxDelayMs);
   }
 
   /** Load the states from the target. */
@@ -214,15 +217,14 @@ export class Launcher {
           published,
           t,
         );
-        this.failures = 0;
+        this.copyBackoff.reset();
         const done = this.states.get(t.schema, t.table);
         if (done) this.events.onCopyFinished?.(done);
       } catch (err) {
-        this.failures++;
         this.syncErrors++;
         const message = redactSecrets(String((err as Error).message));
-        // Retry with backoff; the table stays in init/datasync and is picked up again.
-        const delay = Math.min(this.config.retryMinDelayMs * 2 ** Math.min(this.failures, 10), this.config.retryMaxDelayMs);
+        // Retry with backoff (jittered, backoff.ts); the table stays in init/datasync and is picked up again.
+        const delay = this.copyBackoff.next();
         // Logged here only: the copy's failure is handled here (the apply session goes on).
         this.log.error({ table: k, err, retryInMs: delay }, 'table copy failed; will retry');
         await this.recordError(t, message);
