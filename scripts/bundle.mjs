@@ -47,6 +47,9 @@ await build({
   sourcemap: process.env.PGSUB_SOURCEMAP === '1' ? 'linked' : false,
   logLevel: 'warning',
   plugins: [nodeOnlyPg],
+  // Class names as written: a logged error's `type` is its class (log.ts), which esbuild
+  // would otherwise rename where two modules use the same one (pg's DatabaseError → DatabaseError2).
+  keepNames: true,
   // CommonJS dependencies (pg, pino…) call require(); give the bundle one.
   banner: { js: "import { createRequire as pgsubCreateRequire } from 'node:module'; const require = pgsubCreateRequire(import.meta.url);" },
 });

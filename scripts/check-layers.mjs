@@ -19,6 +19,7 @@ export const LAYERS = [
       'src/quote.ts',
       'src/log.ts',
       'src/faults.ts',
+      'src/backoff.ts',
       'src/connect-failure.ts',
       'src/connect/',
       'src/protocol/',

@@ -237,7 +237,7 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
   } catch (err) {
     if (pastNoReturn) {
       // The target is the primary already: nothing is undone; a re-run finishes the slot.
-      log.error({ err: errorText(err) }, 'cutover done, but its last step failed');
+      log.error({ err }, 'cutover done, but its last step failed');
       throw new CutoverError(
         'PGSUB_CUTOVER_FAILED',
         `the cutover is done (the target is the primary), but finishing failed: ${errorText(err)}; run pgsub cutover again to finish`,
@@ -249,7 +249,7 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     if (!reverse && undo.reverse) undo.reverse = null;
     const undone = await undoCutover(fenceClient, subs, undo);
     const lines = undone.lines.join(', ') || 'nothing to undo';
-    log.error({ err: errorText(err), undone: undone.lines }, err instanceof Interrupted ? 'cutover interrupted' : 'cutover failed');
+    log.error({ err, undone: undone.lines }, err instanceof Interrupted ? 'cutover interrupted' : 'cutover failed');
     if (err instanceof Interrupted) throw new CutoverError('PGSUB_CUTOVER_INTERRUPTED', `${err.message}, before the point of no return: ${lines}`, { undone: undone.lines });
     throw new CutoverError('PGSUB_CUTOVER_FAILED', `cutover failed after the fence: ${errorText(err)}; ${lines}`, { undone: undone.lines }, { cause: err });
   } finally {

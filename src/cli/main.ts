@@ -54,18 +54,30 @@ program
     const notifier = createNotifier(log);
     let supervisor: Supervisor | null = null;
     const runner = startRunner(config, log, { onStreaming: ({ startLsn }) => supervisor?.streaming(startLsn) });
+    // READY=1 only once a session streams, which is after the run lock (session.ts).
     supervisor = superviseService(runner, notifier, log, config.receiveTimeoutMs);
-    const metrics = config.metricsListen
-      ? await startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log).catch((err: unknown) => {
-          // Asked for and not possible (the port is taken): say so, and stop.
-          runner.stop();
-          throw new ConfigError(`metrics_listen ${config.metricsListen}: ${(err as Error).message}`, { key: 'metrics_listen' });
-        })
-      : null;
     installStopSignals(log, () => {
       supervisor?.stopping();
       runner.stop();
     });
+    // The single-instance check before the port is bound: a second pgsub for this
+    // subscription ends with PGSUB_ALREADY_RUNNING naming the first (exit 2), not with the
+    // first one's metrics port taken. A service that ends first binds nothing.
+    const going = await Promise.race([
+      runner.started.then(() => true),
+      runner.done.then(
+        () => false,
+        () => false,
+      ),
+    ]);
+    const metrics =
+      config.metricsListen && going
+        ? await startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log).catch((err: unknown) => {
+            // Asked for and not possible (the port is taken by something else): say so, and stop.
+            runner.stop();
+            throw new ConfigError(`metrics_listen ${config.metricsListen}: ${(err as Error).message}`, { key: 'metrics_listen' });
+          })
+        : null;
     try {
       await runner.done;
       // What this process did: rowsCopied counts the rows of the table sync's copies too,

@@ -305,7 +305,7 @@ async function warnReverseRun(config: Config, oldPrimary: Db, newPrimary: Db, re
     await needOnRelations(into, 'sequence', seqs, WHY.setSequence, { privileges: ['SELECT', 'UPDATE'] });
   }
   const err = privilegeError('run (the reverse subscription)', [from, into]);
-  if (err) log.warn({ err: { code: err.code, message: err.message } }, 'the reverse subscription will not start as these roles: grant this before pgsub run -c <reverse config>');
+  if (err) log.warn({ err }, 'the reverse subscription will not start as these roles: grant this before pgsub run -c <reverse config>');
 }
 
 /**

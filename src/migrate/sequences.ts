@@ -377,16 +377,15 @@ export function startSequenceSync(config: Config, log: Logger): SequenceSyncServ
       if (moved.length > 0) log.info({ sequences: moved.length, of: result.length, margin: config.sequenceMargin }, 'sequences synced to the target');
       else log.debug({ sequences: result.length }, 'sequences: the target is ahead already');
     } catch (err) {
-      const e = { code: (err as { code?: unknown })?.code, message: errorText(err) };
       // A cutover's fence ends every source session, this round's too: expected, not a fault.
-      if (e.code === '57P01') {
+      if ((err as { code?: unknown })?.code === '57P01') {
         log.info('sequence sync: its session was ended by the server (a fence ends sessions); retrying at the next interval');
         return;
       }
       errors++;
-      const key = `error:${e.message}`;
-      if (warned.has(key)) log.debug({ err: e }, 'sequence sync failed; retrying at the next interval');
-      else log.warn({ err: e }, 'sequence sync failed; retrying at the next interval');
+      const key = `error:${errorText(err)}`;
+      if (warned.has(key)) log.debug({ err }, 'sequence sync failed; retrying at the next interval');
+      else log.warn({ err }, 'sequence sync failed; retrying at the next interval');
       warned.add(key);
     } finally {
       await source?.close();

@@ -1,9 +1,9 @@
 /**
  * How the service loop (runner.ts) sorts a session's error: retried or fatal, a slot held by
- * a walsender on its way out, a connection failure (not the target's data disagreeing), and
- * the fields an error is logged with. Pure functions; the loop decides what each leads to.
+ * a walsender on its way out, a connection failure (not the target's data disagreeing).
+ * Pure functions; the loop decides what each leads to. How an error is logged is log.ts's
+ * serializeError.
  */
-import { redactSecrets } from '../config/conninfo.js';
 import { sqlstateOf } from '../connect-failure.js';
 import { ConnectionLostError, PgsubError, RowSecurityError, SlotBusyError } from '../errors.js';
 
@@ -22,15 +22,4 @@ export function isRetryable(err: unknown): boolean {
   // SQL errors from the target (unique violation, lock timeout, …) are retried like the
   // native worker, which exits and is restarted by the launcher.
   return true;
-}
-
-export function describeError(err: unknown): Record<string, unknown> {
-  const e = err as { code?: string; message?: string; context?: unknown; detail?: string; table_name?: string; constraint_name?: string };
-  return {
-    code: e?.code,
-    message: redactSecrets(String(e?.message ?? err)),
-    ...(e?.context ? { context: e.context } : {}),
-    ...(e?.detail ? { detail: redactSecrets(e.detail) } : {}),
-    ...(e?.constraint_name ? { constraint: e.constraint_name } : {}),
-  };
 }

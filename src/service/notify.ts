@@ -45,7 +45,7 @@ export function createNotifier(log: Logger, env: NodeJS.ProcessEnv = process.env
         if (err && !warned) {
           // Once: a unit without NotifyAccess=all, or no systemd-notify on PATH.
           warned = true;
-          log.warn({ err: err.message, command }, 'cannot notify systemd (is NotifyAccess=all set and systemd-notify installed?)');
+          log.warn({ err, command }, 'cannot notify systemd (is NotifyAccess=all set and systemd-notify installed?)');
         }
         resolve();
       });

@@ -3,7 +3,8 @@
  * fix into an error that says what to change, instead of a retry loop that never ends:
  *  - the run lock: an advisory lock in the target, keyed by the subscription and held by
  *    the apply connection for the session's life, so a second pgsub for the same
- *    subscription is told which process (pid, host: the pgsub.runner row) runs it;
+ *    subscription is told which process (pid, host: the pgsub.runner row) runs it — before
+ *    `pgsub run` binds its metrics port, before READY=1 and before any slot is touched;
  *  - the slot's holder: a walsender of this process's earlier session (a connection the
  *    publisher has not noticed gone) is terminated, one with pgsub's application_name but
  *    not ours is waited for on a short interval, anyone else's is a SlotInUseError;
@@ -78,7 +79,7 @@ export async function takeRunLock(conn: WireConnection, config: Config, own: Own
           ? `pgsub pid ${holder.pid} on host ${holder.host}`
           : `a session of application_name "${holder.applicationName ?? ''}" from ${holder.clientAddr ?? 'a local socket'}`;
       throw new AlreadyRunningError(
-        `subscription ${config.subscription} is already run by ${who} (target backend pid ${holder.backendPid}): stop that process first, or give this one another subscription name`,
+        `subscription ${config.subscription} is already running under ${who} (target backend pid ${holder.backendPid}): stop that process first, or give this one another subscription name`,
         { subscription: config.subscription, pid: holder.pid ?? undefined, host: holder.host ?? undefined, backendPid: holder.backendPid },
       );
     }
@@ -89,9 +90,12 @@ export async function takeRunLock(conn: WireConnection, config: Config, own: Own
     const deadline = Date.now() + STALE_WAIT_MS;
     while (!(locked = await tryLock()) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
     if (!locked)
-      throw new AlreadyRunningError(`subscription ${config.subscription} is locked by another session in the target that did not let go within ${STALE_WAIT_MS / 1000} s`, {
-        subscription: config.subscription,
-      });
+      throw new AlreadyRunningError(
+        `subscription ${config.subscription} is already running: its run lock is held by another session in the target that did not let go within ${STALE_WAIT_MS / 1000} s`,
+        {
+          subscription: config.subscription,
+        },
+      );
   }
   await runAlone(conn, [
     {

@@ -2,11 +2,11 @@
  * The service loop: run apply sessions until stopped. A retryable failure (lost
  * connection, a target that cannot take a change yet, a missing column the operator can
  * add) ends the session, rolls back what was in flight, and starts a new one after an
- * exponential backoff — resuming from the origin committed in the target, so nothing is
- * lost or applied twice. The backoff starts over after a session that committed
- * something; a slot still held by our own earlier walsender is retried every second. A
- * fatal failure (bad protocol bytes, slot ahead of the target, setup errors) ends the
- * service with the error; so does, before the first session reached streaming, a refusal
+ * exponential backoff with jitter (backoff.ts) — resuming from the origin committed in
+ * the target, so nothing is lost or applied twice. The backoff starts over after a session
+ * that committed something; a slot still held by our own earlier walsender is retried
+ * within a second. A fatal failure (bad protocol bytes, slot ahead of the target, setup
+ * errors) ends the service with the error; so does, before the first session reached streaming, a refusal
  * the operator must fix (wrong password, pg_hba.conf, privileges, pgsub already running),
  * which later is retried and counted instead. Errors are logged here, once.
  *
@@ -21,12 +21,17 @@
  * at start) is no failure: the service ends with CutOverError, "cut over at LSN X/Y", and
  * its own exit code 5, which systemd does not restart (RestartPreventExitStatus).
  *
+ * The run lock taken by a session (preflight.ts) is the single-instance check: the slot
+ * guard and the sequence sync start once it was first taken, and `started` tells `pgsub
+ * run` it may bind the metrics port, so a second pgsub ends naming the first instead of
+ * finding the port taken.
+ *
  * The loop's state is ServiceRunner's private fields, each written in one method. What the
  * sessions stand on (table sync, progress line, verify hold) is stream-setup.ts; the visits
  * to the target's control row, target-control.ts; how an error is sorted, error-kinds.ts.
  */
 import type { Config } from '../config/config.js';
-import { ApplyConflictError, PgsubError, SubscriptionDisabledError } from '../errors.js';
+import { ApplyConflictError, CutOverError, PgsubError, SubscriptionDisabledError } from '../errors.js';
 import { isConflictType } from '../conflict/types.js';
 import { CarefulReplayError, GroupRetryError } from '../apply/run/loop.js';
 import { setMaintenanceTimeout } from '../pgwire/connect.js';
@@ -43,10 +48,11 @@ import { TargetControl } from './target-control.js';
 import { StreamSetup } from './stream-setup.js';
 import type { SlotHealth } from './metrics.js';
 import { checkRunPrivileges, OwnConnections } from './preflight.js';
-import { connectionFailure, describeError, isRetryable, slotBusy } from './error-kinds.js';
+import { connectionFailure, isRetryable, slotBusy } from './error-kinds.js';
 import { startSequenceSync, type SequenceSyncService } from '../migrate/sequences.js';
+import { Backoff, jitteredDelay } from '../backoff.js';
 
-/** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s). */
+/** Between attempts while a slot is held by a walsender that is about to go (native's wal_retrieve_retry_interval is 5 s); jittered below it. */
 const SLOT_BUSY_RETRY_MS = 1000;
 /** How long the service's end waits for a session start it abandoned to let go of its connections. */
 const ABANDONED_START_WAIT_MS = 10_000;
@@ -73,6 +79,13 @@ export interface Runner {
   slotHealth(): SlotHealth | null;
   /** The last `pgsub verify` of this subscription, as the service last read it. */
   lastVerify(): VerifyOutcome | null;
+  /**
+   * Resolves once the single-instance check has its answer: the run lock is taken, or an
+   * attempt failed in a way that is waited out (a target that does not answer cannot say).
+   * A second pgsub ends (done rejects) without it; so does a service stopped before it.
+   * `pgsub run` binds the metrics port only after it, racing it with `done`.
+   */
+  started: Promise<void>;
 }
 
 async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
@@ -81,32 +94,8 @@ async function waitAtMost(p: Promise<void>, ms: number): Promise<void> {
   clearTimeout(timer);
 }
 
-// The error classification lives in error-kinds.ts; these two are part of runner.ts's API.
-export { describeError, isRetryable } from './error-kinds.js';
-
-/** The wait before the next session after a failure: doubles up to retry_max_delay, and starts over after progress. */
-class Backoff {
-  #delayMs: number;
-
-  constructor(
-    private readonly minMs: number,
-    private readonly maxMs: number,
-  ) {
-    this.#delayMs = minMs;
-  }
-
-  get ms(): number {
-    return this.#delayMs;
-  }
-
-  reset(): void {
-    this.#delayMs = this.minMs;
-  }
-
-  grow(): void {
-    this.#delayMs = Math.min(this.#delayMs * 2, this.maxMs);
-  }
-}
+// The error classification lives in error-kinds.ts; this is part of runner.ts's API.
+export { isRetryable } from './error-kinds.js';
 
 /** The service loop's state; each field says which method writes it. */
 class ServiceRunner {
@@ -119,7 +108,13 @@ class ServiceRunner {
   /** Given to every session; its carefulLsn and noGroupUntil are written by #takeReplayRequest. */
   readonly #deps: SessionDeps & { carefulLsn: Lsn | null; noGroupUntil: Lsn | null };
   readonly #backoff: Backoff;
-  readonly #slotGuard: SlotGuard;
+  /** Started once the run lock was first taken (written by #runLockTaken). */
+  #slotGuard: SlotGuard | null = null;
+  /** Resolves `started` (called by #runLockTaken and #sleep). */
+  readonly #answerStart: () => void;
+  readonly started: Promise<void>;
+  /** checkRunPrivileges passed (written by #runSession). */
+  #privilegesChecked = false;
   /** Written by stop() only; never cleared. */
   #stopped = false;
   /** A session of this process reached streaming: refusals are retried from now on (written by #runSession). */
@@ -160,16 +155,14 @@ class ServiceRunner {
       onUnknownTable: (schema, table) => this.setup.onUnknownTable(schema, table),
       carefulLsn: null,
       noGroupUntil: null,
+      onRunLock: () => this.#runLockTaken(),
     };
     this.#backoff = new Backoff(config.retryMinDelayMs, config.retryMaxDelayMs);
-    // The loop's first step (the privilege check) is called before the slot guard starts, as it always was.
+    let answer!: () => void;
+    this.started = new Promise<void>((resolve) => (answer = resolve));
+    this.#answerStart = answer;
+    // Not answered at the loop's end: a caller racing `started` with `done` sees the end as the end.
     const loop = this.#loop();
-    // The slot on the publisher, watched beside the sessions: a lost one ends the service.
-    this.#slotGuard = startSlotGuard(config, log, {
-      intervalMs: config.slotCheckIntervalMs,
-      maxRetainedBytes: config.maxRetainedWalBytes,
-      onLost: (err) => this.fail(err),
-    });
     this.done = loop
       .finally(() => this.#close())
       .then(() => {
@@ -191,7 +184,7 @@ class ServiceRunner {
   }
 
   slotHealth(): SlotHealth | null {
-    return this.#slotGuard.health();
+    return this.#slotGuard?.health() ?? null;
   }
 
   stop(): void {
@@ -204,7 +197,7 @@ class ServiceRunner {
   fail(err: unknown): void {
     if (this.#fatal !== null || this.#stopped) return;
     this.#fatal = err;
-    this.log.fatal({ err: describeError(err) }, 'the subscription cannot go on');
+    this.log.fatal({ err }, 'the subscription cannot go on');
     this.stop();
   }
 
@@ -223,9 +216,9 @@ class ServiceRunner {
   async #runSession(): Promise<void> {
     this.#sessionStartedAt = null;
     // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every privilege on both sides.
-    if (this.#sequenceSync === null) {
+    if (!this.#privilegesChecked) {
       await checkRunPrivileges(this.config);
-      this.#sequenceSync = startSequenceSync(this.config, this.log);
+      this.#privilegesChecked = true;
     }
     const current = await this.#startSession();
     if (current === null) return;
@@ -240,6 +233,25 @@ class ServiceRunner {
     // A session that ran a while, or committed something, resets the backoff.
     if (this.#madeProgress(current)) this.#backoff.reset();
     this.#session = null;
+  }
+
+  /**
+   * A session took the run lock: this process is the subscription's one runner. The first
+   * time, what works beside the sessions starts — the slot guard (a lost slot ends the
+   * service) and the sequence sync — so that a second pgsub, refused at the lock, never
+   * touched either, and `started` lets `pgsub run` bind the metrics port.
+   */
+  #runLockTaken(): void {
+    // A start stop() abandoned may still get this far: nothing new starts once the service ends.
+    if (this.#slotGuard === null && !this.#stopped) {
+      this.#slotGuard = startSlotGuard(this.config, this.log, {
+        intervalMs: this.config.slotCheckIntervalMs,
+        maxRetainedBytes: this.config.maxRetainedWalBytes,
+        onLost: (err) => this.fail(err),
+      });
+      this.#sequenceSync = startSequenceSync(this.config, this.log);
+    }
+    this.#answerStart();
   }
 
   /** The started session, or null when stop() came first: a stop while connecting (a server that does not answer) is not kept waiting for it. */
@@ -290,32 +302,30 @@ class ServiceRunner {
 
   /** After a session's failure: the cutover's end, a wait, a re-stream, or a retry after the backoff; a throw ends the service. */
   async #afterError(err: unknown): Promise<void> {
-    const { config, log, failures } = this;
+    const { log, failures } = this;
     const failed = this.#session?.failedTransaction() ?? null;
     // A session that committed something shows the fault is new: start the backoff over.
     if (this.#madeProgress(this.#session)) this.#backoff.reset();
     this.#session = null;
     if (this.#stopped) return;
     const cut = err instanceof GroupRetryError || err instanceof CarefulReplayError ? null : await this.#control.cutOver(err);
-    if (cut) {
-      log.info({ subscription: config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
-      throw cut;
-    }
+    if (cut) this.#endCutOver(cut);
     const code = String((err as { code?: unknown })?.code ?? 'UNKNOWN');
     failures[code] = (failures[code] ?? 0) + 1;
     if (err instanceof SubscriptionDisabledError) {
-      log.warn({ err: describeError(err) }, 'subscription disabled; waiting for pgsub enable');
+      log.warn({ err }, 'subscription disabled; waiting for pgsub enable');
       await this.#waitForEnable();
       return;
     }
     if (this.#takeReplayRequest(err)) return;
     if (err instanceof PgsubError && err.fatalAtStartup && !this.#streamedOnce) {
-      log.fatal({ err: describeError(err) }, 'cannot start: fix this and start pgsub again');
+      log.fatal({ err }, 'cannot start: fix this and start pgsub again');
       throw err;
     }
     if (slotBusy(err)) {
-      log.warn({ err: describeError(err), retryInMs: SLOT_BUSY_RETRY_MS, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
-      await this.#sleep(SLOT_BUSY_RETRY_MS);
+      const retryInMs = jitteredDelay(SLOT_BUSY_RETRY_MS);
+      log.warn({ err, retryInMs, attempts: failures[code] }, 'replication slot still held by an earlier connection; retrying');
+      await this.#sleep(retryInMs);
       return;
     }
     if (!connectionFailure(err)) this.#applyErrors++;
@@ -324,32 +334,39 @@ class ServiceRunner {
     const disabled = await this.#control.recordError(err, failed);
     if (this.#stopped) return;
     if (!isRetryable(err)) {
-      log.fatal({ err: describeError(err) }, 'apply stopped by a non-retryable error');
+      log.fatal({ err }, 'apply stopped by a non-retryable error');
       throw err;
     }
     if (disabled) {
-      log.error(
-        { err: describeError(err), ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
-        'apply failed; subscription disabled (disable_on_error)',
-      );
+      log.error({ err, ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; subscription disabled (disable_on_error)');
       await this.#waitForEnable();
       this.#backoff.reset();
       return;
     }
-    log.error(
-      { err: describeError(err), retryInMs: this.#backoff.ms, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) },
-      'apply failed; retrying',
-    );
+    // The wait actually slept (jittered, backoff.ts) is the one logged.
+    const retryInMs = this.#backoff.next();
+    log.error({ err, retryInMs, attempts: failures[code], ...(failed ? { xid: failed.xid, finishLsn: formatLsn(failed.finishLsn) } : {}) }, 'apply failed; retrying');
     // Not unref'd: between sessions this timer is what keeps the service alive.
-    await this.#sleep(this.#backoff.ms);
-    this.#backoff.grow();
+    await this.#sleep(retryInMs);
+  }
+
+  /**
+   * The cutover's end of the forward service: its normal end, not a failure — logged at info
+   * (what happened and at which LSN), never as an error, and the service ends with exit 5.
+   * The error that ended the session (the walsender the cutover terminated, 57P01) is not
+   * logged: the cutover is what happened.
+   */
+  #endCutOver(cut: CutOverError): never {
+    this.log.info({ subscription: this.config.subscription, lsn: cut.context.lsn, code: cut.code }, cut.message);
+    throw cut;
   }
 
   /** Not yet an error: the apply asks for its transactions re-streamed, and the next session's deps say how. */
   #takeReplayRequest(err: unknown): boolean {
     if (err instanceof GroupRetryError) {
       // The failing transaction is found by applying the group one by one.
-      this.log.info({ untilLsn: err.context.untilLsn, cause: describeError(err.cause).message }, 'a grouped transaction failed; re-applying one transaction at a time');
+      // The one line of this failure (apply lanes hand theirs here unlogged): the cause is the statement's error.
+      this.log.info({ err }, 'a grouped transaction failed; re-applying one transaction at a time');
       this.#deps.noGroupUntil = err.untilLsn;
       return true;
     }
@@ -365,6 +382,8 @@ class ServiceRunner {
   // A stop during the wait ends it at once, and clears its timer (which would hold the
   // process up to retry_max_delay); a stop just before it skips it.
   #sleep(ms: number): Promise<void> {
+    // A failure the service waits out, not its end: the single-instance check has no better answer yet.
+    this.#answerStart();
     if (this.#stopped) return Promise.resolve();
     let timer: NodeJS.Timeout | undefined;
     return new Promise<void>((resolve) => {
@@ -382,7 +401,9 @@ class ServiceRunner {
     while (!this.#stopped) {
       await this.#sleep(pollMs);
       if (this.#stopped) return;
-      if (await this.#control.enabled()) return;
+      const answer = await this.#control.enabled();
+      if (answer instanceof CutOverError) this.#endCutOver(answer);
+      if (answer) return;
     }
   }
 
@@ -393,7 +414,7 @@ class ServiceRunner {
     if (this.#abandoned !== null) await waitAtMost(this.#abandoned, ABANDONED_START_WAIT_MS);
     this.setup.stopProgressLog();
     await this.#sequenceSync?.stop();
-    await this.#slotGuard.stop();
+    await this.#slotGuard?.stop();
     return this.setup.close();
   }
 }
@@ -415,5 +436,6 @@ export function startRunner(config: Config, log: Logger, events: SessionEvents =
     applyErrors: () => runner.applyErrors(),
     sequenceSyncErrors: () => runner.sequenceSyncErrors(),
     lastVerify: () => setup.verifyHold.last,
+    started: runner.started,
   };
 }

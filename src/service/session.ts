@@ -75,6 +75,8 @@ export interface SessionDeps {
   own: OwnConnections;
   /** The hold of `pgsub verify` (verify/hold.ts). */
   hold?: ApplyHold | null;
+  /** The run lock is taken (preflight.ts): this process is the subscription's one runner. */
+  onRunLock?(): void;
 }
 
 /**
@@ -169,9 +171,13 @@ class Session {
         await migrateWith(sql);
         // A failure recorded for a transaction applied since is no longer pending.
         await clearPassedError(sql, config.subscription);
+        // The control row first: the cutover records its end and disables the subscription in
+        // one transaction, so a subscription read disabled by it is read cut over too (the other
+        // order could read "not cut over", then "disabled": a wait for pgsub enable, for ever).
+        const control = await loadControl(sql, config.subscription);
         const cut = await cutOverAt(sql, config.subscription);
         if (cut) throw forwardServiceEnds(cut.lsn);
-        return loadControl(sql, config.subscription);
+        return control;
       }).catch((err: unknown) => {
         // A wrong password, a pg_hba.conf line, no CREATE for pgsub's schema: say which.
         throw refusal('target', config.target, err, 'schema') ?? err;
@@ -227,6 +233,7 @@ class Session {
     const { config, log } = this;
     // Before the origin and the slot: a second pgsub for this subscription is named, not guessed at.
     await takeRunLock(conn, config, this.deps.own, log);
+    this.deps.onRunLock?.();
     await setupSessionOrigin((text, params) => runAlone(conn, [{ text, params }]), replicationOriginName(config.subscription));
     if (config.twoPhase) await checkPreparedTransactions(conn, log);
     return config.conflicts.detect ? await trackedOriginId(conn, replicationOriginName(config.subscription)) : null;

@@ -8,7 +8,6 @@
  * session sees a publisher that is gone on its own.
  */
 import type { Config } from '../config/config.js';
-import { redactSecrets } from '../config/conninfo.js';
 import { SlotLostError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
@@ -90,7 +89,7 @@ export function startSlotGuard(config: Config, log: Logger, opts: SlotGuardOptio
     ])
       .finally(() => clearTimeout(timeout))
       .catch(async (err: unknown) => {
-        log.debug({ err: redactSecrets(String((err as Error).message ?? err)) }, 'slot guard: cannot read the slot');
+        log.debug({ err }, 'slot guard: cannot read the slot');
         await conn?.close();
         conn = null;
       })

@@ -12,7 +12,8 @@ import { ApplyConflictError, ConnectionLostError, CutOverError } from '../errors
 import type { Logger } from '../log.js';
 import { openMaintenance } from '../pgwire/connect.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
-import { connectionFailure, describeError } from './error-kinds.js';
+import { redactSecrets } from '../config/conninfo.js';
+import { connectionFailure } from './error-kinds.js';
 import type { SessionHandle } from './session.js';
 
 export class TargetControl {
@@ -33,20 +34,25 @@ export class TargetControl {
         session()?.setSkipLsn(control.skipLsn);
         if (control.skipLsn !== null) this.log.info({ skipLsn: formatLsn(control.skipLsn) }, 'remote transaction to skip');
       })
-      .catch((err: unknown) => this.log.warn({ err: describeError(err) }, 'cannot read the skip request; it is taken at the next start'))
+      .catch((err: unknown) => this.log.warn({ err }, 'cannot read the skip request; it is taken at the next start'))
       .finally(() => sql.end({ timeout: 5 }).catch(() => {}));
   }
 
-  /** One poll of a disabled subscription: true (logged) once `pgsub enable` ran; a failed read is "not yet". */
-  async enabled(): Promise<boolean> {
+  /**
+   * One poll of a disabled subscription: true (logged) once `pgsub enable` ran; the cutover's
+   * end when a cutover disabled it for good; a failed read is "not yet".
+   */
+  async enabled(): Promise<boolean | CutOverError> {
     const sql = openMaintenance(this.config.target, this.#appName);
     try {
       if ((await loadControl(sql, this.config.subscription)).enabled) {
         this.log.info({ subscription: this.config.subscription }, 'subscription enabled; resuming');
         return true;
       }
+      const cut = await cutOverAt(sql, this.config.subscription);
+      if (cut) return forwardServiceEnds(cut.lsn);
     } catch (err) {
-      this.log.debug({ err: describeError(err) }, 'cannot read the subscription state; still waiting');
+      this.log.debug({ err }, 'cannot read the subscription state; still waiting');
     } finally {
       await sql.end({ timeout: 5 }).catch(() => {});
     }
@@ -75,20 +81,20 @@ export class TargetControl {
     // A lost connection is not the target's data disagreeing, and the target may be unreachable.
     if (connectionFailure(err)) return false;
     const disable = this.config.disableOnError && failed !== null;
-    const e = describeError(err);
+    const e = err as { code?: unknown; message?: unknown } | null;
     const sql = openMaintenance(this.config.target, this.#appName);
     try {
       await recordApplyError(sql, this.config.subscription, {
         failed,
-        code: String(e.code ?? 'UNKNOWN'),
-        message: String(e.message),
+        code: String(e?.code ?? 'UNKNOWN'),
+        message: redactSecrets(String(e?.message ?? err)),
         conflict: err instanceof ApplyConflictError ? (err.record as ConflictRecord) : null,
         disable,
       });
       return disable;
     } catch (recordErr) {
       // The target may be what failed; the error is still logged by the service loop.
-      this.log.debug({ err: describeError(recordErr) }, 'cannot record the apply error in the target');
+      this.log.debug({ err: recordErr }, 'cannot record the apply error in the target');
       return false;
     } finally {
       await sql.end({ timeout: 5 }).catch(() => {});

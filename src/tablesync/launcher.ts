@@ -20,6 +20,7 @@ import PQueue from 'p-queue';
 import type { Config } from '../config/config.js';
 import { ConfigError } from '../errors.js';
 import { redactSecrets } from '../config/conninfo.js';
+import { Backoff } from '../backoff.js';
 import type { Logger } from '../log.js';
 import { ReplicationConnection } from '../protocol/replication.js';
 import { openMaintenance, type Sql } from '../pgwire/connect.js';
@@ -60,7 +61,8 @@ export class Launcher {
   /** Configured publications missing on the publisher, as of the last look (warned once per change). */
   private missing: string[] = [];
   private stopped = false;
-  private failures = 0;
+  /** The wait before a failed copy is tried again; starts over after a copy that finished. */
+  private readonly copyBackoff: Backoff;
   /** server_version_num of the publisher, as of the last refresh. */
   private publisherVersion = 0;
   /** Lane pools of batches that still have tables to start. */
@@ -82,6 +84,7 @@ export class Launcher {
     this.rangeQueue = new PQueue({ concurrency: config.maxSyncWorkers });
     this.sql = openMaintenance(config.target, `pgsub_${config.subscription}_launcher`);
     this.tableQueue.on('idle', () => this.events.onIdle?.());
+    this.copyBackoff = new Backoff(config.retryMinDelayMs, config.retryMaxDelayMs);
   }
 
   /** Load the states from the target. */
@@ -118,7 +121,7 @@ export class Launcher {
    * this channel to refresh, `pgsub resync` to start the copy it marked (no registration).
    */
   startPeriodicRefresh(): void {
-    const failed = (err: unknown) => this.log.warn({ err: redactSecrets(String(err)) }, 'publication refresh failed');
+    const failed = (err: unknown) => this.log.warn({ err }, 'publication refresh failed');
     const refresh = () => void this.refresh().catch(failed);
     if (this.config.refreshIntervalMs > 0) {
       this.timer = setInterval(refresh, this.config.refreshIntervalMs);
@@ -131,7 +134,7 @@ export class Launcher {
         if (payload.startsWith('resync ')) void this.resume().catch(failed);
         else refresh();
       })
-      .catch((err) => this.log.warn({ err: redactSecrets(String(err)) }, 'cannot listen for refresh requests; periodic refresh only'));
+      .catch((err) => this.log.warn({ err }, 'cannot listen for refresh requests; periodic refresh only'));
   }
 
   /** Sync the table list with the publications and start copies that are due (REFRESH PUBLICATION). Coalesced. */
@@ -322,20 +325,20 @@ export class Launcher {
           published,
           t,
         );
-        this.failures = 0;
+        this.copyBackoff.reset();
         const done = this.states.get(t.schema, t.table);
         if (done) this.events.onCopyFinished?.(done);
       } catch (err) {
-        this.failures++;
         this.syncErrors++;
         const message = redactSecrets(String((err as Error).message));
-        this.log.error({ table: k, err: { code: (err as { code?: string }).code, message } }, 'table copy failed; will retry');
+        // Retry with backoff (jittered, backoff.ts); the table stays in init/datasync and is picked up again.
+        const delay = this.copyBackoff.next();
+        // Logged here only: the copy's failure is handled here (the apply session goes on).
+        this.log.error({ table: k, err, retryInMs: delay }, 'table copy failed; will retry');
         await this.recordError(t, message);
         // That table's error only: its hold on the feedback (set for its snapshot) ends
         // here, so the others' positions are confirmed while it waits for its retry.
         this.states.set({ schema: t.schema, table: t.table, state: t.state, syncLsn: null });
-        // Retry with backoff; the table stays in init/datasync and is picked up again.
-        const delay = Math.min(this.config.retryMinDelayMs * 2 ** Math.min(this.failures, 10), this.config.retryMaxDelayMs);
         setTimeout(() => {
           if (!this.stopped) void this.resume().catch(() => {});
         }, delay).unref();
@@ -375,7 +378,7 @@ export class Launcher {
         [textArray(unwarned.map((t) => `${t.schema}.${t.table}`))],
       )
       .catch((err: unknown) => {
-        this.log.debug({ err: redactSecrets(String(err)) }, 'cannot look up target indexes');
+        this.log.debug({ err }, 'cannot look up target indexes');
         return null;
       });
     if (indexed === null) return;
@@ -408,7 +411,7 @@ export class Launcher {
           WHERE subscription = $1 AND schema_name = $2 AND table_name = $3`,
         [this.config.subscription, t.schema, t.table, message],
       )
-      .catch((err: unknown) => this.log.debug({ err: redactSecrets(String(err)) }, 'cannot record the copy error in the target'));
+      .catch((err: unknown) => this.log.debug({ err }, 'cannot record the copy error in the target'));
   }
 
   /** Resolves when no copy is running or waiting. */

@@ -95,7 +95,7 @@ export class VerifyHold implements ApplyHold {
       await this.#sql.listen(verifyChannel(this.opts.subscription), () => this.#refresh());
       await this.#read();
     } catch (err) {
-      this.opts.log.warn({ err: String(err) }, 'cannot listen for verify requests; pgsub verify will not get an answer');
+      this.opts.log.warn({ err }, 'cannot listen for verify requests; pgsub verify will not get an answer');
     }
     this.#timer = setInterval(() => void this.#check(), CHECK_MS);
     this.#timer.unref();
@@ -214,7 +214,7 @@ export class VerifyHold implements ApplyHold {
       return;
     }
     this.#reading = this.#read()
-      .catch((err) => this.opts.log.warn({ err: String(err) }, 'cannot read the verify request'))
+      .catch((err) => this.opts.log.warn({ err }, 'cannot read the verify request'))
       .finally(() => {
         this.#reading = null;
         if (this.#readAgain) {
@@ -293,7 +293,7 @@ export class VerifyHold implements ApplyHold {
         if (this.#request === request) await this.#giveUp(request, 'the verify session is gone');
       } else if (this.#phase === 'idle' && Date.now() - request.armedAt > request.timeoutMs + 60_000) this.#open('snapshot not imported in time');
     } catch (err) {
-      this.opts.log.debug({ err: String(err) }, 'verify holder check failed');
+      this.opts.log.debug({ err }, 'verify holder check failed');
     } finally {
       this.#checking = false;
     }

@@ -387,6 +387,6 @@ async function recordResults(parties: readonly HoldParty[], candidates: readonly
     const own = new Set(candidates.filter((c) => c.config === config).map((c) => `${c.table.schema}.${c.table.table}`));
     const differences = result.tables.filter((t) => own.has(t.table)).reduce((n, r) => n + r.missing + r.extra + r.different, 0);
     const outcome = differences === 0 ? 'equal' : result.repair?.complete ? 'repaired' : 'differences';
-    await finish(config, control, lsn, outcome, differences).catch((err) => log.warn({ err: String(err), subscription: config.subscription }, 'cannot record the verify result'));
+    await finish(config, control, lsn, outcome, differences).catch((err) => log.warn({ err, subscription: config.subscription }, 'cannot record the verify result'));
   }
 }

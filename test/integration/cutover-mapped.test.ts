@@ -80,9 +80,12 @@ let src: Cluster;
 let tgt: Cluster;
 const runners: Runner[] = [];
 const errors: unknown[] = [];
+/** Every line of the services and the cutover, for the cutover's end below. */
+const logLines: { level: number; msg: string; code?: string; lsn?: string; subscription?: string }[] = [];
 const destination = {
   write: (line: string) => {
-    const l = JSON.parse(line) as { level: number };
+    const l = JSON.parse(line) as { level: number; msg: string };
+    logLines.push(l);
     if (l.level >= 50) errors.push(l);
   },
 };
@@ -132,7 +135,8 @@ test('a filtered publication and a retargeted, many-to-one mapping cut over with
   const filtered = config('filtered', 'pub_filtered');
   // The shards' initial copy is not built (mapTable): the tables start empty, rows are streamed.
   const mapped = config('mapped', 'pub_mapped', { mapping: MAPPING, copy_data: false });
-  runners.push(startRunner(filtered, createLogger('warn', destination)), startRunner(mapped, createLogger('warn', destination)));
+  // At info: the cutover's end of each is an info line (checked at the end).
+  runners.push(startRunner(filtered, createLogger('info', destination)), startRunner(mapped, createLogger('info', destination)));
   // The cutover ends each forward service with PGSUB_CUT_OVER; the end of the test checks it.
   for (const r of runners) r.done.catch(() => undefined);
   await waitFor(async () => (await q(tgt, 'shop_t', `SELECT 1 FROM pgsub.subscription_rel WHERE subscription = 'filtered' AND state = 'r'`)).length === 1, {
@@ -257,9 +261,13 @@ test('a filtered publication and a retargeted, many-to-one mapping cut over with
   assert.ok(BigInt(order!.id) > BigInt(max!.m), `order id ${order!.id} past the source's ${max!.m} (also the rows the filter dropped)`);
   // Both forward services end with the cutover's own error, not an apply error.
   for (const r of runners) await assert.rejects(r.done, (e: Error & { code?: string }) => e.code === 'PGSUB_CUT_OVER');
-  // After the cutover only the ended walsenders (57P01) are logged by the services.
+  // The cutover is the forward services' normal end: one info line each saying so, and no
+  // error line at all (not the walsender it ended, 57P01, nor a wait for pgsub enable).
+  assert.deepEqual(errors, []);
+  const ends = logLines.filter((l) => l.code === 'PGSUB_CUT_OVER');
   assert.deepEqual(
-    errors.filter((e) => (e as { err?: { code?: string } }).err?.code !== '57P01'),
-    [],
+    ends.map((l) => [l.subscription, l.level, l.msg]).sort(),
+    ['filtered', 'mapped'].map((sub) => [sub, 30, `cut over at LSN ${report.fence_lsn}: the target is the primary now; the forward service ends`]),
   );
+  assert.ok(!logLines.some((l) => /pgsub enable/.test(JSON.stringify(l))), 'no line suggests pgsub enable');
 });

@@ -73,11 +73,11 @@ test('a LATIN1 target: copied and streamed text converted; an unrepresentable va
     .split('\n')
     .find((l) => l.includes('apply failed; retrying'))!;
   process.stdout.write(`# ${failure}\n`);
-  const rec = JSON.parse(failure) as { err: { message: string; context?: Record<string, unknown> }; finishLsn?: string };
+  const rec = JSON.parse(failure) as { err: { type: string; message: string; relation?: string; column?: string; command?: string; stack?: string }; finishLsn?: string };
   assert.match(rec.err.message, /has no equivalent in encoding "LATIN1"/);
-  assert.equal(rec.err.context?.relation, 'public.t');
-  assert.equal(rec.err.context?.column, 'note');
-  assert.equal(rec.err.context?.command, 'INSERT');
+  assert.equal(rec.err.relation, 'public.t');
+  assert.equal(rec.err.column, 'note');
+  assert.equal(rec.err.command, 'INSERT');
   assert.ok(rec.finishLsn);
   const skip = run(['skip', '--lsn', rec.finishLsn!]);
   assert.equal(await withTimeout(skip.exited, 30_000, 'skip'), 0, skip.output());

@@ -149,7 +149,12 @@ test('a failure in a lane: the lanes’ transactions are re-applied one by one, 
   // Independent inserts only: every transaction goes through a lane.
   await backlog(base, 2000, (i) => `BEGIN; INSERT INTO public.item VALUES (${base + i}, ${i}, 'f'); COMMIT;`);
   start('lanes');
-  await waitFor(async () => /apply lane failed/.test(child!.output()), { timeoutMs: 60_000, intervalMs: 100, what: 'the lane failure' });
+  // The lane's failure, logged once, by the service loop that re-applies the lanes' transactions one by one.
+  const retry = await child!.waitForLog('a grouped transaction failed; re-applying one transaction at a time');
+  const err = retry.err as { type?: string; code?: string; cause?: { type?: string; code?: string } };
+  assert.equal(err.type, 'GroupRetryError', JSON.stringify(retry));
+  assert.deepEqual([err.cause?.type, err.cause?.code], ['DatabaseError', '23505'], JSON.stringify(retry));
+  assert.doesNotMatch(child!.output(), /apply lane failed/);
   // One by one, the transaction is found and logged with its key.
   await waitFor(async () => (await target.query(`SELECT 1 FROM pgsub.conflict_log WHERE subscription = 'lanes' AND conflict_type = 'insert_exists'`, [], 'dst')).length > 0, {
     timeoutMs: 60_000,

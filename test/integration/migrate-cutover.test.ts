@@ -296,6 +296,19 @@ describe('a migration from PostgreSQL 14 to 18', () => {
     const ending = service.output().slice(serviceBefore);
     assert.match(ending, new RegExp(`PGSUB_CUT_OVER: cut over at LSN ${report.fence_lsn}`));
     assert.doesNotMatch(ending, /57P01|apply failed|pgsub enable/);
+    // Its JSON lines: the end is one info line saying what happened, and none is an error.
+    const endLines = ending
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as { level: number; msg: string; code?: string });
+    assert.deepEqual(
+      endLines.filter((l) => l.level >= 50),
+      [],
+    );
+    assert.deepEqual(
+      endLines.filter((l) => l.code === 'PGSUB_CUT_OVER').map((l) => [l.level, l.msg]),
+      [[30, `cut over at LSN ${report.fence_lsn}: the target is the primary now; the forward service ends`]],
+    );
     assert.deepEqual(report.slots, ['slot mig dropped on the old primary']);
     assert.equal((await source.query(`SELECT slot_name FROM pg_replication_slots WHERE slot_name = 'mig'`, [], DB)).length, 0);
     const status = await cli(['status', '--json']);

@@ -38,7 +38,7 @@ const TARGET = `${COMMON}
 interface LogLine {
   level: number;
   msg: string;
-  err?: { code?: string; message?: string; context?: Record<string, unknown> };
+  err?: { code?: string; message?: string; type?: string; relation?: string; column?: string; stack?: string };
 }
 
 let publisher: Cluster;
@@ -162,8 +162,11 @@ test('a column only the publisher has: apply stops before the transaction, commi
   for (const e of mismatch) {
     assert.equal(e.err?.code, 'PGSUB_SCHEMA_MISMATCH', JSON.stringify(e));
     assert.match(e.err?.message ?? '', /"sc\.t" is missing replicated column: "extra"/);
-    assert.equal(e.err?.context?.relation, 'sc.t');
-    assert.equal(e.err?.context?.column, 'extra');
+    assert.equal(e.err?.relation, 'sc.t');
+    assert.equal(e.err?.column, 'extra');
+    // The class and where it was thrown, on the same one line.
+    assert.equal(e.err?.type, 'SchemaMismatchError', JSON.stringify(e));
+    assert.match(e.err?.stack ?? '', /^SchemaMismatchError: .*\n +at /);
   }
   // Nothing of the transaction, nor of the later one, is in the target; no position moved past it.
   const other = await target.query(`SELECT id FROM sc.other ORDER BY id`, [], 'dst');
@@ -213,7 +216,7 @@ test('a published column that is generated on the target: a schema mismatch nami
   const [e] = errors().slice(errorsBefore);
   assert.equal(e!.err?.code, 'PGSUB_SCHEMA_MISMATCH', JSON.stringify(e));
   assert.match(e!.err?.message ?? '', /"sc\.gen_both" has incompatible generated column: "b"/);
-  assert.equal(e!.err?.context?.column, 'b');
+  assert.equal(e!.err?.column, 'b');
   assert.deepEqual(await target.query(`SELECT id FROM sc.gen_both`, [], 'dst'), []);
   await target.query(`ALTER TABLE sc.gen_both ALTER COLUMN b DROP EXPRESSION`, [], 'dst');
   await caughtUp();

@@ -22,7 +22,7 @@ import { parseConninfo } from '../../src/config/conninfo.js';
 import { createLogger } from '../../src/log.js';
 import { ReplicationConnection } from '../../src/protocol/replication.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';
-import { compareTables, currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
+import { compareTables, currentWalLsn, pickPort, slotConfirmedLsn, spawnPgsub, startCluster, waitFor, withTimeout, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 const PW = 'right-Pw-1';
 const SCHEMA = 'CREATE SCHEMA app; CREATE TABLE app.items (id int PRIMARY KEY, v text NOT NULL);';
@@ -105,8 +105,11 @@ function spawn(e: Record<string, string>): PgsubProcess & { stderr(): string } {
   return Object.assign(p, { stderr: () => err });
 }
 
-/** Runs pgsub and expects it to stop with exit 2 within seconds, with this code and message on stderr. */
-async function expectExit2(e: Record<string, string>, code: string, message: RegExp): Promise<string> {
+/**
+ * Runs pgsub and expects it to stop with exit 2 within seconds, with this code and message on
+ * stderr, and the refusal logged once as a JSON line naming the error's class, code and stack.
+ */
+async function expectExit2(e: Record<string, string>, code: string, message: RegExp, check?: (p: PgsubProcess) => void): Promise<string> {
   const p = spawn(e);
   const startedAt = Date.now();
   const exit = await withTimeout(p.exited, 20_000, `pgsub to exit (${code}); output:\n${p.output().slice(-3000)}`).catch((err: Error) => {
@@ -124,6 +127,20 @@ async function expectExit2(e: Record<string, string>, code: string, message: Reg
   assert.doesNotMatch(p.output(), /PGSUB_CONNECTION_LOST/, 'reported as a lost connection');
   assert.doesNotMatch(p.output(), /streaming started/);
   assert.ok(!p.output().includes(PW), 'a password in the output');
+  const logged = p
+    .output()
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .map((l) => JSON.parse(l) as { level: number; msg: string; err?: { type?: string; code?: string; message?: string; stack?: string } })
+    .filter((l) => l.level >= 50);
+  assert.equal(logged.length, 1, JSON.stringify(logged));
+  const [fatal] = logged;
+  assert.match(fatal!.msg, /^(cannot start: fix this and start pgsub again|apply stopped by a non-retryable error)$/);
+  assert.equal(fatal!.err?.code, code);
+  assert.match(fatal!.err?.type ?? '', /^[A-Z]\w+Error$/, JSON.stringify(fatal));
+  assert.ok(fatal!.err?.stack?.startsWith(`${fatal!.err.type}: ${fatal!.err.message}\n`), JSON.stringify(fatal));
+  assert.match(fatal!.err.stack ?? '', /\n +at .*src\/|\n +at .*bundle/, 'the stack names where it was thrown');
+  check?.(p);
   console.log(`${code} after ${Date.now() - startedAt} ms: ${line}`);
   return line;
 }
@@ -214,19 +231,34 @@ describe('refused at startup: exit 2 naming the side and the fix', () => {
     await expectExit2({ ...env('r_nopub', superSource(), superTarget()), PGSUB_PUBLICATION: 'no_such_pub' }, 'PGSUB_SOURCE_SETUP', /publication "no_such_pub" not found/);
   });
 
-  test('a second pgsub for a running subscription is named by pid and host', async () => {
-    const e = env('r_twice', superSource(), superTarget());
+  test('a second pgsub for a running subscription is named by pid and host, before it binds the metrics port', async () => {
+    // The same configuration twice, metrics_listen included: the run lock answers first.
+    const port = await pickPort();
+    const e = env('r_twice', superSource(), superTarget(), { PGSUB_METRICS_LISTEN: `127.0.0.1:${port}` });
     const first = spawn(e);
     await first.waitForLog('streaming started', 30_000);
+    await first.waitForLog('metrics endpoint listening', 30_000);
+    const scrape = async () => {
+      const res = await fetch(`http://127.0.0.1:${port}/metrics`);
+      return { status: res.status, body: await res.text() };
+    };
+    assert.equal((await scrape()).status, 200);
     await expectExit2(
       e,
       'PGSUB_ALREADY_RUNNING',
       new RegExp(
-        `subscription r_twice is already run by pgsub pid ${first.child.pid} on host ${os.hostname().replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} \\(target backend pid \\d+\\)`,
+        `subscription r_twice is already running under pgsub pid ${first.child.pid} on host ${os.hostname().replace(/[.*+?^${}()|[\]\\]/g, '\\$&')} \\(target backend pid \\d+\\): stop that process first`,
       ),
+      (second) => {
+        assert.doesNotMatch(second.output(), /EADDRINUSE|metrics_listen/, 'the port, not the running pgsub, reported');
+        assert.doesNotMatch(second.output(), /metrics endpoint listening/);
+      },
     );
-    // The first one did not notice.
+    // The first one did not notice, and still serves its metrics.
     assert.equal(first.child.exitCode, null);
+    const after = await scrape();
+    assert.equal(after.status, 200);
+    assert.match(after.body, /^pgsub_info\{/m);
     first.kill('SIGTERM');
     assert.equal(await withTimeout(first.exited, 20_000, 'the first pgsub to stop'), 0);
   });

@@ -32,7 +32,7 @@ import { originSessionResetStatement, originSessionSetupStatement } from '../../
 import { TAG } from '../../protocol/tags.js';
 import { ApplyError } from '../../errors.js';
 import { decode } from '../../protocol/decoder.js';
-import { formatLsn, ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
+import { ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
 import type { BeginMessage, PgOutputMessage, RelationMessage } from '../../protocol/messages.js';
 import type { ApplyOptions } from '../../config/apply-options.js';
 import type { Logger } from '../../log.js';
@@ -500,10 +500,8 @@ export class ApplyLanes {
     this.#waiters = [];
     for (const w of waiters) w.reject(err);
     for (const lane of this.#lanes ?? []) lane.queue.close();
-    if (report) {
-      this.log.warn({ err, until: formatLsn(this.#lastRoutedLsn) }, 'apply lane failed; the transactions routed to lanes are re-applied one by one');
-      this.opts.onFailure(err, this.#lastRoutedLsn);
-    }
+    // Not logged here: the service loop logs it once, where it decides what follows (runner.ts).
+    if (report) this.opts.onFailure(err, this.#lastRoutedLsn);
   }
 
   #startWatching(): void {

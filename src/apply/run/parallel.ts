@@ -298,8 +298,7 @@ export class ParallelApply implements ParallelPort {
     this.#eager = null;
     this.#stopWatching();
     this.counters.fallbacks++;
-    const error = err instanceof Error ? err.message : undefined;
-    this.leader.session.log.info({ xid: eager.xid, reason, error }, 'parallel apply fell back to the spool');
+    this.leader.session.log.info({ xid: eager.xid, reason, ...(err === undefined ? {} : { err }) }, 'parallel apply fell back to the spool');
     await this.#dropWorker();
   }
 
