@@ -53,9 +53,9 @@
  * that fails is reported and the others still run (exit 1 at the end). Nothing is asserted
  * about speed.
  *
- * Duration on 2 cores (full): w1 ~12 min (generating the 10M-row backlog and checksumming
- * 10M rows three times take longer than the catch-ups), copy ~8 min, rate ~15 min (steps of
- * 25 s, each followed by the drain). --quick: w1 at 20,000 / 200,000 rows, copy of 30 small
+ * Expected duration on 2 cores (full; each part's time is printed): w1 ~12 min (writing
+ * the 10M-row backlog and checksumming 10M rows three times take longer than the
+ * catch-ups), copy ~8 min, rate ~15 min (steps of 25 s, each followed by the drain). --quick: w1 at 20,000 / 200,000 rows, copy of 30 small
  * tables, rate with pgbench scale 1, steps of 100 TPS and 5 s, at most 3 and one refinement.
  * --pgbench-scale, --rate-step, --step-seconds, --max-steps and --refine change the rate part.
  */
