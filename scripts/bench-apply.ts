@@ -77,6 +77,10 @@
  * repetitions, rows/s at the median, native/pgsub time ratio = pgsub's speedup, peak
  * RSS, walsender / pgsub / target CPU seconds), the issue's goals as met / not met, and
  * bench-results/apply-<timestamp>.json. Nothing is asserted about speed.
+ *
+ * For scripts/bench-scale.ts, which runs this one as a child: --rss-timeline adds pgsub's
+ * VmRSS once a second over each measurement to the JSON (rssTimelineMB, [seconds, MB]),
+ * and --pgsub-dir <dir> runs the copy of pgsub that the parent made instead of making one.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
@@ -99,6 +103,7 @@ import {
   parsePgsubEnv,
   pollUntil,
   postmasterPid,
+  preparedPgsub,
   round,
   sleep,
   slotState,
@@ -153,6 +158,8 @@ const { values: opts } = parseArgs({
     live: { type: 'boolean', default: false },
     tsx: { type: 'boolean', default: false },
     baseline: { type: 'string' },
+    'rss-timeline': { type: 'boolean', default: false },
+    'pgsub-dir': { type: 'string' },
     help: { type: 'boolean', default: false },
   },
 });
@@ -449,6 +456,8 @@ interface RunResult {
   checksumLate?: boolean;
   rowsPerSecond?: number;
   peakRssMB?: number;
+  /** --rss-timeline: pgsub's VmRSS once a second since its start, [seconds, MB]. */
+  rssTimelineMB?: [number, number][];
   walsenderCpu?: number;
   /** Walsender CPU / measured seconds. */
   walsenderBusy?: number;
@@ -565,7 +574,7 @@ async function measure(
     const t0 = performance.now();
     const pid = await e.start();
     if (pid !== null) {
-      memory = new MemorySampler(pid, 200);
+      memory = new MemorySampler(pid, 200, opts['rss-timeline'] ? 1000 : undefined);
       cpu.addProcess('pgsub', pid, true);
     }
     let walsender: number | null = null;
@@ -655,6 +664,7 @@ async function measure(
       ...(late ? { checksumLate: true } : {}),
       rowsPerSecond: Math.round(w.rowChanges / seconds),
       ...(peak ? { peakRssMB: round(peak.peakRssMiB * MIB_TO_MB, 0) } : {}),
+      ...(peak?.timeline ? { rssTimelineMB: peak.timeline.map(([t, mib]): [number, number] => [t, round(mib * MIB_TO_MB, 0)]) } : {}),
       walsenderCpu: report.groups.walsender,
       ...(report.groups.walsender !== undefined ? { walsenderBusy: round(report.groups.walsender / ((tDone - t0) / 1000), 3) } : {}),
       ...(report.groups.pgsub !== undefined ? { pgsubCpu: report.groups.pgsub, pgsubUsPerChange: round((report.groups.pgsub * 1e6) / w.rowChanges, 1) } : {}),
@@ -856,7 +866,7 @@ const fmtLsn = (lsn: bigint) => `${(lsn >> 32n).toString(16).toUpperCase()}/${(l
 
 async function main(): Promise<void> {
   const started = Date.now();
-  const build = snapshotPgsub(opts.live, { build: !opts.tsx });
+  const build = opts['pgsub-dir'] ? preparedPgsub(opts['pgsub-dir']) : snapshotPgsub(opts.live, { build: !opts.tsx });
   const base = opts.baseline ? snapshotPgsub(false, { build: !opts.tsx, commit: opts.baseline }) : null;
   if (base) log(`pgsub-base: ${opts.baseline} (${base.head.slice(0, 12)}) copied to ${base.dir}, run as ${base.mode}${base.buildErrors ? `, ${base.buildErrors} tsc errors` : ''}`);
   const builds: Builds = { current: build, base };

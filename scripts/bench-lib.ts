@@ -282,15 +282,24 @@ export function coreCount(): number {
 // ---------------------------------------------------------------------------------------
 // Memory of a child process
 
-/** Polls VmRSS of a process; peak() returns the kernel's VmHWM (exact) and the sampled max. */
+/**
+ * Polls VmRSS of a process; finish() returns the kernel's VmHWM (exact) and the sampled max,
+ * and with `timelineEveryMs` also VmRSS every that often since the sampler was made (to
+ * show whether memory stays flat or grows with the work, not just its peak).
+ */
 export class MemorySampler {
   private timer: NodeJS.Timeout;
   private maxRss = 0;
   private hwm = 0;
+  private readonly startedAt = performance.now();
+  private readonly timeline: [seconds: number, rssMiB: number][] = [];
+  private nextTimelineAt = 0;
   constructor(
     private readonly pid: number,
     intervalMs = 200,
+    private readonly timelineEveryMs?: number,
   ) {
+    this.nextTimelineAt = timelineEveryMs ?? Number.POSITIVE_INFINITY;
     this.timer = setInterval(() => this.sample(), intervalMs);
   }
   private sample(): void {
@@ -298,12 +307,17 @@ export class MemorySampler {
     if (!m) return;
     this.maxRss = Math.max(this.maxRss, m.rssMiB);
     this.hwm = Math.max(this.hwm, m.hwmMiB);
+    const at = performance.now() - this.startedAt;
+    if (this.timelineEveryMs && at >= this.nextTimelineAt) {
+      this.timeline.push([round(at / 1000, 1), round(m.rssMiB, 1)]);
+      this.nextTimelineAt += this.timelineEveryMs * Math.max(1, Math.floor((at - this.nextTimelineAt) / this.timelineEveryMs) + 1);
+    }
   }
   /** Call while the process is still alive, then it stops sampling. */
-  finish(): { peakRssMiB: number; sampledMaxRssMiB: number } {
+  finish(): { peakRssMiB: number; sampledMaxRssMiB: number; timeline?: [seconds: number, rssMiB: number][] } {
     this.sample();
     clearInterval(this.timer);
-    return { peakRssMiB: round(this.hwm), sampledMaxRssMiB: round(this.maxRss) };
+    return { peakRssMiB: round(this.hwm), sampledMaxRssMiB: round(this.maxRss), ...(this.timelineEveryMs ? { timeline: this.timeline } : {}) };
   }
 }
 
@@ -403,16 +417,7 @@ export interface PgsubBuild {
  * change is measured as a ratio against its own past (`--baseline`).
  */
 export function snapshotPgsub(live: boolean, options: { build?: boolean; commit?: string } = {}): PgsubBuild {
-  const git = (args: string[]) => {
-    try {
-      return execFileSync('git', args, { cwd: REPO_ROOT, encoding: 'utf8' }).trim();
-    } catch {
-      return '';
-    }
-  };
-  const info = { head: git(['rev-parse', 'HEAD']), dirty: git(['status', '--porcelain', '--', 'src', 'migrations', 'bin']).split('\n').filter(Boolean) };
-  const buildMode = (root: string): PgsubBuild['mode'] =>
-    existsSync(path.join(root, 'dist', 'bundle', 'main.js')) ? 'bundle' : existsSync(path.join(root, 'dist', 'src', 'cli', 'main.js')) ? 'dist' : 'tsx';
+  const info = treeInfo();
   const liveMode = buildMode(REPO_ROOT);
   if (options.commit) {
     const head = git(['rev-parse', '--verify', `${options.commit}^{commit}`]);
@@ -461,6 +466,33 @@ export function snapshotPgsub(live: boolean, options: { build?: boolean; commit?
       snapshots.delete(dir);
     },
   };
+}
+
+/**
+ * A copy that snapshotPgsub made in another bench process, used as it is (one build for a
+ * whole run: bench-scale.ts passes its copy to the bench-apply and bench-sync it runs as
+ * children, `--pgsub-dir`). The process that made it removes it; remove() here does not.
+ */
+export function preparedPgsub(dir: string): PgsubBuild {
+  if (!existsSync(path.join(dir, 'bin', 'pgsub.js'))) throw new Error(`--pgsub-dir ${dir}: no bin/pgsub.js there (not a copy made by snapshotPgsub)`);
+  return { dir, fingerprint: fingerprint(dir), ...treeInfo(), mode: buildMode(dir), buildErrors: 0, remove() {} };
+}
+
+function git(args: string[]): string {
+  try {
+    return execFileSync('git', args, { cwd: REPO_ROOT, encoding: 'utf8' }).trim();
+  } catch {
+    return '';
+  }
+}
+
+/** The checkout's HEAD and its uncommitted files under src/, migrations/, bin/. */
+function treeInfo(): { head: string; dirty: string[] } {
+  return { head: git(['rev-parse', 'HEAD']), dirty: git(['status', '--porcelain', '--', 'src', 'migrations', 'bin']).split('\n').filter(Boolean) };
+}
+
+function buildMode(root: string): PgsubBuild['mode'] {
+  return existsSync(path.join(root, 'dist', 'bundle', 'main.js')) ? 'bundle' : existsSync(path.join(root, 'dist', 'src', 'cli', 'main.js')) ? 'dist' : 'tsx';
 }
 
 function fingerprint(root: string): string {

@@ -46,6 +46,15 @@
  *
  * Results: a table on stdout and bench-results/sync-<timestamp>.json. Nothing is asserted
  * about speed; the goals are printed as met / not met.
+ *
+ * Only when named (scripts/bench-scale.ts runs it): `--datasets mixed`, --mixed-tables
+ * (200) tables of mixed sizes — five of 1,000,000 rows, one wide table of 20,000 rows whose
+ * `body` is 2–20 kB of text that does not compress (stored out of line, in its TOAST
+ * table), the rest small (100 to 50,000 rows, log-uniform) — every count × --mixed-scale.
+ * Each pgsub run's JSON lists per table when its copy started and finished (seconds since
+ * the spawn, from pgsub's 'table copy started' / 'table copy finished' lines).
+ * --pgsub-dir <dir> runs the copy of pgsub that a parent bench made instead of making one;
+ * --quiet-seconds (30) bounds the wait for an idle machine before each measurement.
  */
 import { readFileSync } from 'node:fs';
 import os from 'node:os';
@@ -66,6 +75,7 @@ import {
   parsePgsubEnv,
   pollUntil,
   postmasterPid,
+  preparedPgsub,
   reniceCluster,
   round,
   sleep,
@@ -82,6 +92,8 @@ const APP = 'bench';
 /** Both servers; PostgreSQL defaults otherwise. Big max_wal_size: no checkpoint forced by WAL volume mid-copy. */
 const SERVER_SETTINGS = { shared_buffers: '128MB', max_wal_size: '8GB', checkpoint_timeout: '30min' };
 const RUN_TIMEOUT_MS = 5 * 60_000;
+/** The mixed dataset (1.3 GB at full scale, 200 tables): native starts a worker per table. */
+const MIXED_RUN_TIMEOUT_MS = 20 * 60_000;
 /** A run during which other processes used more than this many cores on average is repeated. */
 const DISTURBED_CORES = 0.25;
 
@@ -97,6 +109,10 @@ const { values: opts } = parseArgs({
     attempts: { type: 'string', default: '3' },
     'budget-minutes': { type: 'string', default: '30' },
     'pgsub-env': { type: 'string', multiple: true, default: [] },
+    'mixed-tables': { type: 'string', default: '200' },
+    'mixed-scale': { type: 'string', default: '1' },
+    'pgsub-dir': { type: 'string' },
+    'quiet-seconds': { type: 'string', default: '30' },
     help: { type: 'boolean', default: false },
   },
 });
@@ -110,6 +126,10 @@ if (opts.help) {
   process.exit(0);
 }
 const ROWS = Number(opts.rows);
+const MIXED_TABLES = Number(opts['mixed-tables']);
+if (!Number.isInteger(MIXED_TABLES) || MIXED_TABLES < 7) throw new Error(`--mixed-tables must be an integer ≥ 7, not ${opts['mixed-tables']}`);
+const MIXED_SCALE = Number(opts['mixed-scale']);
+if (!(MIXED_SCALE > 0 && MIXED_SCALE <= 10)) throw new Error(`--mixed-scale must be in (0, 10], not ${opts['mixed-scale']}`);
 const REPS = Number(opts.reps);
 const ATTEMPTS = Number(opts.attempts);
 /** No more repetitions of disturbed runs after this. */
@@ -117,21 +137,22 @@ const BUDGET_MS = Number(opts['budget-minutes']) * 60_000;
 /** Scheduling priority for the servers, pgsub and this process (e.g. -5 on a shared machine; root). */
 const NICE = Number(opts.nice);
 /** Before each measurement, wait at most this long for the machine to be idle. */
-const QUIET_WAIT_MS = 30_000;
+const QUIET_WAIT_MS = Number(opts['quiet-seconds']) * 1000;
 /** --pgsub-env: settings for every pgsub contestant (after the contestant's own). */
 const PGSUB_EXTRA_ENV = parsePgsubEnv(opts['pgsub-env']);
 
 // ---------------------------------------------------------------------------------------
 // Datasets
 
-type Layout = 'A' | 'B' | 'C';
+/** W: wide rows, a 2–20 kB text each (TOAST). */
+type Layout = 'A' | 'B' | 'C' | 'W';
 interface TableDef {
   name: string;
   layout: Layout;
   rows: number;
 }
 interface Dataset {
-  name: 'single' | 'set';
+  name: 'single' | 'set' | 'mixed';
   publication: string;
   tables: TableDef[];
 }
@@ -140,11 +161,14 @@ const DDL: Record<Layout, string> = {
   A: 'id bigint PRIMARY KEY, a integer NOT NULL, b integer, c integer, created_at timestamptz NOT NULL, note text NOT NULL',
   B: 'id bigint PRIMARY KEY, amount numeric(14,2) NOT NULL, flag boolean NOT NULL, created_at timestamptz NOT NULL, payload jsonb NOT NULL',
   C: 'id integer PRIMARY KEY, ref uuid NOT NULL, day date NOT NULL, qty smallint NOT NULL, label text NOT NULL',
+  W: 'id bigint PRIMARY KEY, title text NOT NULL, body text NOT NULL',
 };
 const FILL: Record<Layout, string> = {
   A: `SELECT i, (i * 7) % 1000, (i * 13) % 100000, i % 7, timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second', md5(i::text) || md5((i + 1)::text)`,
   B: `SELECT i, (i % 100000) * 1.37, i % 3 = 0, timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second', jsonb_build_object('n', i, 'tag', md5(i::text), 'ok', i % 2 = 0)`,
   C: `SELECT i, md5(i::text)::uuid, date '2020-01-01' + (i % 2000), (i % 30000)::smallint, md5((i * 3)::text) || md5((i * 5)::text)`,
+  // 64–624 md5s (2–20 kB) of hex: pglz cannot take a quarter off, so it is stored as is, out of line.
+  W: `SELECT i, 'document ' || i, (SELECT string_agg(md5(i::text || '/' || g::text), '') FROM generate_series(1, 64 + (i * 7919) % 561) AS g)`,
 };
 
 function datasets(): Dataset[] {
@@ -160,7 +184,30 @@ function datasets(): Dataset[] {
     publication: 'pub_set',
     tables: order.map((k, i) => ({ name: `set_${String(i + 1).padStart(2, '0')}`, layout: (['A', 'B', 'C'] as const)[i % 3]!, rows: sizes[k]! })),
   };
-  return [single, set].filter((d) => opts.datasets.split(',').includes(d.name));
+  return [single, set, mixed()].filter((d) => opts.datasets.split(',').includes(d.name));
+}
+
+/**
+ * --mixed-tables tables: five of 1,000,000 rows, one wide (TOAST), the rest small (100 to
+ * 50,000 rows, log-uniform by a golden-ratio sequence: deterministic); the big and wide
+ * ones spread over the name order. Every count × --mixed-scale.
+ */
+function mixed(): Dataset {
+  const n = MIXED_TABLES;
+  const scaled = (rows: number) => Math.max(1, Math.round(rows * MIXED_SCALE));
+  const big = new Set(Array.from({ length: 5 }, (_, k) => Math.floor(((2 * k + 1) * n) / 10)));
+  let wide = Math.floor(n * 0.6) + 1;
+  while (big.has(wide)) wide++;
+  const layouts = ['A', 'B', 'C'] as const;
+  let small = 0;
+  const tables = Array.from({ length: n }, (_, i): TableDef => {
+    const name = `mixed_${String(i + 1).padStart(3, '0')}`;
+    if (i === wide) return { name: 'mixed_wide', layout: 'W', rows: scaled(20_000) };
+    if (big.has(i)) return { name, layout: layouts[i % 3]!, rows: scaled(1_000_000) };
+    const f = (++small * 0.6180339887) % 1;
+    return { name, layout: layouts[i % 3]!, rows: scaled(100 * 500 ** f) };
+  });
+  return { name: 'mixed', publication: 'pub_mixed', tables };
 }
 
 const qname = (t: TableDef) => `public.${t.name}`;
@@ -173,6 +220,8 @@ interface Expected {
 interface DatasetInfo {
   heapBytes: number;
   totalBytes: number;
+  /** Out-of-line values (and the free space and visibility maps): pg_table_size − pg_relation_size. */
+  toastBytes: number;
   rows: number;
   expected: Record<string, Expected>;
 }
@@ -183,8 +232,8 @@ async function seed(pub: Cluster, all: Dataset[]): Promise<Record<string, Datase
   for (const d of all) {
     const t0 = performance.now();
     await pub.query(ddlFor(d), [], SOURCE_DB);
-    // Two loaders at once: the machine has two cores.
-    const queue = [...d.tables];
+    // Two loaders at once: the machine has two cores. Largest first, so that they end together.
+    const queue = [...d.tables].sort((a, b) => b.rows - a.rows);
     await Promise.all(
       [0, 1].map(async () => {
         for (let t = queue.shift(); t; t = queue.shift()) await pub.query(`INSERT INTO ${qname(t)} ${FILL[t.layout]} FROM generate_series(1, ${t.rows}) AS i`, [], SOURCE_DB);
@@ -197,17 +246,20 @@ async function seed(pub: Cluster, all: Dataset[]): Promise<Record<string, Datase
     const expected: Record<string, Expected> = {};
     let heapBytes = 0;
     let totalBytes = 0;
+    let toastBytes = 0;
     for (const t of d.tables) {
-      const [r] = await pub.query<{ rows: string; sum_id: string; heap: string; total: string }>(
-        `SELECT count(*)::text AS rows, coalesce(sum(id), 0)::text AS sum_id, pg_relation_size('${qname(t)}')::text AS heap, pg_total_relation_size('${qname(t)}')::text AS total FROM ${qname(t)}`,
+      const [r] = await pub.query<{ rows: string; sum_id: string; heap: string; total: string; toast: string }>(
+        `SELECT count(*)::text AS rows, coalesce(sum(id), 0)::text AS sum_id, pg_relation_size('${qname(t)}')::text AS heap, pg_total_relation_size('${qname(t)}')::text AS total,
+                (pg_table_size('${qname(t)}') - pg_relation_size('${qname(t)}'))::text AS toast FROM ${qname(t)}`,
         [],
         SOURCE_DB,
       );
       expected[t.name] = { rows: Number(r!.rows), sumId: r!.sum_id };
       heapBytes += Number(r!.heap);
       totalBytes += Number(r!.total);
+      toastBytes += Number(r!.toast);
     }
-    out[d.name] = { heapBytes, totalBytes, rows: d.tables.reduce((a, t) => a + t.rows, 0), expected };
+    out[d.name] = { heapBytes, totalBytes, toastBytes, rows: d.tables.reduce((a, t) => a + t.rows, 0), expected };
     log(
       `seeded ${d.name}: ${d.tables.length} table(s), ${out[d.name]!.rows} rows, heap ${mb(heapBytes)} MB, with indexes ${mb(totalBytes)} MB (${((performance.now() - t0) / 1000).toFixed(1)} s)`,
     );
@@ -337,12 +389,15 @@ async function measure(s: Servers, d: Dataset, info: DatasetInfo, c: Contestant,
 /** Polls a per-table state column until every table is ready; notes when all were copied. */
 async function waitReady(d: Dataset, states: () => Promise<{ total: number; ready: number; copied: number }>, check: () => void = () => {}): Promise<number> {
   let copiedAt = 0;
-  await pollUntil(async () => {
-    check();
-    const r = await states();
-    if (!copiedAt && r.total === d.tables.length && r.copied === r.total) copiedAt = performance.now();
-    return r.total === d.tables.length && r.ready === r.total;
-  }, RUN_TIMEOUT_MS);
+  await pollUntil(
+    async () => {
+      check();
+      const r = await states();
+      if (!copiedAt && r.total === d.tables.length && r.copied === r.total) copiedAt = performance.now();
+      return r.total === d.tables.length && r.ready === r.total;
+    },
+    d.name === 'mixed' ? MIXED_RUN_TIMEOUT_MS : RUN_TIMEOUT_MS,
+  );
   return copiedAt;
 }
 
@@ -428,7 +483,15 @@ async function runPgsub(
       log: logs.filter((l) => !String(l.msg).startsWith('table copy')).map((l) => `${at(l.time)} ${String(l.msg)}`),
       tables: logs
         .filter((l) => l.msg === 'table copy finished')
-        .map((l) => ({ table: l.table, rows: l.rows, bytes: l.bytes, seconds: l.seconds, ranges: l.ranges, finishedAt: at(l.time) })),
+        .map((l) => ({
+          table: l.table,
+          rows: l.rows,
+          bytes: l.bytes,
+          seconds: l.seconds,
+          ranges: l.ranges,
+          startedAt: at(logs.find((s) => s.msg === 'table copy started' && s.table === l.table)?.time),
+          finishedAt: at(l.time),
+        })),
     },
   };
 }
@@ -625,7 +688,7 @@ const mb = (bytes: number) => (bytes / 1e6).toFixed(0);
 async function main(): Promise<void> {
   const started = Date.now();
   const all = datasets();
-  const build = snapshotPgsub(opts.live, { build: !opts.tsx });
+  const build = opts['pgsub-dir'] ? preparedPgsub(opts['pgsub-dir']) : snapshotPgsub(opts.live, { build: !opts.tsx });
   let servers: Servers | undefined;
   const results: RunResult[] = [];
   try {
