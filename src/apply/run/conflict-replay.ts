@@ -11,12 +11,13 @@
  * before the failure then count in progress.durable; everything after it was skipped by
  * the server), the target transaction rolls back, and the kept transactions not committed
  * are dispatched again in order, in the same session: those before the failing one as
- * they came (batched, grouped, pipelined), the failing one carefully on a target
- * transaction of its own (what precedes it commits first, and it never joins a group —
- * txn/commit.ts — so what it resolved and logged is never rolled back and resolved
- * again), those after it as they came. A new conflict on the way (a local writer got
- * there in between) is resolved the same way; each round adds one careful transaction,
- * so it ends.
+ * they came (batched, grouped, pipelined), the failing one carefully, those after it as
+ * they came. The careful one ends the target transaction: its first change waits for
+ * every answer before it (a conflict among those surfaces before it resolves anything),
+ * and its commit is waited for (txn/commit.ts: a careful transaction never stays open for
+ * a group), so what it resolved and logged is never rolled back and resolved again. A
+ * new conflict on the way (a local writer got there in between) is resolved the same
+ * way; each round adds one careful transaction, so it ends.
  *
  * Why not a SAVEPOINT per source transaction: it would cost every grouped transaction a
  * statement and a subtransaction (past 64 in one transaction every snapshot taken on the
@@ -36,6 +37,7 @@
  * commit on their own connections). Failures that are not conflicts are not handled here.
  */
 import { isConflictSignal } from '../../conflict/detect.js';
+import { ApplyConflictError } from '../../errors.js';
 import { decode } from '../../protocol/decoder.js';
 import { formatLsn, type Lsn } from '../../protocol/lsn.js';
 import type { PgOutputMessage } from '../../protocol/messages.js';
@@ -44,6 +46,7 @@ import { PipelineAbortedError } from '../../pgwire/wire.js';
 import { dispatch } from '../handlers/dispatch.js';
 import { insertAsSent } from '../handlers/changes.js';
 import type { ApplyState } from '../txn/apply-state.js';
+import { flushRowBatch } from '../txn/batch.js';
 import { rollbackAfterFailure, settleTarget } from '../txn/commit.js';
 import { carriedBy, type Carried } from '../txn/transaction.js';
 import { CarefulReplayError, GroupRetryError } from './retry-errors.js';
@@ -250,10 +253,11 @@ export class ConflictReplay {
     if (carried === null || state.mode.streamXid !== null) return err;
     let failure = err;
     let until = reach(state);
+    let commitBefore = false;
     for (;;) {
       await rollbackAfterFailure(state);
       const pending = this.#kept.pending(state.session.progress.durable);
-      if (!this.#kept.markCareful(carried) || !this.#kept.replayable) return this.#fallback(failure, until, pending);
+      if ((carried !== null && !this.#kept.markCareful(carried)) || !this.#kept.replayable) return this.#fallback(failure, until, pending);
       state.session.log.debug(
         {
           transactions: pending.length,
@@ -263,9 +267,16 @@ export class ConflictReplay {
         'conflict in the pipeline; applying the transactions since the last commit again, the conflicting one carefully',
       );
       try {
-        await this.#replay(pending);
+        await this.#replay(pending, commitBefore);
         return RESOLVED;
       } catch (e) {
+        if (e instanceof ApplyConflictError && !commitBefore && pending[0]?.careful === false) {
+          // The `error` policy: the transactions before the conflicting one commit first, as
+          // one by one they would have; then it fails alone (and is what pgsub skip names).
+          commitBefore = true;
+          carried = null;
+          continue;
+        }
         carried = conflictCarried(e);
         if (carried === null) return e;
         failure = e;
@@ -275,12 +286,17 @@ export class ConflictReplay {
     }
   }
 
-  /** The kept transactions not committed, in order; each careful one on a target transaction of its own. */
-  async #replay(pending: readonly KeptTransaction[]): Promise<void> {
+  /**
+   * The kept transactions not committed, in order; each careful one ends its target
+   * transaction; `commitBefore`: what precedes it commits on its own first.
+   */
+  async #replay(pending: readonly KeptTransaction[], commitBefore: boolean): Promise<void> {
     const { state } = this;
     for (const t of pending) {
       if (t.careful) {
-        await settleTarget(state);
+        // What the transactions before it left in batches goes first (the careful path never batches).
+        if (commitBefore) await settleTarget(state);
+        else await flushRowBatch(state);
         state.session.counters.carefulReplays++;
       }
       state.mode.careful = t.careful;

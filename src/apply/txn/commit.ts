@@ -83,8 +83,8 @@ export function finishTransaction(state: ApplyState, xact: RemoteTransaction, en
     state.session.progress.noteProcessed(endLsn);
     return;
   }
-  // A transaction applied carefully commits on its own: what it resolved and logged is
-  // then never rolled back by a later conflict in the group, nor resolved twice.
+  // A transaction applied carefully ends the target transaction (with the group before it):
+  // what it resolved and logged is then never rolled back by a later conflict, nor resolved twice.
   if (!prepare && !xact.behind && xact.syncTouched.size === 0 && !state.mode.careful && state.tx.canGroupHotRows && state.policy.canGroup(xact.finalLsn)) {
     // Behind the stream: leave the target transaction open for the next source one. The
     // target commits only at source commit boundaries, with the origin at the last one.
