@@ -33,11 +33,11 @@ import type pg from 'pg';
 import { connect, prng, spawnPgsub, startCluster, waitForCatchUp, type Cluster, type PgsubProcess } from '../harness/index.js';
 
 const FULL = process.env.PGSUB_FAULTS === 'full';
-const ROWS = 2000;
+const ROWS = FULL ? 3000 : 1000;
 /** Single-row source transactions of each measured backlog. */
-const BACKLOG = FULL ? 3000 : 500;
+const BACKLOG = FULL ? 1500 : 300;
 /** How long the local writers run with the source writer live, after the backlog. */
-const LOCAL_MS = FULL ? 40_000 : 4_000;
+const LOCAL_MS = FULL ? 40_000 : 3_000;
 /** Source transactions per second while live (bounded, so the careful path keeps up). */
 const SOURCE_RATE = FULL ? 300 : 150;
 /** Pause of each local updater between its updates (two of them). */
@@ -356,7 +356,7 @@ async function catchUpRate(sc: Scenario): Promise<{ child: PgsubProcess; rate: n
   const child = start(sc);
   await child.waitForLog('streaming started', 60_000);
   const t0 = performance.now();
-  await waitForCatchUp(pub, sc.name, `lw_${sc.name}`, 180_000).catch((err) => assert.fail(`${err}\n${child.output().slice(-4000)}`));
+  await waitForCatchUp(pub, sc.name, `lw_${sc.name}`, FULL ? 600_000 : 90_000).catch((err) => assert.fail(`${err}\n${child.output().slice(-4000)}`));
   return { child, rate: BACKLOG / ((performance.now() - t0) / 1000) };
 }
 
