@@ -115,6 +115,10 @@ after(async () => {
 });
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** PGSUB_WRITERS_DEBUG=1: each phase's end, as it happens. */
+const phase = (what: string) => {
+  if (process.env.PGSUB_WRITERS_DEBUG) process.stdout.write(`# ${new Date().toISOString()} ${what}\n`);
+};
 
 function start(sc: Scenario): PgsubProcess {
   const child = spawnPgsub({
@@ -382,6 +386,7 @@ for (const sc of SCENARIOS) {
     // Without local writers: a backlog's apply rate.
     await sourceBacklog(db, rnd, BACKLOG);
     const quiet = await catchUpRate(sc);
+    phase(`quiet backlog applied (${Math.round(quiet.rate)}/s)`);
     processes.push(quiet.child);
     await stopChild(quiet.child);
 
@@ -390,6 +395,7 @@ for (const sc of SCENARIOS) {
     const local = new LocalWriters();
     await local.start(db, SEED + 7 * db.length, LOCAL_MS * 0.8);
     const busy = await catchUpRate(sc);
+    phase(`busy backlog applied (${Math.round(busy.rate)}/s)`);
     child = busy.child;
     const source = new SourceWriter();
     await source.start(db, rnd, LOCAL_MS * 0.8);
@@ -398,17 +404,21 @@ for (const sc of SCENARIOS) {
       // One target COMMIT fails (once) while conflicts are resolved inside groups; then a SIGKILL in the middle.
       await sleep(LOCAL_MS / 4);
       await tgt.query('UPDATE public.fault SET armed = true', [], db);
+      phase('fault armed');
       await sleep(LOCAL_MS / 4);
       child.kill('SIGKILL');
       assert.equal(await child.exited, 'SIGKILL');
       killed = child;
+      phase('pgsub killed');
       child = start(sc);
       await child.waitForLog('streaming started', 60_000);
       await sleep(LOCAL_MS / 2);
     } else await sleep(LOCAL_MS);
     await local.stop();
     await source.stop();
+    phase(`writers stopped (${source.transactions} live source transactions)`);
     await waitForCatchUp(pub, db, slot, 300_000).catch((err) => assert.fail(`${err}\n${child.output().slice(-4000)}`));
+    phase('caught up');
     const quiesced = await checkModel(sc, local, true);
     assert.deepEqual(quiesced.slice(0, 20), [], `${quiesced.length} rows differ from the model after the local writers stopped`);
 
@@ -421,6 +431,7 @@ for (const sc of SCENARIOS) {
       );
     }
     await waitForCatchUp(pub, db, slot, 300_000).catch((err) => assert.fail(`${err}\n${child.output().slice(-4000)}`));
+    phase('final update applied');
     const final = await checkModel(sc, local, false);
     assert.deepEqual(final.slice(0, 20), [], `${final.length} rows differ from the model after the final source update`);
     if (sc.remoteWins && sc.missingInserts) assert.deepEqual([...(await tableRows(tgt, db)).values()].map(rowText), [...(await tableRows(pub, db)).values()].map(rowText));

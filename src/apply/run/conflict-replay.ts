@@ -292,7 +292,13 @@ export class ConflictReplay {
    */
   async #replay(pending: readonly KeptTransaction[], commitBefore: boolean): Promise<void> {
     const { state } = this;
+    let afterCareful = false;
     for (const t of pending) {
+      // Conflicts come in runs (a local writer busy on many rows): each transaction after a
+      // careful one has its answers read before the next is sent, so the next conflict
+      // surfaces at once instead of after everything sent behind it — which would all be
+      // sent again, once per conflict.
+      if (afterCareful && !t.careful) await state.pipeline.drain();
       if (t.careful) {
         // What the transactions before it left in batches goes first (the careful path never batches).
         if (commitBefore) await settleTarget(state);
@@ -305,7 +311,9 @@ export class ConflictReplay {
         const applied = sent === false ? dispatch(state, decode(raw, this.#context), raw) : sent;
         if (applied) await applied;
       }
+      afterCareful ||= t.careful;
     }
+    if (afterCareful) await state.pipeline.drain();
   }
 
   /** What was not kept is left to a new session: a lone transaction re-streamed carefully, or one by one up to the last. */
