@@ -14,8 +14,10 @@
  * UPDATE's RETURNING OLD on PostgreSQL 18; PostgreSQL 16/17 probe the row once more in
  * the same snapshot). A conflict-free transaction therefore costs what it cost before,
  * plus the CTE around each UPDATE/DELETE. A conflicting one is rolled back and its kept messages are
- * dispatched again in careful mode (apply/run/applier.ts replayCarefully → resolve.ts), which
- * names the conflict, applies its policy and logs it inside the new target transaction.
+ * dispatched again in careful mode (apply/run/conflict-replay.ts → apply/handlers/careful.ts), which
+ * names the conflict, applies its policy and logs it inside the new target transaction; inside
+ * a group of source transactions the others are dispatched again as they came, in the same
+ * session (no restart, no retry one by one).
  * Under the `error` policy the careful path throws ApplyConflictError and the service
  * retries after backoff, like native.
  */

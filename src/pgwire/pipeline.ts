@@ -69,6 +69,13 @@ export class Pipeline {
     }
   }
 
+  /** Wait until everything sent has its answer, failures included, then forget it (after a failure: which commits went through). */
+  async settle(): Promise<void> {
+    const pending = this.inFlight.slice(this.head).map((e) => e.promise);
+    this.reset();
+    await Promise.allSettled(pending);
+  }
+
   /** Forget outstanding statements after a failure; their rejections stay observed. */
   reset(): void {
     this.inFlight.length = 0;

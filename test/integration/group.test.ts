@@ -3,8 +3,11 @@
  * target transactions (counted by the target's pg_stat_database), each committing at a
  * source commit boundary with the origin at the last one; pgsub.origin still counts every
  * source transaction, and the target equals the source. With group_transactions = 1 every
- * source transaction is a target transaction of its own. A transaction that fails inside
- * a group rolls back the whole group, and after the fix the backlog is applied exactly once.
+ * source transaction is a target transaction of its own. A conflict inside a group is
+ * resolved inside it (under the `error` policy: the transactions before it commit, the
+ * conflicting one fails alone, no retry one by one); any other failure inside a group
+ * rolls back the whole group and retries one by one; after the fix the backlog is applied
+ * exactly once either way.
  */
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -108,8 +111,8 @@ test('group_transactions = 1: one target transaction per source transaction', as
   assert.ok(single.commits >= 2000, `target commits without grouping: ${single.commits}`);
 });
 
-test('a failure inside a group rolls the group back; after the fix the backlog is applied exactly once', async () => {
-  // The target already holds id 300500: the 501st transaction of the backlog fails.
+test('a conflict inside a group under the error policy: the transactions before it commit, no retry one by one; after the fix the backlog is applied exactly once', async () => {
+  // The target already holds id 300500: the 500th transaction of the backlog meets insert_exists (native default: error).
   await target.query(`INSERT INTO public.acct VALUES (300500, -1)`, [], 'dst');
   start('grp3');
   await child!.waitForLog('streaming started');
@@ -118,23 +121,53 @@ test('a failure inside a group rolls the group back; after the fix the backlog i
   await stop().catch(() => undefined);
   await backlog(300_001, 1000);
   start('grp3');
-  await waitFor(async () => /duplicate key value violates unique constraint/.test(child!.output()), { timeoutMs: 60_000, intervalMs: 100, what: 'the unique violation' });
-  // Nothing of the failing group is committed past the last durable transaction before it.
-  const [{ n }] = await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id > 300500 AND id <= 301000`, [], 'dst');
-  assert.equal(n, 0);
-  // Found by re-applying the group one transaction at a time: the conflict names the right row.
+  // Named in this session, by the careful replay of the conflicting transaction inside its group.
   await waitFor(async () => (await target.query(`SELECT 1 FROM pgsub.conflict_log WHERE subscription = 'grp3' AND conflict_type = 'insert_exists'`, [], 'dst')).length > 0, {
-    timeoutMs: 30_000,
+    timeoutMs: 60_000,
     intervalMs: 100,
     what: 'the conflict log row',
   });
   const [logged] = await target.query(`SELECT key::text AS key FROM pgsub.conflict_log WHERE subscription = 'grp3' AND conflict_type = 'insert_exists'`, [], 'dst');
   assert.match(logged.key, /300500/);
-  assert.match(child!.output(), /a grouped transaction failed; re-applying one transaction at a time/);
+  // What came before it in the group committed; nothing after it did.
+  await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id BETWEEN 300001 AND 300499`, [], 'dst'))[0].n === 499, {
+    timeoutMs: 30_000,
+    what: 'the 499 transactions before the conflicting one',
+  });
+  const [{ n }] = await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id > 300500 AND id <= 301000`, [], 'dst');
+  assert.equal(n, 0);
+  await waitFor(() => /conflict=insert_exists/.test(child!.output()), { timeoutMs: 10_000, what: 'the apply error' });
+  assert.doesNotMatch(child!.output(), /a grouped transaction failed; re-applying one transaction at a time/);
   await target.query(`DELETE FROM public.acct WHERE id = 300500`, [], 'dst');
   await caughtUp('grp3').catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
   await equal();
   assert.equal((await applied('grp3')) - appliedBefore, 1000);
+  await stop();
+});
+
+test('a failure inside a group that is no conflict rolls the group back and retries one by one; after the fix the backlog is applied exactly once', async () => {
+  // A target-only CHECK fails the 300th transaction of the backlog (23514: nothing the careful path resolves).
+  await target.query(`ALTER TABLE public.acct ADD CONSTRAINT not_400300 CHECK (id <> 400300) NOT VALID`, [], 'dst');
+  start('grp4');
+  await child!.waitForLog('streaming started');
+  await caughtUp('grp4').catch(() => undefined);
+  const appliedBefore = await applied('grp4');
+  await stop().catch(() => undefined);
+  await backlog(400_001, 1000);
+  start('grp4');
+  await waitFor(async () => /violates check constraint/.test(child!.output()), { timeoutMs: 60_000, intervalMs: 100, what: 'the check violation' });
+  const [{ n }] = await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id > 400300 AND id <= 401000`, [], 'dst');
+  assert.equal(n, 0);
+  await waitFor(() => /a grouped transaction failed; re-applying one transaction at a time/.test(child!.output()), { timeoutMs: 10_000, what: 'the retry one by one' });
+  // One by one, everything before the failing transaction commits.
+  await waitFor(async () => (await target.query(`SELECT count(*)::int AS n FROM public.acct WHERE id BETWEEN 400001 AND 400299`, [], 'dst'))[0].n === 299, {
+    timeoutMs: 30_000,
+    what: 'the 299 transactions before the failing one',
+  });
+  await target.query(`ALTER TABLE public.acct DROP CONSTRAINT not_400300`, [], 'dst');
+  await caughtUp('grp4').catch((err) => assert.fail(`${err}\n${child!.output().slice(-3000)}`));
+  await equal();
+  assert.equal((await applied('grp4')) - appliedBefore, 1000);
   await stop();
 });
 

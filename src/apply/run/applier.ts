@@ -7,19 +7,18 @@
  * answer, whichever comes first, so a failed commit is seen at once and nothing after it
  * is committed (the server skips up to the next Sync).
  *
- * Conflicts (conflict/detect.ts): the raw messages of the remote transaction being applied
- * are kept (up to REPLAY_BYTES) until it ends; when the pipelined statements of that
- * transaction abort on a conflict, the target transaction is rolled back and the kept
- * messages are dispatched again in careful mode. A transaction too large to keep is
- * replayed by a new session instead (CarefulReplayError). A failure while a group is open
- * or a commit is unanswered is retried one transaction at a time (GroupRetryError).
+ * Conflicts (conflict/detect.ts): the raw messages of the remote transactions whose target
+ * commit is not known yet are kept; when a pipelined statement aborts on a conflict, in a
+ * group or not, conflict-replay.ts rolls back and applies them again in this session, the
+ * conflicting one carefully. What it cannot resolve from memory is replayed by a new
+ * session (CarefulReplayError, GroupRetryError). Any other failure while a group is open or
+ * a commit is unanswered is retried one transaction at a time (GroupRetryError).
  *
  * Fields: what the applier alone writes (items taken, idle, the last idle record, the
  * stream block, the kept messages, its wait counters); the transaction state is the txn
  * layer's (apply-state.ts).
  */
 import { ConnectionLostError } from '../../errors.js';
-import { isConflictSignal } from '../../conflict/detect.js';
 import type { ApplyOptions } from '../../config/apply-options.js';
 import { decode } from '../../protocol/decoder.js';
 import { formatLsn, type Lsn } from '../../protocol/lsn.js';
@@ -33,16 +32,14 @@ import { PipelineAbortedError } from '../../pgwire/wire.js';
 import { dispatch } from '../handlers/dispatch.js';
 import { insertAsSent } from '../handlers/changes.js';
 import type { ApplyState } from '../txn/apply-state.js';
-import { commitGroup, endTarget, pipelinedCommitSucceeded, PLAIN_COMMIT, settleTarget } from '../txn/commit.js';
+import { commitGroup, pipelinedCommitSucceeded, PLAIN_COMMIT, settleTarget } from '../txn/commit.js';
+import { ConflictReplay, RESOLVED } from './conflict-replay.js';
 import type { ApplyHold } from './hold.js';
 import type { ApplyLanes } from './lanes.js';
 import { newApplierTimes, type ApplierTimes } from './loop-times.js';
 import type { BoundedQueue } from './queue.js';
 import type { WorkItem } from './receiver.js';
-import { CarefulReplayError, GroupRetryError } from './retry-errors.js';
-
-/** Messages of one remote transaction kept for a careful replay; beyond this, a session restart replays it. */
-const REPLAY_BYTES = 16 * 1024 * 1024;
+import { GroupRetryError } from './retry-errors.js';
 
 export interface ApplierParts {
   state: ApplyState;
@@ -59,49 +56,18 @@ export interface ApplierParts {
   stopping(): boolean;
 }
 
-/** The current remote transaction's raw messages, for a careful replay. */
-class ReplayBuffer {
-  #messages: Buffer[] | null = null;
-  #bytes = 0;
-  #tooLarge = false;
-
-  start(): void {
-    this.#messages = [];
-    this.#bytes = 0;
-    this.#tooLarge = false;
-  }
-
-  keep(raw: Buffer): void {
-    if (this.#messages === null || this.#tooLarge) return;
-    this.#bytes += raw.length;
-    // Past the limit the kept messages are useless: release them now, not at the end of
-    // what may be a huge transaction (they pin their frames' memory).
-    if (this.#bytes > REPLAY_BYTES) {
-      this.#tooLarge = true;
-      this.#messages = [];
-    } else this.#messages.push(raw);
-  }
-
-  clear(): void {
-    this.#messages = null;
-  }
-
-  /** The kept messages; null when the transaction was too large or none were kept. */
-  get messages(): Buffer[] | null {
-    return this.#tooLarge ? null : this.#messages;
-  }
-}
-
 export class Applier {
   readonly times: ApplierTimes = newApplierTimes();
   #idle = false;
   #lastRecordAt = 0;
   /** Inside STREAM START … STREAM STOP (messages carry an xid). */
   readonly #decodeContext: DecodeContext;
-  readonly #replay = new ReplayBuffer();
+  /** The messages kept for a conflict's replay, and the replay (conflict-replay.ts). */
+  readonly #conflicts: ConflictReplay;
 
   constructor(private readonly p: ApplierParts) {
     this.#decodeContext = { inStream: false, streamAbortInfo: p.streamAbortInfo };
+    this.#conflicts = new ConflictReplay(p.state, p.streamAbortInfo);
   }
 
   /** Waiting for the queue (not for the target): for a watchdog. */
@@ -178,22 +144,23 @@ export class Applier {
     // Stream Start opens a stream block and Stream Stop closes it (neither is inside it).
     if (tag === TAG.STREAM_START) ctx.inStream = true;
     else if (tag === TAG.STREAM_STOP) ctx.inStream = false;
-    this.#keep(raw);
-    try {
-      // Most changes complete without waiting (batched): no promise then.
-      let pending = message === null ? insertAsSent(state, raw) : false;
-      if (pending === false) pending = dispatch(state, message ?? decode(raw, ctx), raw);
-      if (pending) await this.#timed(pending, 'resultsWaitMs');
-    } catch (err) {
-      // An earlier commit still unanswered: if it went through, the failure is this
-      // transaction's own and a careful replay applies; if not, retry one by one.
-      if (!state.tx.group && state.tx.unconfirmed !== null) await pipelinedCommitSucceeded(state);
-      if (state.tx.group || state.tx.unconfirmed !== null) throw this.#groupFailure(err);
-      if (!(await this.#replayCarefully(err))) throw err;
+    // Kept (conflict-replay.ts): a conflict's replay dispatches it again; if not, it is dispatched again here.
+    const kept = !ctx.inStream && this.#conflicts.keep(raw, message);
+    for (;;) {
+      try {
+        // Most changes complete without waiting (batched): no promise then.
+        let pending = message === null ? insertAsSent(state, raw) : false;
+        if (pending === false) pending = dispatch(state, message ?? decode(raw, ctx), raw);
+        if (pending) await this.#timed(pending, 'resultsWaitMs');
+        break;
+      } catch (err) {
+        await this.#recover(err);
+        if (kept) break;
+      }
     }
     if (state.tx.xact === null && state.mode.streamXid === null) {
       state.mode.careful = false;
-      this.#replay.clear();
+      this.#conflicts.ended();
     }
     return false;
   }
@@ -205,8 +172,10 @@ export class Applier {
     try {
       const r = lanes.route(raw, message, queued);
       const routed = r === true || r === false ? r : await this.#timed(r, 'resultsWaitMs');
-      if (routed) lanes.endIfIdle(queued);
-      else if (lanes.needsConverge) await this.#timed(lanes.converge(), 'commitWaitMs');
+      if (routed) {
+        this.#conflicts.interrupt();
+        lanes.endIfIdle(queued);
+      } else if (lanes.needsConverge) await this.#timed(lanes.converge(), 'commitWaitMs');
       return routed;
     } catch (err) {
       throw this.#groupFailure(err);
@@ -220,17 +189,6 @@ export class Applier {
     } catch (err) {
       throw this.#groupFailure(err);
     }
-  }
-
-  /**
-   * Keep what a careful replay would need: a transaction from its first message, or the
-   * single STREAM COMMIT / STREAM PREPARE that replays a spooled one.
-   */
-  #keep(raw: Buffer): void {
-    const { state, options } = this.p;
-    if (!options.conflicts.detect || this.#decodeContext.inStream) return;
-    if (state.tx.xact === null && state.mode.streamXid === null) this.#replay.start();
-    this.#replay.keep(raw);
   }
 
   /** A hold of `pgsub verify` at `at`: every COMMIT answered before the hold looks at the target. */
@@ -247,10 +205,12 @@ export class Applier {
     if (state.tx.group && state.tx.xact === null && queue.length === 0) {
       // Nothing more waiting: the grouped transactions commit now, not with the next
       // arrival, and without waiting for the answer (#waitForItem watches for it).
-      try {
-        await this.#timed(commitGroup(state, PLAIN_COMMIT), 'commitWaitMs');
-      } catch (err) {
-        throw this.#groupFailure(err);
+      while (state.tx.group && state.tx.xact === null && queue.length === 0) {
+        try {
+          await this.#timed(commitGroup(state, PLAIN_COMMIT), 'commitWaitMs');
+        } catch (err) {
+          await this.#recover(err);
+        }
       }
     } else if (!(item instanceof Uint8Array) && item.kind === 'position' && state.tx.xact === null) state.session.progress.noteProcessed(item.lsn);
     const now = Date.now();
@@ -273,11 +233,33 @@ export class Applier {
 
   /** Every commit sent answered and known to have succeeded (settleTarget), timed as a commit wait. */
   async #settle(): Promise<void> {
-    try {
-      await this.#timed(settleTarget(this.p.state), 'commitWaitMs');
-    } catch (err) {
-      throw this.#groupFailure(err);
+    for (;;) {
+      try {
+        await this.#timed(settleTarget(this.p.state), 'commitWaitMs');
+        return;
+      } catch (err) {
+        await this.#recover(err);
+      }
     }
+  }
+
+  /**
+   * After a failure: a conflict is resolved in place (conflict-replay.ts) and the applier
+   * goes on; anything else ends the loop — after a group or a commit still unanswered, as a
+   * retry one transaction at a time (an unanswered commit that went through leaves the
+   * failure to the transaction under way).
+   */
+  async #recover(err: unknown): Promise<void> {
+    const { state } = this.p;
+    let failure: unknown;
+    try {
+      failure = await this.#conflicts.resolve(err);
+    } catch (e) {
+      failure = e;
+    }
+    if (failure === RESOLVED) return;
+    if (!state.tx.group && state.tx.unconfirmed !== null) await pipelinedCommitSucceeded(state);
+    throw this.#groupFailure(failure);
   }
 
   async #recordIdlePosition(): Promise<void> {
@@ -310,38 +292,6 @@ export class Applier {
     let until = tx.unconfirmed?.until ?? group!.endLsn;
     for (const lsn of [group?.endLsn, tx.xact?.finalLsn]) if (lsn !== undefined && lsn > until) until = lsn;
     return new GroupRetryError(until, root);
-  }
-
-  /** Whether `err` was a conflict the careful path resolves, and the transaction was replayed. */
-  async #replayCarefully(err: unknown): Promise<boolean> {
-    const { state, options } = this.p;
-    const root = err instanceof PipelineAbortedError && err.cause ? err.cause : err;
-    const xact = state.tx.xact;
-    if (!options.conflicts.detect || state.mode.careful || xact === null || !isConflictSignal(root)) return false;
-    const messages = this.#replay.messages;
-    if (messages === null) throw new CarefulReplayError(xact.finalLsn, root);
-    state.session.log.debug(
-      { xid: xact.xid, finishLsn: formatLsn(xact.finalLsn), messages: messages.length, cause: (root as Error).message },
-      'conflict in the pipeline; re-applying the transaction carefully',
-    );
-    await this.#rollbackTarget();
-    state.mode.careful = true;
-    state.session.counters.carefulReplays++;
-    const ctx = { inStream: false, streamAbortInfo: this.p.streamAbortInfo };
-    for (const raw of messages) await dispatch(state, decode(raw, ctx), raw);
-    return true;
-  }
-
-  /** Roll back the target transaction after a failed statement (the wire waits for a Sync). */
-  async #rollbackTarget(): Promise<void> {
-    const { state } = this.p;
-    state.pipeline.reset();
-    endTarget(state);
-    await state.conn.sync().catch(() => {});
-    const rollback = state.conn.execute('ROLLBACK');
-    const synced = state.conn.sync();
-    await rollback;
-    await synced;
   }
 
   /** Await `pending`, adding the time to one of the wait counters. */

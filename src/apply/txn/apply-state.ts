@@ -128,6 +128,8 @@ export interface TxState {
    * is outstanding may belong to it, so it cannot be replayed from memory (run/applier.ts).
    */
   unconfirmed: { until: Lsn; answered: Promise<void> } | null;
+  /** The xid of the remote transaction started last (transaction.ts startRemote): the newest one a statement sent now can carry. */
+  lastXid: number;
 }
 
 /** How the current remote transaction is applied, set by the loop and the handlers. */
@@ -181,7 +183,7 @@ export interface ApplyState {
 
 /** A transaction state with nothing under way. */
 export function newTxState(): TxState {
-  return { xact: null, group: null, rowBatches: new Map(), rowWrites: new Map(), rowWritesTracked: 0, canGroupHotRows: true, resolved: [], unconfirmed: null };
+  return { xact: null, group: null, rowBatches: new Map(), rowWrites: new Map(), rowWritesTracked: 0, canGroupHotRows: true, resolved: [], unconfirmed: null, lastXid: 0 };
 }
 
 /** The syncTouched of a transaction that changed no table being synced: shared, never written (no Set per transaction). */

@@ -26,7 +26,7 @@
  */
 import { ApplyError } from '../../errors.js';
 import type { Tuple, TupleValue } from '../../protocol/messages.js';
-import { sendStatement } from './transaction.js';
+import { noteCarried, sendStatement } from './transaction.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import type { ApplyState, RemoteTransaction, RowBatch } from './apply-state.js';
 import { insertManyStatement, maxBatchRows, updateManyStatement, updateStatement, type Detect, type Statement } from '../sql/statements.js';
@@ -245,11 +245,13 @@ export async function flushRowBatch(state: ApplyState): Promise<void> {
   for (const batch of state.tx.rowBatches.values()) await flushBatch(state, batch);
 }
 
-function sendCopy(state: ApplyState, copy: CopyStatement, rows: number): Promise<void> | undefined {
+function sendCopy(state: ApplyState, batch: RowBatch, copy: CopyStatement, rows: number): Promise<void> | undefined {
   let bytes = 0;
   for (const b of copy.data) bytes += b.length;
   state.session.counters.rowsCopied += rows;
-  return state.pipeline.push(state.conn.copyIn(copy.text, copy.data), bytes, rows);
+  const result = state.conn.copyIn(copy.text, copy.data);
+  noteCarried(state, result, batch.xid);
+  return state.pipeline.push(result, bytes, rows);
 }
 
 const OUTSIDE_STREAMS = { inStream: false, streamAbortInfo: false };
@@ -276,7 +278,7 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
       copies.push({ copy, rows: part.length });
     }
     if (copies.reduce((n, c) => n + c.rows, 0) === messages.length) {
-      for (const { copy, rows } of copies) await sendCopy(state, copy, rows);
+      for (const { copy, rows } of copies) await sendCopy(state, batch, copy, rows);
       return;
     }
   }
@@ -284,7 +286,7 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   // A reshaped relation's rows need its expressions: INSERT … SELECT, never COPY.
   if (batch.kind === 'insert' && state.session.options.copyInserts && batch.tuples.length >= COPY_MIN_ROWS && !batch.rel.rowSecurity && !batch.rel.reshape) {
     const copy = copyInsertStatement(batch.rel, batch.tuples);
-    if (copy) return sendCopy(state, copy, batch.tuples.length);
+    if (copy) return sendCopy(state, batch, copy, batch.tuples.length);
   }
   // Detection inside the statement (a CTE counting the changed rows) costs the target per
   // row; where every answer is read before the commit, the command's count says as much.
@@ -297,7 +299,7 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
   // A reshaped relation's inserts: one statement of column arrays where the values allow.
   if (batch.kind === 'insert' && batch.rel.reshape && batch.tuples.length >= ARRAY_MIN_ROWS) {
     const statement = insertArraysStatement(batch.rel, batch.rel.reshape, batch.tuples);
-    if (statement) return sendStatement(state, statement, undefined, batch.tuples.length);
+    if (statement) return sendStatement(state, statement, undefined, batch.tuples.length, batch.xid);
   }
   // One statement carries at most this many rows (bind parameters are limited).
   const most = batch.kind === 'insert' ? Infinity : maxBatchRows(batch.setIndexes.length + batch.rel.keyIndexes.length, state.session.options.batchRows);
@@ -308,7 +310,7 @@ async function flushBatch(state: ApplyState, batch: RowBatch): Promise<void> {
     const rows = rest.slice(0, size);
     rest = rest.slice(size);
     if (batch.kind === 'insert') {
-      await sendStatement(state, insertManyStatement(batch.rel, rows), undefined, rows.length);
+      await sendStatement(state, insertManyStatement(batch.rel, rows), undefined, rows.length, batch.xid);
       continue;
     }
     await sendUpdate(state, batch, updateManyStatement(batch.rel, rows, batch.setIndexes, detect), rows.length, detect === null);
@@ -350,5 +352,6 @@ function sendUpdate(state: ApplyState, batch: RowBatch, statement: Statement, ro
         }
       : undefined,
     rows,
+    batch.xid,
   );
 }

@@ -84,7 +84,9 @@ export function finishTransaction(state: ApplyState, xact: RemoteTransaction, en
     state.session.progress.noteProcessed(endLsn);
     return;
   }
-  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && state.tx.canGroupHotRows && state.policy.canGroup(xact.finalLsn)) {
+  // A transaction applied carefully ends the target transaction (with the group before it):
+  // what it resolved and logged is then never rolled back by a later conflict, nor resolved twice.
+  if (!prepare && !xact.behind && xact.syncTouched.size === 0 && !state.mode.careful && state.tx.canGroupHotRows && state.policy.canGroup(xact.finalLsn)) {
     // Behind the stream: leave the target transaction open for the next source one. The
     // target commits only at source commit boundaries, with the origin at the last one.
     const group = (state.tx.group ??= { transactions: 0, changes: 0, endLsn, commitTime });
@@ -214,6 +216,23 @@ export async function settleTarget(state: ApplyState): Promise<void> {
   if (state.tx.unconfirmed !== null || state.pipeline.size > 0) await state.pipeline.drain();
   state.tx.unconfirmed = null;
   if (state.conn.unsynced) await state.conn.sync();
+}
+
+/**
+ * After a statement failed in the pipeline: every answer outstanding is awaited, so the
+ * commits sent before the failure have counted (progress.durable says which went through)
+ * and everything after it is known skipped; then the open target transaction rolls back.
+ */
+export async function rollbackAfterFailure(state: ApplyState): Promise<void> {
+  await state.pipeline.settle();
+  await state.tx.unconfirmed?.answered.catch(() => {});
+  state.tx.unconfirmed = null;
+  endTarget(state);
+  await state.conn.sync().catch(() => {});
+  const rollback = state.conn.execute('ROLLBACK');
+  const synced = state.conn.sync();
+  await rollback;
+  await synced;
 }
 
 /** The one reset of the transaction state: after a commit, a rollback, a stop. */

@@ -4,6 +4,12 @@
  * sync-state rule, origin/sync-state.ts), opening the target transaction at its first
  * change, and pipelining a statement into it. Only the txn layer writes the current
  * transaction (here and in commit.ts).
+ *
+ * With conflict detection on, a pipelined statement that fails names the remote
+ * transactions whose changes it carried (`carriedBy`): the first (a batch's first row's)
+ * and the newest started when it was sent. Its failure surfaces later and elsewhere (the
+ * pipeline reports late), so this is how the applier knows which transaction of a group
+ * met the conflict (run/conflict-replay.ts).
  */
 import { ProtocolError } from '../../errors.js';
 import { formatLsn, type Lsn } from '../../protocol/lsn.js';
@@ -72,9 +78,41 @@ export async function changeTarget(state: ApplyState, what: string, relationId: 
   return xact;
 }
 
-/** Pipeline a statement; `rows`: how many changes it carries (a batch), for the in-flight bound. */
-export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void, rows = 1): Promise<void> | undefined {
+/** The remote transactions whose changes a failed statement carried, by xid: `from` the oldest, `to` the newest it may hold. */
+export interface Carried {
+  from: number;
+  to: number;
+}
+
+/** Keyed by the error the target returned for the statement (the root cause, never a PipelineAbortedError). */
+const CARRIED = new WeakMap<object, Carried>();
+
+/** Which remote transactions the failed statement behind `err` carried; null when it was not a tracked statement. */
+export function carriedBy(err: unknown): Carried | null {
+  return typeof err === 'object' && err !== null ? (CARRIED.get(err) ?? null) : null;
+}
+
+/**
+ * Remember, should `result` fail, which remote transactions it carried: `from` (a batch
+ * passes its first row's) up to the one started last. Only with detection on: only a
+ * conflict is resolved by replaying the transactions that carry it.
+ */
+export function noteCarried(state: ApplyState, result: Promise<unknown>, from?: number): void {
+  if (!state.session.options.conflicts.detect) return;
+  const to = state.tx.lastXid;
+  const carried = { from: from ?? state.tx.xact?.xid ?? to, to };
+  result.catch((err: unknown) => {
+    if (typeof err === 'object' && err !== null && !CARRIED.has(err)) CARRIED.set(err, carried);
+  });
+}
+
+/**
+ * Pipeline a statement; `rows`: how many changes it carries (a batch), for the in-flight
+ * bound; `firstXid`: the remote transaction of its first change, when not the current one (a batch).
+ */
+export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void, rows = 1, firstXid?: number): Promise<void> | undefined {
   const result = state.conn.execute(statement.text, statement.params, statement.paramTypes ? { paramTypes: statement.paramTypes } : undefined);
+  noteCarried(state, result, firstXid);
   let bytes = 0;
   for (const v of statement.params) if (v !== null) bytes += v.length;
   return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes, rows);
@@ -97,6 +135,7 @@ export function startRemote(state: ApplyState, spec: { xid: number; finalLsn: Ls
     skip: false,
   };
   state.tx.xact = xact;
+  state.tx.lastXid = spec.xid;
   beginTransaction(state, xact);
   return xact;
 }
