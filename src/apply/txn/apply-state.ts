@@ -36,6 +36,8 @@ export interface RemoteTransaction {
   alreadyPrepared: boolean;
   /** The transaction `pgsub skip --lsn` named: no change applied, the origin moves past it. */
   skip?: boolean;
+  /** It changed a table published but not part of the subscription (skipped): its end is still committed with the origin (commit.ts). */
+  unsubscribed: boolean;
 }
 
 /**

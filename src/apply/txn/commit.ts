@@ -19,7 +19,7 @@ import type { TxStatus, WireResult } from '../../pgwire/wire.js';
 import type { TableSync } from '../../origin/sync-state.js';
 import type { ConflictType } from '../../conflict/types.js';
 import { flushRowBatch } from './batch.js';
-import { sendStatement } from './transaction.js';
+import { beginTarget, sendStatement } from './transaction.js';
 
 /** The skipped transaction's end: the origin moves past it, with a log row, and the skip LSN is cleared. */
 export async function finishSkipped(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint): Promise<void> {
@@ -77,6 +77,7 @@ export const COMMIT: Ending = { kind: 'commit' };
 export function finishTransaction(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending = COMMIT): Promise<void> | void {
   if (xact.skip) return finishSkipped(state, xact, endLsn, commitTime);
   const prepare = ending.kind === 'prepare';
+  if (!xact.open && xact.unsubscribed && !xact.behind && !prepare) return commitSkippedChanges(state, xact, endLsn, commitTime, ending);
   if (!xact.open) {
     // Nothing to write: skipped, or no published change. The position is recorded later.
     if (xact.behind) state.session.counters.transactionsSkipped++;
@@ -101,6 +102,19 @@ export function finishTransaction(state: ApplyState, xact: RemoteTransaction, en
 }
 
 /**
+ * A transaction whose changes were all to tables published but not part of the subscription
+ * ends like an applied one, with the origin at its end (native commits it too: its changes
+ * were skipped inside an apply transaction). Were only its position noted for a later idle
+ * record, a re-stream after a restart could bring its changes back once a refresh has added
+ * the table — rows from before the refresh that copy_data = false says are not wanted.
+ */
+async function commitSkippedChanges(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending): Promise<void> {
+  xact.open = true;
+  if (!state.tx.group) await beginTarget(state);
+  await finishTransaction(state, xact, endLsn, commitTime, ending);
+}
+
+/**
  * Commit the open group of source transactions (the queue ran dry, or a boundary needs it).
  * `ending`: PLAIN_COMMIT lets the commit go without waiting for its answer (commitTarget).
  */
@@ -118,6 +132,7 @@ export async function commitGroup(state: ApplyState, ending: Ending = { kind: 'c
     appliesTo: -1,
     alreadyPrepared: false,
     skip: false,
+    unsubscribed: false,
   };
   // commitTarget counts the group's transactions; this empty one adds none.
   await commitTarget(state, xact, group.endLsn, group.commitTime, ending, 0);

@@ -38,7 +38,10 @@ export function applies(state: ApplyState, xact: RemoteTransaction, relationId: 
   let key = SYNC_KEYS.get(remote);
   if (key === undefined) SYNC_KEYS.set(remote, (key = syncKey(schemaOf(remote), remote.name)));
   const entry = state.session.sync.getByKey(key);
-  if (!entry) state.session.onUnknownTable(schemaOf(remote), remote.name);
+  if (!entry) {
+    state.session.onUnknownTable(schemaOf(remote), remote.name);
+    xact.unsubscribed = true;
+  }
   // Not behind yet below the origin: a prepare decoded late, at its COMMIT PREPARED
   // (twophase.ts onBeginPrepare), which every ready table takes as at the origin.
   const durable = state.session.progress.durable;
@@ -133,6 +136,7 @@ export function startRemote(state: ApplyState, spec: { xid: number; finalLsn: Ls
     appliesTo: -1,
     alreadyPrepared: spec.alreadyPrepared ?? false,
     skip: false,
+    unsubscribed: false,
   };
   state.tx.xact = xact;
   state.tx.lastXid = spec.xid;
