@@ -119,7 +119,12 @@ export class Applier {
         const unconfirmed = state.tx.unconfirmed;
         if (unconfirmed === null || queue.length > 0) return await queue.take();
         await Promise.race([queue.ready(), unconfirmed.answered.catch(() => {})]);
-        if (queue.length === 0 && state.tx.unconfirmed === unconfirmed && !(await pipelinedCommitSucceeded(state))) await this.#settle();
+        if (queue.length === 0 && state.tx.unconfirmed === unconfirmed && !(await pipelinedCommitSucceeded(state))) {
+          // Between transactions the open group may commit; inside one (its next message not
+          // here yet) nothing may: a commit now would end the remote transaction half applied.
+          if (state.tx.xact === null) await this.#settle();
+          else await this.#surfaceFailure(unconfirmed.answered);
+        }
       }
     } finally {
       this.#idle = false;
@@ -240,6 +245,21 @@ export class Applier {
       } catch (err) {
         await this.#recover(err);
       }
+    }
+  }
+
+  /**
+   * A commit sent without waiting failed while a remote transaction is under way: its
+   * failure is handled (a conflict replayed in place, restoring the transaction's part
+   * applied so far; anything else ends the loop) without committing anything.
+   */
+  async #surfaceFailure(answered: Promise<void>): Promise<void> {
+    try {
+      await this.#timed(this.p.state.pipeline.drain(), 'commitWaitMs');
+      // Drained already elsewhere: the answer itself carries the failure.
+      await answered;
+    } catch (err) {
+      await this.#recover(err);
     }
   }
 
