@@ -25,9 +25,16 @@
  * writers. npm run test:faults (PGSUB_FAULTS=full) runs longer, adds the skip policy, kills
  * pgsub with SIGKILL in the middle of the local writers, and makes one target COMMIT fail
  * (a deferred trigger, once) while conflicts are being resolved inside groups: that one
- * failure, and only it, restarts the stream, and the model still holds.
+ * failure, and only it, restarts the stream, and the model still holds. It also runs the
+ * same workload against PostgreSQL's own subscriber (CREATE SUBSCRIPTION in the target,
+ * whose defaults are the `defaults` scenario's policies) and prints what it did: false
+ * *_missing read from the target's server log and rows that differ from the model — the
+ * CF 5151 behaviour, if it shows; only what native must do (catch up, every event row
+ * exactly once) is asserted there.
  */
 import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
 import { after, before, test } from 'node:test';
 import type pg from 'pg';
 import { connect, prng, spawnPgsub, startCluster, waitForCatchUp, type Cluster, type PgsubProcess } from '../harness/index.js';
@@ -130,6 +137,7 @@ function start(sc: Scenario): PgsubProcess {
     PGSUB_STATUS_INTERVAL: '1',
     PGSUB_RETRY_MIN_DELAY: '0.2',
     PGSUB_RETRY_MAX_DELAY: '0.5',
+    ...(process.env.PGSUB_WRITERS_DEBUG ? { PGSUB_LOG_LEVEL: 'debug' } : {}),
     ...(sc.conflicts ? { PGSUB_CONFLICTS: JSON.stringify({ default: sc.conflicts }) } : {}),
   });
   children.push(child);
@@ -317,9 +325,9 @@ async function tableRows(c: Cluster, db: string): Promise<Map<number, Row>> {
  * Every row against the model. `quiesced`: after the local writers stopped, before the
  * final source update (a local write that no source change followed stays under any policy).
  */
-async function checkModel(sc: Scenario, local: LocalWriters, quiesced: boolean): Promise<string[]> {
-  const source = await tableRows(pub, sc.name);
-  const target = await tableRows(tgt, sc.name);
+async function checkModel(sc: Scenario, local: LocalWriters, quiesced: boolean, db = sc.name): Promise<string[]> {
+  const source = await tableRows(pub, db);
+  const target = await tableRows(tgt, db);
   const bad: string[] = [];
   for (let id = 1; id <= ROWS; id++) {
     const S = source.get(id);
@@ -355,13 +363,117 @@ async function checkEvents(db: string): Promise<void> {
   assert.deepEqual(b, a, 'the event log: every source transaction applied exactly once');
 }
 
+/** The slot caught up with the publisher; a pgsub that exits first fails the test at once, with its log. */
+async function untilCaughtUp(child: PgsubProcess, db: string, timeoutMs: number): Promise<void> {
+  const exited = child.exited.then((code) => {
+    assert.fail(`pgsub exited (${code}) before the slot caught up:\n${child.output().slice(-6000)}`);
+  });
+  exited.catch(() => {}); // an exit after the catch-up (the test's own SIGTERM) is no failure
+  await Promise.race([waitForCatchUp(pub, db, `lw_${db}`, timeoutMs), exited]).catch((err) => assert.fail(`${err}\n${child.output().slice(-4000)}`));
+}
+
 /** Start pgsub on a backlog (with local writers already running, or not); source transactions per second from its stream's start to the catch-up. */
 async function catchUpRate(sc: Scenario): Promise<{ child: PgsubProcess; rate: number }> {
   const child = start(sc);
   await child.waitForLog('streaming started', 60_000);
   const t0 = performance.now();
-  await waitForCatchUp(pub, sc.name, `lw_${sc.name}`, FULL ? 600_000 : 90_000).catch((err) => assert.fail(`${err}\n${child.output().slice(-4000)}`));
+  await untilCaughtUp(child, sc.name, FULL ? 600_000 : 90_000);
   return { child, rate: BACKLOG / ((performance.now() - t0) / 1000) };
+}
+
+/** The *_missing conflicts native's apply worker logged (PostgreSQL 18: a LOG line "conflict detected … conflict=update_missing", then its DETAIL line "… replica identity (id)=(N)"). */
+async function nativeMissing(sinceOffset: number): Promise<{ type: string; id: number }[]> {
+  const lines = (await readFile(path.join(tgt.dataDir, 'server.log'), 'utf8')).slice(sinceOffset).split('\n');
+  const found: { type: string; id: number }[] = [];
+  for (let i = 0; i < lines.length; i++) {
+    const conflict = /conflict=(update_missing|delete_missing)$/.exec(lines[i]!);
+    if (!conflict) continue;
+    // The DETAIL that follows (its second line starts with a tab), before the next entry's LOG.
+    const detail = lines.slice(i + 1, i + 4).join('\n');
+    const key = /replica identity \(id\)=\((\d+)\)/.exec(detail);
+    assert.ok(key, `a ${conflict[1]} without its key in the server log: ${lines.slice(i, i + 4).join(' | ')}`);
+    found.push({ type: conflict[1]!, id: Number(key[1]) });
+  }
+  return found;
+}
+
+/** A backlog of BACKLOG source transactions while native's subscription is disabled; source transactions per second from ENABLE to the catch-up. */
+async function nativeCatchUpRate(db: string, rnd: () => number, beforeEnable: () => Promise<void> = async () => {}): Promise<number> {
+  await tgt.query('ALTER SUBSCRIPTION lw_native DISABLE', [], db);
+  await waitForIdleSlot(db);
+  await sourceBacklog(db, rnd, BACKLOG);
+  await beforeEnable();
+  await tgt.query('ALTER SUBSCRIPTION lw_native ENABLE', [], db);
+  // Timed from the walsender's start, as pgsub's from 'streaming started': not the launcher's delay in starting the worker.
+  while (!(await pub.query<{ active: boolean }>("SELECT active FROM pg_replication_slots WHERE slot_name = 'lw_native'", [], db))[0]?.active) await sleep(5);
+  const t0 = performance.now();
+  await waitForCatchUp(pub, db, 'lw_native', 600_000);
+  return BACKLOG / ((performance.now() - t0) / 1000);
+}
+
+async function waitForIdleSlot(db: string): Promise<void> {
+  for (let i = 0; i < 300; i++) {
+    const [r] = await pub.query<{ active: boolean }>("SELECT active FROM pg_replication_slots WHERE slot_name = 'lw_native'", [], db);
+    if (r && !r.active) return;
+    await sleep(100);
+  }
+  assert.fail('native walsender still active 30 s after DISABLE');
+}
+
+if (FULL) {
+  test(`the same local writers against PostgreSQL's own subscriber: what it does (CF 5151), catch-up and events asserted (seed ${SEED})`, { timeout: 900_000 }, async () => {
+    const db = 'native';
+    const sc = SCENARIOS[0]!; // native's policies are the defaults': remote wins, a missing row is skipped
+    const rnd = prng(SEED + db.length);
+    await pub.createDatabase(db);
+    await tgt.createDatabase(db);
+    await pub.query(`${SCHEMA} CREATE PUBLICATION pub FOR TABLE public.t, public.ev;`, [], db);
+    await tgt.query(SCHEMA + TARGET_EXTRA, [], db);
+    const logStart = (await readFile(path.join(tgt.dataDir, 'server.log'), 'utf8')).length;
+    await tgt.query(`CREATE SUBSCRIPTION lw_native CONNECTION '${pub.url(db)}' PUBLICATION pub WITH (copy_data = false)`, [], db);
+    await pub.query(`INSERT INTO public.t SELECT g, 0, 0, 'init' FROM generate_series(1, ${ROWS}) g`, [], db);
+    await waitForCatchUp(pub, db, 'lw_native', 120_000);
+
+    const quiet = await nativeCatchUpRate(db, rnd);
+    phase(`native: quiet backlog applied (${Math.round(quiet)}/s)`);
+    const local = new LocalWriters();
+    const busy = await nativeCatchUpRate(db, rnd, () => local.start(db, SEED + 7 * db.length, LOCAL_MS * 0.8));
+    phase(`native: busy backlog applied (${Math.round(busy)}/s)`);
+    const source = new SourceWriter();
+    await source.start(db, rnd, LOCAL_MS * 0.8);
+    await sleep(LOCAL_MS);
+    await local.stop();
+    await source.stop();
+    await waitForCatchUp(pub, db, 'lw_native', 300_000);
+    const quiesced = await checkModel(sc, local, true, db);
+    for (let a = 1; a <= ROWS; a += 100) {
+      await pub.query(
+        `WITH u AS (UPDATE public.t SET src = src + 1, note = 'final' WHERE id BETWEEN $1 AND $2 RETURNING id) INSERT INTO public.ev (k) SELECT id FROM u`,
+        [a, a + 99],
+        db,
+      );
+    }
+    await waitForCatchUp(pub, db, 'lw_native', 300_000);
+    const final = await checkModel(sc, local, false, db);
+    await checkEvents(db);
+    const missing = await nativeMissing(logStart);
+    const falseMissing = missing.filter((m) => !isLD(m.id));
+    const [stats] = await tgt.query(
+      'SELECT confl_update_origin_differs::int AS uod, confl_update_missing::int AS um, confl_delete_missing::int AS dm, apply_error_count::int AS errors FROM pg_stat_subscription_stats',
+      [],
+      db,
+    );
+    // Every *_missing native counted is one read from its log (the count the comparison rests on).
+    assert.equal(missing.length, stats.um + stats.dm, 'the *_missing in the server log against pg_stat_subscription_stats');
+    await tgt.query('DROP SUBSCRIPTION lw_native', [], db);
+    process.stdout.write(
+      `# native subscriber under local writers: apply rate ${Math.round(quiet)} source transactions/s without local writers, ${Math.round(busy)} with them; ` +
+        `${local.updates} local updates, ${local.deleted.size} local deletes, ${local.locks} row locks, ${source.transactions} live source transactions; ` +
+        `pg_stat_subscription_stats ${JSON.stringify(stats)}; *_missing logged ${missing.length}, false (id never deleted on the target) ${falseMissing.length}` +
+        `${falseMissing.length ? ` e.g. ${JSON.stringify(falseMissing.slice(0, 5))}` : ''}; rows differing from the model ${quiesced.length} after the writers stopped, ${final.length} after the final update` +
+        `${final.length ? ` e.g. ${final.slice(0, 3).join('; ')}` : ''}\n`,
+    );
+  });
 }
 
 for (const sc of SCENARIOS) {
@@ -417,7 +529,7 @@ for (const sc of SCENARIOS) {
     await local.stop();
     await source.stop();
     phase(`writers stopped (${source.transactions} live source transactions)`);
-    await waitForCatchUp(pub, db, slot, 300_000).catch((err) => assert.fail(`${err}\n${child.output().slice(-4000)}`));
+    await untilCaughtUp(child, db, 300_000);
     phase('caught up');
     const quiesced = await checkModel(sc, local, true);
     assert.deepEqual(quiesced.slice(0, 20), [], `${quiesced.length} rows differ from the model after the local writers stopped`);
@@ -430,7 +542,7 @@ for (const sc of SCENARIOS) {
         db,
       );
     }
-    await waitForCatchUp(pub, db, slot, 300_000).catch((err) => assert.fail(`${err}\n${child.output().slice(-4000)}`));
+    await untilCaughtUp(child, db, 300_000);
     phase('final update applied');
     const final = await checkModel(sc, local, false);
     assert.deepEqual(final.slice(0, 20), [], `${final.length} rows differ from the model after the final source update`);
