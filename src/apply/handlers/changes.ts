@@ -7,7 +7,9 @@
  */
 import type { DeleteMessage, InsertMessage, TruncateMessage, UpdateMessage } from '../../protocol/messages.js';
 import { carefulDelete, carefulInsert, carefulUpdate } from './careful.js';
-import type { ApplyState } from '../txn/apply-state.js';
+import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
+import { formatLsn } from '../../protocol/lsn.js';
+import { tupleJson } from '../../conflict/report.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement } from '../sql/statements.js';
 import { detect } from './detect-option.js';
@@ -15,7 +17,7 @@ import { hasRowSemantics, rowsDelete, rowsInsert, rowsTruncate, rowsUpdate } fro
 import { insertsCopyAsSent } from '../sql/copy-messages.js';
 import { INSERT_TUPLE_OFFSET, peekRelationId } from '../../protocol/peek.js';
 import { batchInsert, batchInsertMessage, batchUpdate, flushForChange, noteRowWrite, rowKey } from '../txn/batch.js';
-import { applies, changeTarget, requireTransaction, sendStatement } from '../txn/transaction.js';
+import { applies, changeTarget, requireTransaction, sendStatement, sendStatementForRows } from '../txn/transaction.js';
 
 export { detect } from './detect-option.js';
 
@@ -103,7 +105,13 @@ export async function updateChange(state: ApplyState, m: UpdateMessage): Promise
   }
   if (state.session.options.groupTransactions > 1) noteRowWrite(state, m.relationId, key);
   await flushForChange(state, m.relationId, rel);
-  if (d) return sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d));
+  if (d) {
+    // A row another origin wrote last may be applied and logged in the statement (apply_remote): one result row per such conflict.
+    const statement = updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d, false, xact);
+    return sendStatementForRows(state, statement, (rows) => {
+      for (const [type] of rows) noteInlineConflict(state, rel, xact, m, type as 'update_origin_differs' | 'update_missing');
+    });
+  }
   await sendStatement(state, updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple), (count) => {
     if (count === 0) {
       // Detection off: native's update_missing default, skipped, logged and counted in memory.
@@ -141,4 +149,21 @@ export async function onTruncate(state: ApplyState, m: TruncateMessage): Promise
   // Mapped relations with a TRUNCATE policy or a discriminator: rows.ts.
   if (rels.some(hasRowSemantics)) return rowsTruncate(state, state.tx.xact!, rels, m.restartIdentity);
   await sendStatement(state, truncateStatement(rels, m.restartIdentity));
+}
+
+/** A conflict the statement resolved and logged itself (statements.ts): counted (as native, when detected) and logged like the careful path's. */
+function noteInlineConflict(state: ApplyState, rel: MappedRelation, xact: RemoteTransaction, m: UpdateMessage, type: 'update_origin_differs' | 'update_missing'): void {
+  state.session.counters.conflicts[type]++;
+  if (type === 'update_missing') state.session.counters.updateMissing++;
+  state.session.log.warn(
+    {
+      conflict: type,
+      table: rel.displayName,
+      xid: xact.xid,
+      finishLsn: formatLsn(xact.finalLsn),
+      policy: type === 'update_missing' ? 'skip' : 'apply_remote',
+      key: tupleJson(rel, m.newTuple, rel.keyIndexes),
+    },
+    'conflict detected',
+  );
 }

@@ -116,9 +116,24 @@ export function noteCarried(state: ApplyState, result: Promise<unknown>, from?: 
 export function sendStatement(state: ApplyState, statement: Statement, onCount?: (count: number) => void, rows = 1, firstXid?: number): Promise<void> | undefined {
   const result = state.conn.execute(statement.text, statement.params, statement.paramTypes ? { paramTypes: statement.paramTypes } : undefined);
   noteCarried(state, result, firstXid);
+  return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, paramBytes(statement), rows);
+}
+
+/** Pipeline a statement whose result rows say something (an in-line conflict's markers); `onRows` sees them when they arrive. */
+export function sendStatementForRows(state: ApplyState, statement: Statement, onRows: (rows: readonly unknown[][]) => void): Promise<void> | undefined {
+  const result = state.conn.execute(statement.text, statement.params, { wantRows: true, ...(statement.paramTypes ? { paramTypes: statement.paramTypes } : {}) });
+  noteCarried(state, result);
+  return state.pipeline.push<unknown>(
+    result.then((r) => onRows(r.rows)),
+    paramBytes(statement),
+    1,
+  );
+}
+
+function paramBytes(statement: Statement): number {
   let bytes = 0;
   for (const v of statement.params) if (v !== null) bytes += v.length;
-  return state.pipeline.push<unknown>(onCount ? result.then((r) => onCount(r.rowCount)) : result, bytes, rows);
+  return bytes;
 }
 
 /** The remote transaction starting now (BEGIN, BEGIN PREPARE, a spool's replay, an eager one) becomes the current one. */
