@@ -29,6 +29,7 @@ import { queryRows } from '../../pgwire/connect.js';
 import { quoteIdent } from '../../quote.js';
 import { conflictLogStatement, tupleJson, unchangedColumns, type ConflictRecord } from '../../conflict/report.js';
 import { policyFor, type ConflictType, type Policy } from '../../conflict/types.js';
+import { noteConflict } from './detect-option.js';
 
 interface LocalRow {
   reloid: string;
@@ -206,6 +207,7 @@ interface Seen {
 /** The policy for this conflict; `error` throws, anything else is logged and counted in the transaction. */
 async function decide(state: ApplyState, xact: RemoteTransaction, rel: MappedRelation, seen: Seen, override?: Policy): Promise<Policy> {
   const policy = policyFor(state.session.options.conflicts, rel.displayName, seen.type);
+  noteConflict(rel);
   const record: ConflictRecord = {
     type: seen.type,
     relation: rel,

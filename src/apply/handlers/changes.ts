@@ -12,7 +12,7 @@ import { formatLsn } from '../../protocol/lsn.js';
 import { tupleJson } from '../../conflict/report.js';
 import type { MappedRelation } from '../sql/relmap.js';
 import { deleteStatement, insertStatement, truncateStatement, updateStatement } from '../sql/statements.js';
-import { detect } from './detect-option.js';
+import { detect, noteConflict } from './detect-option.js';
 import { hasRowSemantics, rowsDelete, rowsInsert, rowsTruncate, rowsUpdate } from './rows.js';
 import { insertsCopyAsSent } from '../sql/copy-messages.js';
 import { INSERT_TUPLE_OFFSET, peekRelationId } from '../../protocol/peek.js';
@@ -155,6 +155,7 @@ export async function onTruncate(state: ApplyState, m: TruncateMessage): Promise
 function noteInlineConflict(state: ApplyState, rel: MappedRelation, xact: RemoteTransaction, m: UpdateMessage, type: 'update_origin_differs' | 'update_missing'): void {
   state.session.counters.conflicts[type]++;
   if (type === 'update_missing') state.session.counters.updateMissing++;
+  noteConflict(rel);
   state.session.log.warn(
     {
       conflict: type,
