@@ -79,11 +79,13 @@ type LogRow = {
   local_tuple: unknown;
   local_origin: string | null;
   remote_lsn: string;
+  remote_xid: string;
   policy: string;
+  detail: string | null;
 };
 async function conflictLog(db: string): Promise<LogRow[]> {
   return tgt.query<LogRow>(
-    'SELECT conflict_type, relation, table_name, key, remote_tuple, local_tuple, local_origin, remote_lsn::text AS remote_lsn, policy FROM pgsub.conflict_log ORDER BY id',
+    'SELECT conflict_type, relation, table_name, key, remote_tuple, local_tuple, local_origin, remote_lsn::text AS remote_lsn, remote_xid::text AS remote_xid, policy, detail FROM pgsub.conflict_log ORDER BY id',
     [],
     db,
   );
@@ -234,6 +236,16 @@ describe('conflicts against PostgreSQL 18', () => {
     );
     const s = await stats('apply_remote');
     for (const t of TYPES_IN_ORDER) assert.equal(s[`confl_${t}`], 1, `confl_${t}`);
+    // After the conflicts before it on this table, update_origin_differs is resolved by the
+    // UPDATE itself (statements.ts updateLoggingConflicts): its row says what the careful path's would.
+    const uod = log.find((l) => l.conflict_type === 'update_origin_differs')!;
+    assert.deepEqual(uod.key, { id: '6' });
+    assert.deepEqual(uod.remote_tuple, { id: '6', u: '606', v: 'r6' });
+    assert.deepEqual(uod.local_tuple, { id: 6, u: 606, v: 'l6' });
+    assert.equal(uod.local_origin, '0');
+    assert.equal(uod.remote_lsn, lsns.update_origin_differs);
+    assert.ok(Number(uod.remote_xid) > 0, `remote_xid ${uod.remote_xid}`);
+    assert.match(String(uod.detail), /^row last written by origin 0 at \d{4}-/);
   });
 
   test('policy error: each failing transaction retried and logged once; a fixed row is applied exactly once; pgsub skip --lsn for the others', async () => {

@@ -8,7 +8,16 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import type { MappedRelation, TargetColumn } from '../../src/apply/sql/relmap.js';
-import { deleteStatement, insertManyStatement, insertStatement, maxBatchRows, truncateStatement, updateManyStatement, updateStatement } from '../../src/apply/sql/statements.js';
+import {
+  deleteStatement,
+  insertManyStatement,
+  insertStatement,
+  maxBatchRows,
+  resolvesConflicts,
+  truncateStatement,
+  updateManyStatement,
+  updateStatement,
+} from '../../src/apply/sql/statements.js';
 import { insertArraysStatement } from '../../src/apply/sql/update-rows.js';
 import { ApplyError } from '../../src/errors.js';
 import type { RelationMessage, ReplicaIdentity, Tuple } from '../../src/protocol/messages.js';
@@ -201,6 +210,52 @@ describe('statements', () => {
     const moved = updateStatement(orders, 'key', [t('1'), t('2'), NULL], [t('1'), t('3'), t('n')]);
     assert.equal(moved.text, same.text);
     assert.deepEqual(moved.params, ['1', '3', 'n', '1', '2']);
+  });
+
+  test("UPDATE resolving the default policies' conflicts itself: PostgreSQL 18 with origins, the policy allows, the key sent; nine values more", () => {
+    const remote = { xid: 745, finalLsn: 0x1_0000_0010n, commitTime: 0n };
+    const tuple = [t('1'), t('2'), t('n')];
+    const base = { originId: 3, returningOld: true, subscription: 'sub', inlineOriginDiffers: () => true, inlineMissing: () => true };
+    const inline = updateStatement(orders, undefined, undefined, tuple, base, false, remote);
+    assert.match(inline.text, /^WITH pgsub_changed AS \(UPDATE ONLY "app"\."orders" SET .* RETURNING WITH \(OLD AS pgsub_old\) /);
+    assert.match(inline.text, /pgsub_differs AS \(INSERT INTO "pgsub"\."conflict_log" .* WHERE r <> 3 RETURNING 'update_origin_differs'/);
+    assert.match(inline.text, /pgsub_missing AS \(INSERT INTO "pgsub"\."conflict_log" .* WHERE NOT EXISTS \(SELECT FROM pgsub_changed\)/);
+    assert.doesNotMatch(inline.text, /"pgsub"\."conflict"\(/, 'a missing row is logged, not raised');
+    assert.equal(resolvesConflicts(inline), true);
+    // The sent values, then the key, then subscription, relation, schema, table, the names (JSON), LSN, xid, commit time.
+    assert.deepEqual(inline.params, [
+      '1',
+      '2',
+      'n',
+      '1',
+      '2',
+      'sub',
+      'app.orders',
+      'app',
+      'orders',
+      '["region","id","note"]',
+      '["region","id"]',
+      '1/10',
+      '745',
+      '2000-01-01T00:00:00.000000Z',
+    ]);
+    // update_missing under another policy: raised as before (the careful path resolves it).
+    const raising = updateStatement(orders, undefined, undefined, tuple, { ...base, inlineMissing: () => false }, false, remote);
+    assert.match(raising.text, /SELECT "pgsub"\."conflict"\('update_missing'\)::pg_catalog\.text WHERE NOT EXISTS/);
+    assert.doesNotMatch(raising.text, /pgsub_missing/);
+    // Not for this relation, before PostgreSQL 18, without origins, without the transaction, or with the key moving: the lean detecting UPDATE.
+    const lean = (d: typeof base | { originId: number | null; returningOld: boolean }, r: typeof remote | null = remote, oldKind?: 'key') =>
+      updateStatement(orders, oldKind, oldKind ? [t('1'), t('1'), NULL] : undefined, tuple, d, false, r).text;
+    for (const text of [
+      lean({ ...base, inlineOriginDiffers: () => false }),
+      lean({ ...base, returningOld: false }),
+      lean({ ...base, originId: null }),
+      lean(base, null),
+      lean(base, remote, 'key'),
+    ]) {
+      assert.doesNotMatch(text, /conflict_log/);
+      assert.match(text, /"pgsub"\."conflict"\('update_missing'\)/);
+    }
   });
 
   test('UPDATE leaves unchanged TOAST columns out of SET', () => {

@@ -11,7 +11,7 @@ import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { formatLsn } from '../../protocol/lsn.js';
 import { tupleJson } from '../../conflict/report.js';
 import type { MappedRelation } from '../sql/relmap.js';
-import { deleteStatement, insertStatement, truncateStatement, updateStatement } from '../sql/statements.js';
+import { deleteStatement, insertStatement, resolvesConflicts, truncateStatement, updateStatement } from '../sql/statements.js';
 import { detect, noteConflict } from './detect-option.js';
 import { hasRowSemantics, rowsDelete, rowsInsert, rowsTruncate, rowsUpdate } from './rows.js';
 import { insertsCopyAsSent } from '../sql/copy-messages.js';
@@ -108,6 +108,7 @@ export async function updateChange(state: ApplyState, m: UpdateMessage): Promise
   if (d) {
     // A row another origin wrote last may be applied and logged in the statement (apply_remote): one result row per such conflict.
     const statement = updateStatement(rel, m.oldKind, m.oldTuple, m.newTuple, d, false, xact);
+    if (!resolvesConflicts(statement)) return sendStatement(state, statement);
     return sendStatementForRows(state, statement, (rows) => {
       for (const [type] of rows) noteInlineConflict(state, rel, xact, m, type as 'update_origin_differs' | 'update_missing');
     });

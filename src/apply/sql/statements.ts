@@ -530,7 +530,8 @@ export function updateStatement(
   // Unchanged TOAST columns ('u') are left as they are in the target.
   const setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' || rel.targetColumns[i]!.identityAlways ? [] : [i]));
   const inline = remote !== null && oldKind === undefined && !guard && detect !== null && inlinesOriginDiffers(rel, detect, setIndexes);
-  const shape = `U${setIndexes.join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}${inline ? 'i' : ''}` : ''}`;
+  const inlineShape = inline ? (detect.inlineMissing?.(rel) ? 'im' : 'i') : '';
+  const shape = `U${setIndexes.join(',')}|${loc.shape}${detect ? `|d${detect.originId ?? ''}${inlineShape}` : ''}`;
   const text = cached(rel, shape, () => {
     // Every sent value unchanged (FULL identity, only toasted columns): native still
     // updates the row to itself, firing its triggers; an empty SET is not SQL.
@@ -543,8 +544,19 @@ export function updateStatement(
   const params = new Params(rel);
   for (const i of setIndexes) params.add(newTuple, i);
   addLocatorParams(params, loc);
-  if (inline) addInlineParams(params, rel, detect!.subscription!, remote!);
-  return params.statement(text);
+  if (!inline) return params.statement(text);
+  addInlineParams(params, rel, detect!.subscription!, remote!);
+  const statement = params.statement(text);
+  RESOLVING.add(statement);
+  return statement;
+}
+
+/** The UPDATEs built to resolve conflicts themselves: their result rows name the conflicts met. */
+const RESOLVING = new WeakSet<Statement>();
+
+/** Whether `statement` resolves the default policies' conflicts itself (its rows name them); else its result has nothing to read. */
+export function resolvesConflicts(statement: Statement): boolean {
+  return RESOLVING.has(statement);
 }
 
 /** In-line resolution applies: detection with origins on PostgreSQL 18, apply_remote for this table, a plain relation whose key columns are all set. */
@@ -585,6 +597,7 @@ function addInlineParams(params: Params, rel: MappedRelation, subscription: stri
  * values is built from the bound parameters, in SQL, only for a row that is logged.
  */
 function updateLoggingConflicts(rel: MappedRelation, plain: string, setIndexes: number[], first: number, detect: Detect): string {
+  // Keep in step with the text's cache key (updateStatement's inlineShape).
   const $ = (k: number) => `$${first + k}`;
   const sentText = (i: number) => {
     const n = setIndexes.indexOf(i);
