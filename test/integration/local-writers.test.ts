@@ -499,6 +499,11 @@ for (const sc of SCENARIOS) {
     await sourceBacklog(db, rnd, BACKLOG);
     const quiet = await catchUpRate(sc);
     phase(`quiet backlog applied (${Math.round(quiet.rate)}/s)`);
+    // Nobody else writes yet: not one conflict is seen (a detecting statement's result is no conflict).
+    assert.deepEqual(
+      records(quiet.child).filter((r) => r.msg === 'conflict detected'),
+      [],
+    );
     processes.push(quiet.child);
     await stopChild(quiet.child);
 
@@ -587,6 +592,10 @@ for (const sc of SCENARIOS) {
       assert.equal(retries.length, 1, JSON.stringify(retries));
     }
     const careful = records(child).filter((r) => r.msg === 'conflict detected').length;
+    for (const p of processes) {
+      const unnamed = records(p).filter((r) => r.msg === 'conflict detected' && !(typeof r.conflict === 'string' && r.conflict in byType));
+      assert.deepEqual(unnamed.slice(0, 3), [], 'every conflict logged names a type the conflict log has');
+    }
     if (process.env.PGSUB_WRITERS_DEBUG) process.stdout.write(`# ${JSON.stringify(records(busy.child).find((r) => r.msg === 'apply loop stopped'))}\n`);
     process.stdout.write(
       `# local writers (${sc.name}): apply rate ${Math.round(quiet.rate)} source transactions/s without local writers, ${Math.round(busy.rate)} with them; ` +
