@@ -38,6 +38,11 @@ export function detect(state: ApplyState): Detect | null {
 
 function sessionDetect(state: ApplyState): Detect {
   const { conflicts } = state.session.options;
+  // Only on the serial path: the statement upserts the subscription's counter row, whose lock
+  // an apply lane or the parallel apply connection would hold until a commit that waits for
+  // the connection blocked on it (commits keep source order) — a wait no server can see.
+  const serial = state.policy.commitTurn === undefined && state.policy.resultsBeforeCommit !== true;
+  if (!serial) return { originId: state.session.originId, returningOld: state.conn.serverVersionNum >= 180000 };
   return {
     originId: state.session.originId,
     returningOld: state.conn.serverVersionNum >= 180000,
