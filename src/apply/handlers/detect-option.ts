@@ -38,14 +38,13 @@ export function detect(state: ApplyState): Detect | null {
 
 function sessionDetect(state: ApplyState): Detect {
   const { conflicts } = state.session.options;
+  const lean: Detect = { originId: state.session.originId, returningOld: state.conn.serverVersionNum >= 180000 };
   // Only on the serial path: the statement upserts the subscription's counter row, whose lock
   // an apply lane or the parallel apply connection would hold until a commit that waits for
   // the connection blocked on it (commits keep source order) — a wait no server can see.
-  const serial = state.policy.commitTurn === undefined && state.policy.resultsBeforeCommit !== true;
-  if (!serial) return { originId: state.session.originId, returningOld: state.conn.serverVersionNum >= 180000 };
+  if (state.policy.commitTurn !== undefined || state.policy.resultsBeforeCommit === true) return lean;
   return {
-    originId: state.session.originId,
-    returningOld: state.conn.serverVersionNum >= 180000,
+    ...lean,
     // apply_remote for update_origin_differs (the default) needs no decision: the statement applies and logs it (statements.ts).
     inlineOriginDiffers: (rel) => conflictedLately(rel) && policyFor(conflicts, rel.displayName, 'update_origin_differs') === 'apply_remote',
     // And skip for update_missing (the default): the statement logs the missing row.

@@ -562,7 +562,8 @@ export function resolvesConflicts(statement: Statement): boolean {
 /** In-line resolution applies: detection with origins on PostgreSQL 18, apply_remote for this table, a plain relation whose key columns are all set. */
 function inlinesOriginDiffers(rel: MappedRelation, detect: Detect, setIndexes: number[]): boolean {
   if (detect.originId === null || !detect.returningOld || !detect.inlineOriginDiffers || detect.subscription === undefined || rel.reshape) return false;
-  return rel.keyIndexes.length > 0 && rel.keyIndexes.every((i) => setIndexes.includes(i)) && detect.inlineOriginDiffers(rel);
+  // The relation's recent conflicts first: for a table nobody else writes that answers at once (a per-row check).
+  return detect.inlineOriginDiffers(rel) && rel.keyIndexes.length > 0 && rel.keyIndexes.every((i) => setIndexes.includes(i));
 }
 
 /** Names as the conflict rows show them (JSON arrays, bound as values): every column, the key's. */
