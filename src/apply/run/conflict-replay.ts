@@ -54,12 +54,13 @@ import { CarefulReplayError, GroupRetryError } from './retry-errors.js';
 /** Messages kept, all transactions together; beyond this a conflict among them is left to a new session. */
 const REPLAY_BYTES = 16 * 1024 * 1024;
 
-/** One remote transaction's raw messages, as they came. */
+/** One remote transaction's raw messages, as they came: `count` of them from slot `first` of the message log. */
 interface KeptTransaction {
   xid: number;
   /** Its commit (or prepare) LSN: committed on the target once progress.durable is past it. */
   finalLsn: Lsn;
-  messages: Buffer[];
+  first: number;
+  count: number;
   /** BEGIN … COMMIT: its messages apply it again at any time. A spool's replay, a prepare: only until it ends. */
   plain: boolean;
   /** Dispatched through its end. */
@@ -70,9 +71,82 @@ interface KeptTransaction {
   careful: boolean;
 }
 
+/** Slots the message log may leave unused at its front before it moves the rest down. */
+const LOG_SHIFT_SLOTS = 16_384;
+
+/**
+ * Where the kept messages lie — each one's ArrayBuffer, offset and length, in arrival
+ * order — with no object per message. Keeping the message's own view for as long as a
+ * group is open made every view survive the young generation's collections and be
+ * promoted: on a conflict-free stream of small transactions that cost ~15% of pgsub's CPU
+ * and 40-50 MB of RSS. The views are made again only for a replay.
+ */
+export class MessageLog {
+  #buffers: (ArrayBufferLike | undefined)[] = [];
+  #offsets = new Int32Array(4096);
+  #lengths = new Int32Array(4096);
+  #end = 0;
+
+  /** The next slot. */
+  get end(): number {
+    return this.#end;
+  }
+
+  push(raw: Buffer): void {
+    const i = this.#end;
+    if (i === this.#offsets.length) this.#grow();
+    this.#buffers[i] = raw.buffer;
+    this.#offsets[i] = raw.byteOffset;
+    this.#lengths[i] = raw.length;
+    this.#end = i + 1;
+  }
+
+  /** Slots [from, from + count) as views of the bytes they name. */
+  views(from: number, count: number): Buffer[] {
+    const out: Buffer[] = new Array<Buffer>(count);
+    for (let i = 0; i < count; i++) out[i] = Buffer.from(this.#buffers[from + i]!, this.#offsets[from + i]!, this.#lengths[from + i]!);
+    return out;
+  }
+
+  /** Let go of the bytes of slots [from, from + count); returns how many bytes they held. */
+  release(from: number, count: number): number {
+    let bytes = 0;
+    for (let i = from; i < from + count; i++) {
+      if (this.#buffers[i] === undefined) continue;
+      bytes += this.#lengths[i]!;
+      this.#buffers[i] = undefined;
+    }
+    return bytes;
+  }
+
+  /** Drop the first `n` slots (released already): the rest move down by `n`. */
+  shift(n: number): void {
+    this.#offsets.copyWithin(0, n, this.#end);
+    this.#lengths.copyWithin(0, n, this.#end);
+    this.#buffers.copyWithin(0, n, this.#end);
+    this.#end -= n;
+    this.#buffers.length = this.#end;
+  }
+
+  reset(): void {
+    this.#buffers.length = 0;
+    this.#end = 0;
+  }
+
+  #grow(): void {
+    const offsets = new Int32Array(this.#offsets.length * 2);
+    offsets.set(this.#offsets);
+    this.#offsets = offsets;
+    const lengths = new Int32Array(this.#lengths.length * 2);
+    lengths.set(this.#lengths);
+    this.#lengths = lengths;
+  }
+}
+
 /** The kept transactions, oldest first; the applier's alone. */
 class KeptSpan {
   readonly entries: KeptTransaction[] = [];
+  readonly #log = new MessageLog();
   #bytes = 0;
   #current: KeptTransaction | null = null;
 
@@ -80,7 +154,7 @@ class KeptSpan {
   start(xid: number, finalLsn: Lsn, plain: boolean, settled: boolean, durable: Lsn): void {
     if (settled) this.clear();
     else this.#dropCommitted(durable);
-    this.#current = { xid, finalLsn, messages: [], plain, ended: false, lost: false, careful: false };
+    this.#current = { xid, finalLsn, first: this.#log.end, count: 0, plain, ended: false, lost: false, careful: false };
     this.entries.push(this.#current);
   }
 
@@ -95,8 +169,14 @@ class KeptSpan {
       this.#bytes = 0;
       return false;
     }
-    t.messages.push(raw);
+    this.#log.push(raw);
+    t.count++;
     return true;
+  }
+
+  /** The kept messages of `t`, in order. */
+  messagesOf(t: KeptTransaction): Buffer[] {
+    return this.#log.views(t.first, t.count);
   }
 
   /** The transaction under way was dispatched through its end. */
@@ -115,6 +195,7 @@ class KeptSpan {
 
   clear(): void {
     this.entries.length = 0;
+    this.#log.reset();
     this.#bytes = 0;
     this.#current = null;
   }
@@ -154,15 +235,24 @@ class KeptSpan {
     let n = 0;
     while (n < this.entries.length && this.entries[n]!.ended && this.entries[n]!.finalLsn < durable) n++;
     if (n === 0) return;
-    for (let i = 0; i < n; i++) for (const m of this.entries[i]!.messages) this.#bytes -= m.length;
+    for (let i = 0; i < n; i++) {
+      const e = this.entries[i]!;
+      this.#bytes -= this.#log.release(e.first, e.count);
+    }
     this.entries.splice(0, n);
+    if (this.entries.length === 0) return this.#log.reset();
+    // The slots before the oldest entry left are free: move the rest down now and then.
+    const from = this.entries[0]!.first;
+    if (from >= LOG_SHIFT_SLOTS && from * 2 >= this.#log.end) {
+      this.#log.shift(from);
+      for (const e of this.entries) e.first -= from;
+    }
   }
 
   #lose(e: KeptTransaction): void {
     if (e.lost) return;
-    for (const m of e.messages) this.#bytes -= m.length;
+    this.#bytes -= this.#log.release(e.first, e.count);
     e.lost = true;
-    e.messages = [];
   }
 }
 
@@ -306,7 +396,7 @@ export class ConflictReplay {
         state.session.counters.carefulReplays++;
       }
       state.mode.careful = t.careful;
-      for (const raw of t.messages) {
+      for (const raw of this.#kept.messagesOf(t)) {
         const sent = raw[0] === TAG.INSERT ? insertAsSent(state, raw) : false;
         const applied = sent === false ? dispatch(state, decode(raw, this.#context), raw) : sent;
         if (applied) await applied;
