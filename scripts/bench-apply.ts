@@ -50,7 +50,8 @@
  * target clusters (exact, from /proc), of the walsender serving the slot (its
  * pg_replication_slots.active_pid, whole life: the decoding floor both contestants
  * share) and its busy share (CPU / the measured time: below ~90% the subscriber leaves
- * the decoding floor waiting), of every target backend in the contestant's database
+ * the decoding floor waiting — or the walsender waits for a core: its schedstat run delay
+ * is printed as "core wait"), of every target backend in the contestant's database
  * (pg_stat_activity, sampled: pgsub's apply, lane, flush and helper connections, native's
  * apply and parallel workers), of pgsub (all its threads); pgsub's peak RSS (VmHWM), and
  * where its apply loop waited (its 'apply loop stopped' log line, src/apply/run/loop-times.ts:
@@ -461,6 +462,8 @@ interface RunResult {
   walsenderCpu?: number;
   /** Walsender CPU / measured seconds. */
   walsenderBusy?: number;
+  /** Seconds the walsender was runnable but waited for a CPU (schedstat): its "not busy" that is not waiting for the subscriber. */
+  walsenderCoreWait?: number;
   pgsubCpu?: number;
   /** pgsub's CPU per row change, µs. */
   pgsubUsPerChange?: number;
@@ -530,7 +533,7 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, builds
         log(
           `  ${e.kind}: ${r.seconds} s (applied ${r.markerSeconds} s, confirmed ${r.confirmedSeconds} s${r.checksumLate ? ', checksums late' : ''}), ${fmtInt(r.rowsPerSecond!)} rows/s` +
             (r.peakRssMB !== undefined ? `, peak RSS ${r.peakRssMB} MB` : '') +
-            `, CPU walsender ${r.walsenderCpu} s (${pct(r.walsenderBusy)} busy), target ${r.targetCpu} s (its backends ${r.targetBackendsCpu} s)` +
+            `, CPU walsender ${r.walsenderCpu} s (${pct(r.walsenderBusy)} busy, ${r.walsenderCoreWait ?? '-'} s waiting for a core), target ${r.targetCpu} s (its backends ${r.targetBackendsCpu} s)` +
             (r.pgsubCpu !== undefined ? `, pgsub ${r.pgsubCpu} s (${r.pgsubUsPerChange} µs/change)` : '') +
             (r.waits ? `, pgsub waits ${fmtWaits(r.waits)}` : '') +
             (r.slotStats?.stream_txns ? `, ${r.slotStats.stream_txns} streamed txn(s)` : '') +
@@ -667,6 +670,7 @@ async function measure(
       ...(peak?.timeline ? { rssTimelineMB: peak.timeline.map(([t, mib]): [number, number] => [t, round(mib * MIB_TO_MB, 0)]) } : {}),
       walsenderCpu: report.groups.walsender,
       ...(report.groups.walsender !== undefined ? { walsenderBusy: round(report.groups.walsender / ((tDone - t0) / 1000), 3) } : {}),
+      ...(report.runDelay.walsender !== undefined ? { walsenderCoreWait: report.runDelay.walsender } : {}),
       ...(report.groups.pgsub !== undefined ? { pgsubCpu: report.groups.pgsub, pgsubUsPerChange: round((report.groups.pgsub * 1e6) / w.rowChanges, 1) } : {}),
       targetBackendsCpu: backendsCpu,
       ...(waits ? { waits } : {}),
@@ -705,6 +709,7 @@ interface Summary {
   peakRssMB?: number;
   walsenderCpu?: number;
   walsenderBusy?: number;
+  walsenderCoreWait?: number;
   pgsubCpu?: number;
   pgsubUsPerChange?: number;
   targetBackendsCpu?: number;
@@ -736,6 +741,7 @@ function summarize(runs: RunResult[]): Summary[] {
       ...(isPgsub(contestant) ? { peakRssMB: Math.max(...ok.map((r) => r.peakRssMB ?? 0)) } : {}),
       walsenderCpu: med((r) => r.walsenderCpu),
       walsenderBusy: med((r) => r.walsenderBusy),
+      walsenderCoreWait: med((r) => r.walsenderCoreWait),
       pgsubCpu: med((r) => r.pgsubCpu),
       pgsubUsPerChange: med((r) => r.pgsubUsPerChange),
       targetBackendsCpu: med((r) => r.targetBackendsCpu),
@@ -805,7 +811,10 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
     );
   }
   out('native/pgsub > 1: pgsub faster (median against median, same mode). CPU: seconds during the measurement (median); walsender = the one serving the slot,');
-  out('  busy = its CPU / the time; backends = every backend of the contestant in the target; µs/change = pgsub CPU per row change;');
+  out(
+    '  busy = its CPU / the time; core wait = its time runnable but waiting for a CPU (schedstat; the rest of "not busy" it slept: waiting for the subscriber, or not connected yet);',
+  );
+  out('  backends = every backend of the contestant in the target; µs/change = pgsub CPU per row change;');
   out('  pgsub waits (s): receiver on the socket / on a full queue, applier on an empty queue / on results / on commits (apply loop stopped)');
   out();
   const header = [
@@ -821,6 +830,7 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
     'pgsub peak RSS MB',
     'walsender CPU s',
     'walsender busy',
+    'walsender core wait s',
     'pgsub CPU s',
     'pgsub µs/change',
     'target CPU s',
@@ -829,7 +839,7 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
   ];
   const rows = summaries.map((x) =>
     x.refused && !x.runs
-      ? [x.pair, x.workload, x.mode, x.contestant, 0, 'refused', '', '', '', '', '', '', '', '', '', '', '']
+      ? [x.pair, x.workload, x.mode, x.contestant, 0, 'refused', '', '', '', '', '', '', '', '', '', '', '', '']
       : [
           x.pair,
           x.workload,
@@ -843,6 +853,7 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
           x.peakRssMB === undefined ? '-' : String(x.peakRssMB),
           f(x.walsenderCpu),
           pct(x.walsenderBusy),
+          f(x.walsenderCoreWait),
           f(x.pgsubCpu),
           f(x.pgsubUsPerChange, 1),
           f(x.targetCpu),

@@ -59,6 +59,15 @@ function readProcStat(pid: number): ProcStat | null {
   return { pid, ppid: num(4), cpu: (num(14) + num(15)) / TICKS_PER_SECOND, childCpu: (num(16) + num(17)) / TICKS_PER_SECOND };
 }
 
+/** Seconds the process has waited, runnable, for a CPU (/proc/PID/schedstat, second field); null once it has gone. */
+function readRunDelay(pid: number): number | null {
+  try {
+    return Number(readFileSync(`/proc/${pid}/schedstat`, 'utf8').split(' ')[1]) / 1e9;
+  } catch {
+    return null;
+  }
+}
+
 function readCmdline(pid: number): string {
   try {
     return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0+$/, '').replace(/\0/g, ' ');
@@ -134,6 +143,12 @@ export interface CpuReport {
   groups: Record<string, number>;
   /** Sampled split of each cluster's children by backend kind (seconds). */
   kinds: Record<string, Record<string, number>>;
+  /**
+   * Per watched process: seconds it was runnable but waited for a CPU (schedstat). With
+   * its CPU seconds and the wall time this says whether a process that is not busy waited
+   * for work or for a core.
+   */
+  runDelay: Record<string, number>;
 }
 
 /**
@@ -145,6 +160,8 @@ export class CpuSampler {
   private readonly procs = new Map<string, number>();
   private readonly procFirst = new Map<string, number>();
   private readonly procLast = new Map<string, number>();
+  private readonly delayFirst = new Map<string, number>();
+  private readonly delayLast = new Map<string, number>();
   /** Per cluster: pid → { kind, first seen cpu, last seen cpu }. */
   private readonly children = new Map<string, Map<number, { kind: string; first: number; last: number }>>();
   private clusterStart = new Map<string, number>();
@@ -179,6 +196,9 @@ export class CpuSampler {
     const s = readProcStat(pid);
     this.procFirst.set(name, fromBirth ? 0 : (s?.cpu ?? 0));
     this.procLast.set(name, s?.cpu ?? 0);
+    const delay = readRunDelay(pid) ?? 0;
+    this.delayFirst.set(name, fromBirth ? 0 : delay);
+    this.delayLast.set(name, delay);
   }
 
   stop(): CpuReport {
@@ -203,7 +223,9 @@ export class CpuSampler {
           .sort((a, b) => (b[1] as number) - (a[1] as number)),
       );
     }
-    return { wallSeconds: round(wallSeconds), machineBusy: round(machine.busy - this.machineStart.busy), cores: coreCount(), groups, kinds };
+    const runDelay: Record<string, number> = {};
+    for (const name of this.procs.keys()) runDelay[name] = round((this.delayLast.get(name) ?? 0) - (this.delayFirst.get(name) ?? 0));
+    return { wallSeconds: round(wallSeconds), machineBusy: round(machine.busy - this.machineStart.busy), cores: coreCount(), groups, kinds, runDelay };
   }
 
   private clusterTotal(postmaster: number): number {
@@ -222,6 +244,8 @@ export class CpuSampler {
     for (const [name, pid] of this.procs) {
       const s = readProcStat(pid);
       if (s) this.procLast.set(name, s.cpu);
+      const delay = readRunDelay(pid);
+      if (delay !== null) this.delayLast.set(name, delay);
     }
     const byParent = new Map<number, string>();
     for (const [name, pid] of Object.entries(this.clusters)) byParent.set(pid, name);
