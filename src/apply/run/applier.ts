@@ -56,6 +56,11 @@ export interface ApplierParts {
   stopping(): boolean;
 }
 
+/** What a dispatch threw, handed to the slow path (a handler's answer may be any thenable, so the failure is the one marked). */
+class DispatchFailed {
+  constructor(readonly failure: unknown) {}
+}
+
 export class Applier {
   readonly times: ApplierTimes = newApplierTimes();
   #idle = false;
@@ -178,23 +183,23 @@ export class Applier {
   }
 
   /** Dispatch once: nothing when it completed (most changes are batched), the answer to wait for, or what it threw. */
-  #dispatchOnce(raw: Buffer, message: PgOutputMessage | null): Promise<void> | { failure: unknown } | undefined {
+  #dispatchOnce(raw: Buffer, message: PgOutputMessage | null): Promise<void> | DispatchFailed | undefined {
     const { state } = this.p;
     try {
       let pending = message === null ? insertAsSent(state, raw) : false;
       if (pending === false) pending = dispatch(state, message ?? decode(raw, this.#decodeContext), raw);
       return pending || undefined;
     } catch (failure) {
-      return { failure };
+      return new DispatchFailed(failure);
     }
   }
 
   /** The message's slow path: its answer awaited; after a failure, recovered and dispatched again unless a replay applied it. */
-  async #applyWaiting(raw: Buffer, message: PgOutputMessage | null, kept: boolean, first: Promise<void> | { failure: unknown }): Promise<false> {
-    let step: Promise<void> | { failure: unknown } | undefined = first;
+  async #applyWaiting(raw: Buffer, message: PgOutputMessage | null, kept: boolean, first: Promise<void> | DispatchFailed): Promise<false> {
+    let step: Promise<void> | DispatchFailed | undefined = first;
     while (step !== undefined) {
       try {
-        if (!(step instanceof Promise)) throw step.failure;
+        if (step instanceof DispatchFailed) throw step.failure;
         await this.#timed(step, 'resultsWaitMs');
         break;
       } catch (err) {
