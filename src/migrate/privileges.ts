@@ -119,10 +119,17 @@ async function withSides(
   let source: Db | null = null;
   let target: Db | null = null;
   try {
-    if (sides.source) source = await openPgDb(config.source, appName);
-    if (sides.target) target = await openTargetDb(config.target, appName);
-    const s = source ? await sideOf(source) : null;
-    const t = target ? await sideOf(target) : null;
+    // Both sides at once (each a connection's round trips; every `pgsub run` starts here);
+    // what opened is kept for the finally, then the source's failure is named first.
+    const [openedSource, openedTarget] = await Promise.allSettled([
+      sides.source ? openPgDb(config.source, appName) : null,
+      sides.target ? openTargetDb(config.target, appName) : null,
+    ]);
+    source = openedSource.status === 'fulfilled' ? openedSource.value : null;
+    target = openedTarget.status === 'fulfilled' ? openedTarget.value : null;
+    if (openedSource.status === 'rejected') throw openedSource.reason;
+    if (openedTarget.status === 'rejected') throw openedTarget.reason;
+    const [s, t] = await Promise.all([source ? sideOf(source) : null, target ? sideOf(target) : null]);
     await fn(s, t);
     const err = privilegeError(
       purpose.replace('_', ' '),
@@ -147,15 +154,26 @@ async function tablesToCopy(target: Db, subscription: string, rels: readonly Rel
 /** `pgsub run`, before its first session creates anything (pgsub's schema, the origin, the slot). */
 export async function checkRunPrivileges(config: Config): Promise<void> {
   await withSides(config, 'run', { source: true, target: true }, async (s, t) => {
-    needReplication(s!, WHY.stream);
-    const rels = await publishedRels(s!.db, config.publications);
-    if (config.copyData) await needOnRelations(s!, 'table', rels, WHY.copy, { privileges: ['SELECT'] });
-    const seqs = config.sequences === 'sync' ? await sourceSequences(s!.db, config, rels) : [];
-    await needOnRelations(s!, 'sequence', seqs, WHY.readSequence, { privileges: ['SELECT'] });
-
-    await needPgsubSchema(t!, WHY.pgsub);
-    await needReplicaRole(t!, WHY.apply_session);
-    await needOriginFunctions(t!, applyOriginFunctions(config), WHY.apply_session);
+    // The target's checks that need no published table run beside the source's (each side
+    // collects its own lacks, in the order it checks them).
+    const targetSessionChecks = (async () => {
+      await needPgsubSchema(t!, WHY.pgsub);
+      await needReplicaRole(t!, WHY.apply_session);
+      await needOriginFunctions(t!, applyOriginFunctions(config), WHY.apply_session);
+    })();
+    const sourceSide = (async () => {
+      needReplication(s!, WHY.stream);
+      const rels = await publishedRels(s!.db, config.publications);
+      if (config.copyData) await needOnRelations(s!, 'table', rels, WHY.copy, { privileges: ['SELECT'] });
+      const seqs = config.sequences === 'sync' ? await sourceSequences(s!.db, config, rels) : [];
+      await needOnRelations(s!, 'sequence', seqs, WHY.readSequence, { privileges: ['SELECT'] });
+      return { rels, seqs };
+    })();
+    // Both settled before anything is thrown: withSides closes the sessions after this.
+    const [source, target] = await Promise.allSettled([sourceSide, targetSessionChecks]);
+    if (source.status === 'rejected') throw source.reason;
+    if (target.status === 'rejected') throw target.reason;
+    const { rels, seqs } = source.value;
     const applied = targetRels(config, rels);
     await needOnRelations(t!, 'table', applied, WHY.apply, { privileges: APPLY_TABLE_PRIVILEGES });
     if (config.copyData && config.deferIndexes) {

@@ -344,12 +344,17 @@ export interface SequenceSyncService {
   errors(): number;
 }
 
+/** The longest the first round waits for `firstRoundAfter`. */
+const FIRST_ROUND_WAIT_MS = 5000;
+
 /**
  * The periodic sync inside `pgsub run`: a round every sequence_interval on connections of
  * its own (opened for the round, so a server restart costs one round). A failing round is
  * logged (at warn the first time a message is seen, at debug after) and retried next time.
+ * The first round starts once `firstRoundAfter` settles (the stream started) or after 5 s:
+ * it reads the catalogs of both servers as the session's start does, and would slow it.
  */
-export function startSequenceSync(config: Config, log: Logger): SequenceSyncService {
+export function startSequenceSync(config: Config, log: Logger, firstRoundAfter: Promise<void> = Promise.resolve()): SequenceSyncService {
   if (config.sequences === 'off') return { stop: async () => {}, last: () => null, errors: () => 0 };
   const appName = `pgsub_${config.subscription}_sequences`;
   let stopped = false;
@@ -402,12 +407,24 @@ export function startSequenceSync(config: Config, log: Logger): SequenceSyncServ
     }, ms);
     timer.unref();
   };
-  schedule(0);
+  let waitTimer: NodeJS.Timeout | null = null;
+  let scheduled = false;
+  const first = () => {
+    if (scheduled) return;
+    scheduled = true;
+    if (waitTimer) clearTimeout(waitTimer);
+    schedule(0);
+  };
+  waitTimer = setTimeout(first, FIRST_ROUND_WAIT_MS);
+  waitTimer.unref();
+  void firstRoundAfter.then(first, first);
   return {
     last: () => last,
     errors: () => errors,
     stop: async () => {
       stopped = true;
+      scheduled = true;
+      if (waitTimer) clearTimeout(waitTimer);
       if (timer) clearTimeout(timer);
       // A round in flight finishes on its own; the stop waits for it only briefly.
       await Promise.race([running, new Promise((r) => setTimeout(r, STOP_WAIT_MS).unref())]);

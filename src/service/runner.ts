@@ -133,6 +133,9 @@ class ServiceRunner {
   #fatal: unknown = null;
   /** Apply errors in this process (written by #afterError). */
   #applyErrors = 0;
+  /** Resolves when a session of this process first streams: the sequence sync's first round waits for it (answered by #runSession). */
+  readonly #firstStream: Promise<void>;
+  readonly #answerFirstStream: () => void;
   /** The published tables' sequences follow the stream to the target (sequences: sync), once the privileges are checked (written by #runSession). */
   #sequenceSync: SequenceSyncService | null = null;
 
@@ -150,7 +153,7 @@ class ServiceRunner {
       hold: this.setup.verifyHold,
       own,
       sync: this.setup.sync,
-      beforeStreaming: () => this.setup.beforeStreaming(),
+      beforeStreaming: (publisher) => this.setup.beforeStreaming(publisher),
       publications: () => this.setup.publications(),
       onUnknownTable: (schema, table) => this.setup.onUnknownTable(schema, table),
       carefulLsn: null,
@@ -161,6 +164,9 @@ class ServiceRunner {
     let answer!: () => void;
     this.started = new Promise<void>((resolve) => (answer = resolve));
     this.#answerStart = answer;
+    let streamed!: () => void;
+    this.#firstStream = new Promise<void>((resolve) => (streamed = resolve));
+    this.#answerFirstStream = streamed;
     // Not answered at the loop's end: a caller racing `started` with `done` sees the end as the end.
     const loop = this.#loop();
     this.done = loop
@@ -215,19 +221,20 @@ class ServiceRunner {
   /** One session, from its start to its end; its failure is thrown to #loop. */
   async #runSession(): Promise<void> {
     this.#sessionStartedAt = null;
-    // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every privilege on both sides.
-    if (!this.#privilegesChecked) {
-      await checkRunPrivileges(this.config);
-      this.#privilegesChecked = true;
-    }
-    const current = await this.#startSession();
+    // Before anything is created (pgsub's schema, the origin, the slot, a sequence set): every
+    // privilege on both sides; the session opens its connections meanwhile and waits for it.
+    const privileges = this.#privilegesChecked ? undefined : checkRunPrivileges(this.config).then(() => void (this.#privilegesChecked = true));
+    const current = await this.#startSession(privileges);
     if (current === null) return;
     this.#session = current;
     if (this.#stopped) current.stop();
     // A copy that finished while this session was starting waits for the next one.
     else this.setup.restartForFinishedCopies();
     this.#sessionStartedAt = Date.now();
-    void current.started.then(() => (this.#streamedOnce = true));
+    void current.started.then(() => {
+      this.#streamedOnce = true;
+      this.#answerFirstStream();
+    });
     await this.#untilEnd(current);
     if (this.#stopped) return;
     // A session that ran a while, or committed something, resets the backoff.
@@ -242,6 +249,7 @@ class ServiceRunner {
    * touched either, and `started` lets `pgsub run` bind the metrics port.
    */
   #runLockTaken(): void {
+    this.setup.onRunLock();
     // A start stop() abandoned may still get this far: nothing new starts once the service ends.
     if (this.#slotGuard === null && !this.#stopped) {
       this.#slotGuard = startSlotGuard(this.config, this.log, {
@@ -249,14 +257,14 @@ class ServiceRunner {
         maxRetainedBytes: this.config.maxRetainedWalBytes,
         onLost: (err) => this.fail(err),
       });
-      this.#sequenceSync = startSequenceSync(this.config, this.log);
+      this.#sequenceSync = startSequenceSync(this.config, this.log, this.#firstStream);
     }
     this.#answerStart();
   }
 
   /** The started session, or null when stop() came first: a stop while connecting (a server that does not answer) is not kept waiting for it. */
-  async #startSession(): Promise<SessionHandle | null> {
-    const starting = startSession(this.config, this.counters, this.log, this.#deps, this.events).then(
+  async #startSession(privilegesChecked: Promise<void> | undefined): Promise<SessionHandle | null> {
+    const starting = startSession(this.config, this.counters, this.log, this.#deps, this.events, privilegesChecked).then(
       (handle) => ({ handle }),
       (error: unknown) => ({ error }),
     );

@@ -63,7 +63,7 @@ export interface SessionEvents {
 export interface SessionDeps {
   sync: SyncStates;
   /** After the slot and origin exist, before streaming: register tables, run the initial copy. */
-  beforeStreaming(): Promise<void>;
+  beforeStreaming(publisher: ReplicationConnection): Promise<void>;
   /** The configured publications that exist, as the launcher last found them (at beforeStreaming at the latest). */
   publications(): readonly string[];
   onUnknownTable(schema: string, table: string): void;
@@ -88,11 +88,21 @@ export function streamingApplicationName(config: Config): string {
   return config.source.applicationName ?? config.subscription;
 }
 
-export async function startSession(config: Config, counters: ApplyCounters, log: Logger, deps: SessionDeps, events: SessionEvents = {}): Promise<SessionHandle> {
+/** `privilegesChecked`: checkRunPrivileges of the process's first session, run beside the connections' opening. */
+export async function startSession(
+  config: Config,
+  counters: ApplyCounters,
+  log: Logger,
+  deps: SessionDeps,
+  events: SessionEvents = {},
+  privilegesChecked?: Promise<void>,
+): Promise<SessionHandle> {
   const session = new Session(config, counters, log, deps, events);
-  // The connections are opened while the migrations run: a restart costs one round of
-  // connection setup, not one per connection (startup is part of every catch-up).
+  // The connections are opened while the privileges are checked and the migrations run: a
+  // restart costs one round of connection setup, not one per connection (startup is part
+  // of every catch-up). Nothing is created before `privilegesChecked` resolves.
   session.open();
+  await session.afterPrivileges(privilegesChecked);
   const control = await session.prepareTarget();
   return session.start(control);
 }
@@ -137,6 +147,8 @@ class Session {
   #stopped = false;
   /** The apply connection lost while running: the session's end rejects with it. */
   #lost: Error | null = null;
+  /** The target session of the steps before streaming (#openMaintenance), ended after #reconcile. */
+  #maintenance: Sql | null = null;
 
   constructor(
     private readonly config: Config,
@@ -162,12 +174,23 @@ class Session {
     this.#opened = Promise.allSettled([applyOpening, replicationOpening, trackerOpening]);
   }
 
+  /** Waits for the privilege check; closes what open() opened if it failed. */
+  async afterPrivileges(checked: Promise<void> | undefined): Promise<void> {
+    try {
+      await checked;
+    } catch (err) {
+      await this.#closeOpened();
+      throw err;
+    }
+  }
+
   /** Migrates pgsub's schema in the target and reads the subscription's control; closes what open() opened if that fails. */
   async prepareTarget(): Promise<Control> {
     const { config } = this;
     try {
       // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
-      const control = await withMaintenanceConn(config, this.#appName, async (sql) => {
+      const sql = this.#openMaintenance();
+      const control = await (async () => {
         await migrateWith(sql);
         // A failure recorded for a transaction applied since is no longer pending.
         await clearPassedError(sql, config.subscription);
@@ -178,7 +201,7 @@ class Session {
         const cut = await cutOverAt(sql, config.subscription);
         if (cut) throw forwardServiceEnds(cut.lsn);
         return control;
-      }).catch((err: unknown) => {
+      })().catch((err: unknown) => {
         // A wrong password, a pg_hba.conf line, no CREATE for pgsub's schema: say which.
         throw refusal('target', config.target, err, 'schema') ?? err;
       });
@@ -187,6 +210,7 @@ class Session {
       }
       return control;
     } catch (err) {
+      await this.#endMaintenance();
       await this.#closeOpened();
       throw err;
     }
@@ -196,8 +220,12 @@ class Session {
   async start(control: Control): Promise<SessionHandle> {
     try {
       const { conn, replication } = await this.#takeConnections();
-      const originId = await this.#prepareOrigin(conn);
-      const publisher = await this.#checkPublisher(replication);
+      // The run lock and origin on the target, the publisher's checks on its own connection: side by side.
+      const [origin, checked] = await Promise.allSettled([this.#prepareOrigin(conn), this.#checkPublisher(replication)]);
+      // A second pgsub refused at the run lock is told that first.
+      if (origin.status === 'rejected') throw origin.reason;
+      if (checked.status === 'rejected') throw checked.reason;
+      const [originId, publisher] = [origin.value, checked.value];
       const originLsn = await this.#reconcile(replication);
       const twoPhase = this.#twoPhaseNow();
       const startLsn = await this.#streamStart(replication, originLsn);
@@ -255,16 +283,16 @@ class Session {
   /** The slot against the origin (the stream's origin LSN), then the tables' registration and initial copy. */
   async #reconcile(replication: ReplicationConnection): Promise<Lsn> {
     const { config, deps } = this;
-    const maintenance = openMaintenance(config.target, this.#appName);
+    const maintenance = this.#openMaintenance();
     try {
       const originLsn = await reconcileSlot(config, replication, maintenance, this.log, this.#streamingName, deps.own);
-      await deps.beforeStreaming();
+      await deps.beforeStreaming(replication);
       // Finished copies are now caught up by this stream, which starts at or before them.
       await maintenance.unsafe(`UPDATE "pgsub"."subscription_rel" SET state = 's', updated_at = now() WHERE subscription = $1 AND state = 'f'`, [config.subscription]);
       for (const t of deps.sync.all()) if (t.state === 'f') deps.sync.set({ ...t, state: 's' });
       return originLsn;
     } finally {
-      await maintenance.end({ timeout: 5 });
+      await this.#endMaintenance();
     }
   }
 
@@ -452,19 +480,27 @@ class Session {
     if (t.status === 'fulfilled') await t.value?.close().catch(() => {});
   }
 
+  /**
+   * One session on the target for the steps before streaming (migrations, control, the
+   * slot's reconciliation, the tables' states): one login instead of one per step.
+   */
+  #openMaintenance(): Sql {
+    this.#maintenance ??= openMaintenance(this.config.target, this.#appName);
+    return this.#maintenance;
+  }
+
+  async #endMaintenance(): Promise<void> {
+    const sql = this.#maintenance;
+    this.#maintenance = null;
+    await sql?.end({ timeout: 5 }).catch(() => {});
+  }
+
   /** The connections start() took, after a failed step or at the loop's end. */
   async #close(): Promise<void> {
+    await this.#endMaintenance();
     await this.#replication?.close();
     await this.#conn?.close().catch(() => {});
     await this.#flushTracker?.close().catch(() => {});
   }
 }
 
-async function withMaintenanceConn<T>(config: Config, appName: string, fn: (sql: Sql) => Promise<T>): Promise<T> {
-  const sql = openMaintenance(config.target, appName);
-  try {
-    return await fn(sql);
-  } finally {
-    await sql.end({ timeout: 5 });
-  }
-}

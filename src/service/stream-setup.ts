@@ -16,6 +16,7 @@ import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { Launcher } from '../tablesync/launcher.js';
+import type { ReplicationConnection } from '../protocol/replication.js';
 import { ProgressReporter } from '../tablesync/copy-report.js';
 import { SyncStates } from '../origin/sync-state.js';
 import { VerifyHold } from '../verify/hold.js';
@@ -29,6 +30,11 @@ import type { TargetControl } from './target-control.js';
 class StoppedWhileStartingError extends PgsubError {
   readonly code = 'PGSUB_STOPPED_WHILE_STARTING';
   readonly retryable = false;
+}
+
+/** Waits for every step, then throws the first failure in the order given (null: a step not run). */
+async function settledInOrder(steps: (Promise<unknown> | null)[]): Promise<void> {
+  for (const result of await Promise.allSettled(steps)) if (result.status === 'rejected') throw result.reason;
 }
 
 /** The service loop's state this reads (runner.ts writes it). */
@@ -142,22 +148,36 @@ export class StreamSetup {
     void restart();
   }
 
-  async beforeStreaming(): Promise<void> {
+  /** A session took the run lock: the launcher's target session opens while the session checks the publisher and the slot. */
+  onRunLock(): void {
+    this.launcher.connect();
+  }
+
+  /** `publisher`: the session's replication connection, lent to the launcher until START_REPLICATION. */
+  async beforeStreaming(publisher: ReplicationConnection): Promise<void> {
     this.#streaming = false;
     // A start abandoned by stop() goes no further: its session closes what it opened.
     this.#endIfStopped();
     const { config, launcher, sync } = this;
+    const first = !this.loop.streamedOnce();
+    // The verify hold listens and reads on connections of its own: beside the steps below
+    // (each a connection's round trips at a start), awaited before streaming.
+    const holdStarting = this.#verifyStarted ? null : this.verifyHold.start();
+    this.#verifyStarted = true;
     // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
-    if (!this.loop.streamedOnce()) await checkMappingsAtStartup(config, this.log);
-    await launcher.load();
+    await settledInOrder([first ? checkMappingsAtStartup(config, this.log) : null, launcher.load()]);
     // A refresh only where the publication list changed since the last one (or a new
     // subscription); every other session start only resumes the copies due.
-    if (!this.#launcherStarted) await launcher.refreshAtStart();
-    else await launcher.resume();
-    // At startup, before any copy: a role that cannot write the tables is a setup error.
-    if (!this.loop.streamedOnce()) await checkTablePrivileges(config, sync.all());
-    // And one whose row-level security would hide rows from the apply (row-security.ts).
-    if (!this.loop.streamedOnce()) await checkRowSecurity(config, sync.all());
+    const register = !this.#launcherStarted && (await launcher.refreshDueAtStart());
+    // At startup, before any copy: a role that cannot write the tables is a setup error, and
+    // so is one whose row-level security would hide rows from the apply (row-security.ts).
+    const checks = () => settledInOrder([checkTablePrivileges(config, sync.all()), checkRowSecurity(config, sync.all())]);
+    // A resume with no copy due keeps the tables just loaded: the checks run beside it.
+    if (first && !register && sync.copying().length === 0) await settledInOrder([launcher.atSessionStart(false, publisher), checks()]);
+    else {
+      await launcher.atSessionStart(register, publisher);
+      if (first) await checks();
+    }
     if (!this.#launcherStarted) {
       this.#launcherStarted = true;
       launcher.startPeriodicRefresh();
@@ -165,14 +185,10 @@ export class StreamSetup {
     }
     // The initial copy: nothing is ready yet, so streaming now would only be re-streamed.
     if (!sync.all().some((t) => t.state === 'r' || t.state === 's') && sync.copying().length > 0) await this.#waitForInitialCopy();
-    // pgsub's schema is migrated by now: the verify row exists. Only after the check for an
-    // initial copy above: an await between the launcher's refresh and that check let a
-    // small table's copy finish unseen (no 'initial copy finished').
+    // Only after the check for an initial copy above: an await between the launcher's
+    // refresh and that check let a small table's copy finish unseen (no 'initial copy finished').
     this.#endIfStopped();
-    if (!this.#verifyStarted) {
-      this.#verifyStarted = true;
-      await this.verifyHold.start();
-    }
+    await holdStarting;
     this.#endIfStopped();
     this.#streaming = true;
   }

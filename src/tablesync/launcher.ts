@@ -87,6 +87,11 @@ export class Launcher {
     this.copyBackoff = new Backoff(config.retryMinDelayMs, config.retryMaxDelayMs);
   }
 
+  /** Opens the launcher's target session ahead of its first use (load); a failure is load's to report. */
+  connect(): void {
+    this.sql.unsafe('SELECT 1').catch(() => {});
+  }
+
   /** Load the states from the target. */
   async load(): Promise<void> {
     // A running copy's in-memory state (its feedback hold) and anything set while this
@@ -142,18 +147,18 @@ export class Launcher {
     return this.run(true);
   }
 
-  /** Start the copies that are due, registering nothing (a session start, a copy's retry, a resync). */
+  /** Start the copies that are due, registering nothing (a copy's retry, a resync). */
   resume(): Promise<void> {
     return this.run(false);
   }
 
   /**
-   * At the process's first session: a refresh when the configured publications differ from
-   * those recorded at the last refresh (or none is recorded: a new subscription, or one
-   * from before the record), as CREATE SUBSCRIPTION and ALTER SUBSCRIPTION … ADD/DROP/SET
-   * PUBLICATION (refresh = true) do; otherwise only a resume.
+   * At the process's first session, whether a refresh is due: the configured publications
+   * differ from those recorded at the last refresh (or none is recorded: a new subscription,
+   * or one from before the record), as CREATE SUBSCRIPTION and ALTER SUBSCRIPTION …
+   * ADD/DROP/SET PUBLICATION (refresh = true) refresh; otherwise a start only resumes.
    */
-  async refreshAtStart(): Promise<void> {
+  async refreshDueAtStart(): Promise<boolean> {
     // As JSON: the maintenance connection does not parse arrays.
     const [row] = await this.sql.unsafe<{ publications: string | null }[]>(
       `SELECT pg_catalog.to_json("publications")::text AS publications FROM "pgsub"."origin" WHERE "subscription" = $1`,
@@ -161,23 +166,32 @@ export class Launcher {
     );
     const recorded = row?.publications ? (JSON.parse(row.publications) as string[]) : null;
     const configured = [...this.config.publications];
-    if (recorded !== null && sameSet(recorded, configured)) return this.resume();
+    if (recorded !== null && sameSet(recorded, configured)) return false;
     if (recorded !== null) {
       this.log.info(
         { was: recorded, now: configured, added: configured.filter((p) => !recorded.includes(p)), dropped: recorded.filter((p) => !configured.includes(p)) },
         'publications changed since the last refresh; refreshing (as ALTER SUBSCRIPTION … SET PUBLICATION)',
       );
     }
-    return this.refresh();
+    return true;
   }
 
-  /** One refresh or resume at a time; a refresh asked for during a resume runs after it. */
-  private run(register: boolean): Promise<void> {
+  /** A session start's refresh (`register`) or resume, reading the publisher through the session's connection. */
+  atSessionStart(register: boolean, publisher: ReplicationConnection): Promise<void> {
+    return this.run(register, publisher);
+  }
+
+  /**
+   * One refresh or resume at a time; a refresh asked for during a resume runs after it.
+   * `publisher`: a connection of the caller's to read the publications through (a session
+   * start lends its replication connection before START_REPLICATION: one login less).
+   */
+  private run(register: boolean, publisher?: ReplicationConnection): Promise<void> {
     if (this.refreshing && (this.refreshingRegisters || !register)) return this.refreshing;
     const before = this.refreshing ?? Promise.resolve();
     const next: Promise<void> = before
       .catch(() => {})
-      .then(() => this.doRefresh(register))
+      .then(() => this.doRefresh(register, publisher))
       .finally(() => {
         if (this.refreshing === next) this.refreshing = null;
       });
@@ -186,8 +200,8 @@ export class Launcher {
     return next;
   }
 
-  private async doRefresh(register: boolean): Promise<void> {
-    const replication = await ReplicationConnection.open(this.config.source, `pgsub_${this.config.subscription}_refresh`);
+  private async doRefresh(register: boolean, publisher?: ReplicationConnection): Promise<void> {
+    const replication = publisher ?? (await ReplicationConnection.open(this.config.source, `pgsub_${this.config.subscription}_refresh`));
     let tables: PublishedTable[];
     let existing: string[];
     let seenAt: Lsn;
@@ -200,7 +214,7 @@ export class Launcher {
       this.publisherVersion = replication.serverVersionNum;
       if (this.config.twoPhase) twoPhaseEnabled = (await replication.getSlot(this.config.slotName))?.twoPhase ?? false;
     } finally {
-      await replication.close();
+      if (replication !== publisher) await replication.close();
     }
     this.notePublications(existing, seenAt);
     this.published.clear();
@@ -272,7 +286,7 @@ export class Launcher {
         await restoreIndexes(runOnSql(tx), this.config.subscription, r.schema_name, r.table_name);
         this.log.info({ table: `${r.schema_name}.${r.table_name}` }, 'table no longer published; not applied any more');
       }
-      // What the next process start compares its publication list with (refreshAtStart).
+      // What the next process start compares its publication list with (refreshDueAtStart).
       await tx.unsafe(`UPDATE "pgsub"."origin" SET "publications" = $2::text[] WHERE "subscription" = $1`, [this.config.subscription, textArray([...this.config.publications])]);
     });
     for (const table of added) {
@@ -455,7 +469,7 @@ export async function requestRefresh(sql: Sql, subscription: string, resync?: { 
     );
     if (rows.length === 0) return false;
   } else {
-    // Forget the recorded publication list: a pgsub not running now refreshes at its next start (refreshAtStart).
+    // Forget the recorded publication list: a pgsub not running now refreshes at its next start (refreshDueAtStart).
     await sql.unsafe(`UPDATE "pgsub"."origin" SET "publications" = NULL WHERE "subscription" = $1`, [subscription]);
   }
   await sql.notify(notifyChannel(subscription), resync ? `resync ${resync.schema}.${resync.table}` : 'refresh');
