@@ -452,6 +452,8 @@ interface RunResult {
   seconds?: number;
   /** When the slot had confirmed the end LSN, and when the target had the round's marker row (seconds since start). */
   confirmedSeconds?: number;
+  /** When a walsender had the slot (START_REPLICATION; seconds since start): the subscriber's start, the rest is the catch-up. */
+  streamSeconds?: number;
   markerSeconds?: number;
   /** The checksums were not equal yet when both had happened; `seconds` is when they were. */
   checksumLate?: boolean;
@@ -531,7 +533,7 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, builds
         const r = await measure(s, w, e, n, endLsn, source);
         runs.push({ ...base, ...r });
         log(
-          `  ${e.kind}: ${r.seconds} s (applied ${r.markerSeconds} s, confirmed ${r.confirmedSeconds} s${r.checksumLate ? ', checksums late' : ''}), ${fmtInt(r.rowsPerSecond!)} rows/s` +
+          `  ${e.kind}: ${r.seconds} s (streaming after ${r.streamSeconds ?? '-'} s, applied ${r.markerSeconds} s, confirmed ${r.confirmedSeconds} s${r.checksumLate ? ', checksums late' : ''}), ${fmtInt(r.rowsPerSecond!)} rows/s` +
             (r.peakRssMB !== undefined ? `, peak RSS ${r.peakRssMB} MB` : '') +
             `, CPU walsender ${r.walsenderCpu} s (${pct(r.walsenderBusy)} busy, ${r.walsenderCoreWait ?? '-'} s waiting for a core), target ${r.targetCpu} s (its backends ${r.targetBackendsCpu} s)` +
             (r.pgsubCpu !== undefined ? `, pgsub ${r.pgsubCpu} s (${r.pgsubUsPerChange} µs/change)` : '') +
@@ -602,6 +604,7 @@ async function measure(
     };
     let tConfirmed = 0;
     let tMarker = 0;
+    let tStream = 0;
     await pollUntil(
       async () => {
         await e.check();
@@ -610,6 +613,7 @@ async function measure(
           const st = await slotState(s.pubMonitor, e.slot);
           if (walsender === null && st?.activePid) {
             walsender = st.activePid;
+            tStream = performance.now();
             cpu.addProcess('walsender', walsender, true);
           }
           if (Date.now() - lastReport > 30_000) {
@@ -663,6 +667,7 @@ async function measure(
     return {
       seconds,
       confirmedSeconds: round((tConfirmed - t0) / 1000),
+      ...(tStream ? { streamSeconds: round((tStream - t0) / 1000) } : {}),
       markerSeconds: round((tMarker - t0) / 1000),
       ...(late ? { checksumLate: true } : {}),
       rowsPerSecond: Math.round(w.rowChanges / seconds),
@@ -710,6 +715,7 @@ interface Summary {
   walsenderCpu?: number;
   walsenderBusy?: number;
   walsenderCoreWait?: number;
+  streamSeconds?: number;
   pgsubCpu?: number;
   pgsubUsPerChange?: number;
   targetBackendsCpu?: number;
@@ -742,6 +748,7 @@ function summarize(runs: RunResult[]): Summary[] {
       walsenderCpu: med((r) => r.walsenderCpu),
       walsenderBusy: med((r) => r.walsenderBusy),
       walsenderCoreWait: med((r) => r.walsenderCoreWait),
+      streamSeconds: med((r) => r.streamSeconds),
       pgsubCpu: med((r) => r.pgsubCpu),
       pgsubUsPerChange: med((r) => r.pgsubUsPerChange),
       targetBackendsCpu: med((r) => r.targetBackendsCpu),
@@ -814,6 +821,7 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
   out(
     '  busy = its CPU / the time; core wait = its time runnable but waiting for a CPU (schedstat; the rest of "not busy" it slept: waiting for the subscriber, or not connected yet);',
   );
+  out('  to stream = start → a walsender has the slot (START_REPLICATION): the subscriber\'s own start, inside the seconds;');
   out('  backends = every backend of the contestant in the target; µs/change = pgsub CPU per row change;');
   out('  pgsub waits (s): receiver on the socket / on a full queue, applier on an empty queue / on results / on commits (apply loop stopped)');
   out();
@@ -825,6 +833,7 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
     'runs',
     'min s',
     'median s',
+    'to stream s',
     'rows/s',
     'native/pgsub',
     'pgsub peak RSS MB',
@@ -839,7 +848,7 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
   ];
   const rows = summaries.map((x) =>
     x.refused && !x.runs
-      ? [x.pair, x.workload, x.mode, x.contestant, 0, 'refused', '', '', '', '', '', '', '', '', '', '', '', '']
+      ? [x.pair, x.workload, x.mode, x.contestant, 0, 'refused', '', '', '', '', '', '', '', '', '', '', '', '', '']
       : [
           x.pair,
           x.workload,
@@ -848,6 +857,7 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
           x.failed ? `${x.runs} (${x.failed} failed)` : x.runs,
           f(x.minSeconds),
           f(x.medianSeconds),
+          f(x.streamSeconds),
           x.rowsPerSecond === undefined ? '-' : fmtInt(x.rowsPerSecond),
           f(x.speedup),
           x.peakRssMB === undefined ? '-' : String(x.peakRssMB),
