@@ -821,7 +821,7 @@ function printReport(summaries: Summary[], backlogs: Backlog[], goalLines: { tex
   out(
     '  busy = its CPU / the time; core wait = its time runnable but waiting for a CPU (schedstat; the rest of "not busy" it slept: waiting for the subscriber, or not connected yet);',
   );
-  out('  to stream = start → a walsender has the slot (START_REPLICATION): the subscriber\'s own start, inside the seconds;');
+  out("  to stream = start → a walsender has the slot (START_REPLICATION): the subscriber's own start, inside the seconds;");
   out('  backends = every backend of the contestant in the target; µs/change = pgsub CPU per row change;');
   out('  pgsub waits (s): receiver on the socket / on a full queue, applier on an empty queue / on results / on commits (apply loop stopped)');
   out();

@@ -503,4 +503,3 @@ class Session {
     await this.#flushTracker?.close().catch(() => {});
   }
 }
-
