@@ -26,7 +26,7 @@
  * (10,000 rows for W1, one row for W4) and pgbench's scale 1 stay as they are, and W3's
  * logical_decoding_work_mem shrinks with its transaction.
  */
-import type { MappedRelation } from '../src/apply/sql/relmap.js';
+import type { MappedRelation } from '../src/apply/sql/mapped-relation.js';
 import type pg from 'pg';
 
 export type WorkloadId = 'W1' | 'W2' | 'W3' | 'W4' | 'W1m' | 'W2m';
@@ -207,7 +207,7 @@ export function workloads(scale: number): Workload[] {
  * n % 7; W2: pgbench_accounts' abalance → balance, balance_eur = abalance / 100.0, the
  * other three tables retargeted only). Reshaped tables (a computed column) batch their
  * inserts as INSERT … SELECT and their updates as UPDATE … FROM, both over unnested column
- * arrays (apply/sql/update-rows.ts, apply/sql/statements.ts); retargeted-only ones take the
+ * arrays (apply/sql/update-rows.ts, apply/sql/statement-text.ts); retargeted-only ones take the
  * usual paths.
  */
 function mappedVariants(all: Workload[]): Workload[] {

@@ -1,6 +1,6 @@
 /**
  * What a run of INSERTs costs the target as multi-row INSERT … VALUES versus COPY, sent
- * the way the apply path sends them (statements.ts insertManyStatement / copy-rows.ts
+ * the way the apply path sends them (multi-row.ts insertManyStatement / copy-rows.ts
  * copyInsertStatement through one pipelined WireConnection, pgoutput-style binary or
  * text values). Rows have W1's shape (id bigint pk, int, 100-character text,
  * timestamptz), in transactions of TX_ROWS; at most WINDOW statements are outstanding,
@@ -15,7 +15,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { copyInsertStatement } from '../src/apply/sql/copy-rows.js';
-import { insertManyStatement } from '../src/apply/sql/statements.js';
+import { insertManyStatement } from '../src/apply/sql/multi-row.js';
 import { WireConnection, type WireResult } from '../src/pgwire/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';
 import type { Tuple } from '../src/protocol/messages.js';

@@ -5,7 +5,7 @@
  * process's CPU, wall time and WAL. Not a test: nothing is asserted.
  *
  *   sql            one UPDATE run by the server itself: the floor (heap, index, WAL)
- *   values:N       UPDATE … FROM (VALUES …) of N rows (statements.ts updateManyStatement, the
+ *   values:N       UPDATE … FROM (VALUES …) of N rows (multi-row.ts updateManyStatement, the
  *                  batches before update-rows.ts), in power-of-two pieces as batch.ts sent them
  *   arrays:N       UPDATE … FROM ROWS FROM (unnest($1::type[]), …) of N rows (update-rows.ts)
  *   …-d:N          the same with conflict detection (update_missing raised in the statement)
@@ -18,7 +18,7 @@
  */
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { updateManyStatement } from '../src/apply/sql/statements.js';
+import { updateManyStatement } from '../src/apply/sql/multi-row.js';
 import { updateArraysStatement } from '../src/apply/sql/update-rows.js';
 import { WireConnection } from '../src/pgwire/wire.js';
 import { parseConninfo } from '../src/config/conninfo.js';

@@ -6,7 +6,7 @@
  * to that transaction. So the fast path never resolves anything; it only makes every
  * conflict abort the target transaction on the server:
  *  - INSERT is a plain INSERT: an existing key is a unique_violation (23505);
- *  - UPDATE and DELETE are wrapped (apply/statements.ts `detecting`) so that finding no
+ *  - UPDATE and DELETE are wrapped (apply/sql/detecting.ts `detecting`) so that finding no
  *    row, or a row whose last writer (pg_xact_commit_timestamp_origin(xmin), when the
  *    target has track_commit_timestamp = on) is not this session's replication origin,
  *    calls pgsub.conflict(kind), which raises SQLSTATE PSC01 (migrations/0003).

@@ -7,8 +7,8 @@
  *
  * A rule that only retargets and renames needs no Reshape either: the target names ride
  * in MappedRelation.targetColumns and every builder uses them. Excluded and computed
- * columns do need one: their statements are built per change from it (statements.ts,
- * reshapedInsert/reshapedUpdate), with the remote row as a subquery `r` in which the
+ * columns do need one: their statements are built per change from it (apply/sql/insert.ts
+ * reshapedInsert, update.ts reshapedUpdate), with the remote row as a subquery `r` in which the
  * expressions see the remote columns by their remote names. Values are still bind
  * parameters; an expression is the only raw SQL, and it comes from the config.
  *
@@ -46,7 +46,7 @@ export interface TargetColumn {
   arrayType?: boolean;
 }
 
-/** What statements.ts needs to build the statements of a reshaped relation. */
+/** What the statement builders (apply/sql/) need to build the statements of a reshaped relation. */
 export interface Reshape {
   /** Per remote column index: written as it is into targetColumns[i]. */
   direct: readonly boolean[];

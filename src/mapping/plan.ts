@@ -6,7 +6,7 @@
  * the relation map itself (apply/sql/relmap.ts: matchColumns, the expression probe,
  * plan-checks.ts) — so the startup check, `pgsub plan` and the check at every Relation
  * message are one code path. The statements shown are the real builders' texts
- * (statements.ts, tablesync/copy.ts), built for a sample row.
+ * (apply/sql/insert.ts, update.ts, delete.ts, tablesync/copy.ts), built for a sample row.
  *
  * At startup (runner.ts, first session only, when `mapping:` is set) a mapped table that
  * fails is a MappingError (exit 2) naming table, column and reason; a rule naming a table
@@ -22,8 +22,11 @@ import type { RelationMessage, ReplicaIdentity, Tuple } from '../protocol/messag
 import { ReplicationConnection } from '../protocol/replication.js';
 import { quoteLiteral, quoteQualified } from '../quote.js';
 import { openApplyConnection, rolledBackOn, type WireConnection } from '../pgwire/connect.js';
-import { RelationMap, type MappedRelation } from '../apply/sql/relmap.js';
-import { deleteStatement, insertStatement, truncateStatement, updateStatement } from '../apply/sql/statements.js';
+import type { MappedRelation } from '../apply/sql/mapped-relation.js';
+import { RelationMap } from '../apply/sql/relmap.js';
+import { insertStatement } from '../apply/sql/insert.js';
+import { updateStatement } from '../apply/sql/update.js';
+import { deleteStatement, truncateStatement } from '../apply/sql/delete.js';
 import { listPublishedTables, mapTable, type PublishedTable } from '../tablesync/catalog.js';
 import { differingTargetTypes, openCopyClient, sourceColumnTypes, sourceCopySql, stagedCopySql, targetCopySql } from '../tablesync/copy.js';
 

@@ -11,28 +11,14 @@ import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import { formatPgTimestamp, type Tuple, type TupleValue } from '../protocol/messages.js';
 import { quoteIdent } from '../quote.js';
 import type { Reshape } from './columns.js';
-import type { MappedRelation } from '../apply/sql/relmap.js';
+import type { MappedRelation } from '../apply/sql/mapped-relation.js';
 import type { RowPlan } from './rows.js';
-import {
-  addFilterParams,
-  addLocatorParams,
-  cached,
-  column,
-  detecting,
-  filterGuard,
-  locator,
-  locatorParamCount,
-  Params,
-  rowColumns,
-  rowSubquery,
-  rowValue,
-  softDeleted,
-  target,
-  whereClause,
-  type Detect,
-  type Locator,
-  type Statement,
-} from '../apply/sql/statements.js';
+import { Params } from '../apply/sql/params.js';
+import { cached, column, rowColumns, rowSubquery, rowValue, target } from '../apply/sql/statement-text.js';
+import { addFilterParams, addLocatorParams, filterGuard, locator, locatorParamCount, whereClause, type Locator } from '../apply/sql/locator.js';
+import { detecting, type Detect } from '../apply/sql/detecting.js';
+import { softDeleted } from '../apply/sql/insert.js';
+import type { Statement } from '../pgwire/statement.js';
 
 type SoftDelete = NonNullable<RowPlan['softDelete']>;
 

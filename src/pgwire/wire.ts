@@ -33,7 +33,7 @@
  *    outstanding fails the connection, unless a probe on another connection finds the
  *    backend running them (a lock wait, a long statement). A fully synced idle connection
  *    is pinged with a Sync after half of it, so a dead or black-holed one is found idle too.
- * Statement text and what the values mean live in statements.ts / handlers.ts; the ops,
+ * Statement text and what the values mean live in apply/sql/ and apply/handlers/; the ops,
  * errors and types in wire-ops.ts.
  */
 import { copyFrames, Fifo, parseServerVersion, tagCommand, tagRowCount } from './wire-tags.js';

@@ -75,7 +75,7 @@ const STAGING = 'pg_temp."pgsub_copy_staging"';
  * the copy's target transaction: the publisher's rows COPYed as they are (binary or text)
  * into a temporary table of the remote column types, then one INSERT … SELECT writing the
  * direct columns and the expressions over the staged row `r` (the same scope the streamed
- * statements give them, statements.ts), then the staging table dropped at COMMIT (ON
+ * statements give them, apply/sql/statement-text.ts), then the staging table dropped at COMMIT (ON
  * COMMIT DROP; the copy transaction is never prepared, so a temporary table is allowed).
  * A temporary table writes no WAL; measured against COPY into the target in docs/mapping.md.
  * `sourceTypes`: the remote type of each read column; `targetTypes`: the target type of

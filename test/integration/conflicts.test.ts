@@ -237,7 +237,7 @@ describe('conflicts against PostgreSQL 18', () => {
     const s = await stats('apply_remote');
     for (const t of TYPES_IN_ORDER) assert.equal(s[`confl_${t}`], 1, `confl_${t}`);
     // After the conflicts before it on this table, update_origin_differs is resolved by the
-    // UPDATE itself (statements.ts updateLoggingConflicts): its row says what the careful path's would.
+    // UPDATE itself (update-conflicts.ts updateLoggingConflicts): its row says what the careful path's would.
     const uod = log.find((l) => l.conflict_type === 'update_origin_differs')!;
     assert.deepEqual(uod.key, { id: '6' });
     assert.deepEqual(uod.remote_tuple, { id: '6', u: '606', v: 'r6' });

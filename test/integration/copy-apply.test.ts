@@ -13,7 +13,7 @@ import { after, before, describe, test } from 'node:test';
 import { parseConninfo, type ConnInfo } from '../../src/config/conninfo.js';
 import { copyFromInsertMessages, insertsCopyAsSent } from '../../src/apply/sql/copy-messages.js';
 import { copyInsertStatement } from '../../src/apply/sql/copy-rows.js';
-import type { MappedRelation } from '../../src/apply/sql/relmap.js';
+import type { MappedRelation } from '../../src/apply/sql/mapped-relation.js';
 import { PipelineAbortedError, WireConnection, WireUsageError } from '../../src/pgwire/wire.js';
 import type { Tuple, TupleValue } from '../../src/protocol/messages.js';
 import { startCluster, stopAllClusters, withTimeout, type Cluster } from '../harness/index.js';

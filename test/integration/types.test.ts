@@ -41,7 +41,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { RelationMap } from '../../src/apply/sql/relmap.js';
-import { insertStatement } from '../../src/apply/sql/statements.js';
+import { insertStatement } from '../../src/apply/sql/insert.js';
 import { openApplyConnection } from '../../src/pgwire/connect.js';
 import { loadConfig } from '../../src/config/config.js';
 import { parseConninfo } from '../../src/config/conninfo.js';

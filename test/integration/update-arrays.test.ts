@@ -4,7 +4,7 @@
  * relation mapped from the target's catalog as the apply path maps it (relmap.ts). Values
  * are built as pgoutput sends them: binary values are the types' send output, text values
  * their output. Every row must end exactly as the VALUES statement the arrays replace
- * (statements.ts updateManyStatement) leaves it, in binary and in text, in a schema,
+ * (multi-row.ts updateManyStatement) leaves it, in binary and in text, in a schema,
  * table and columns whose names need quoting; columns left out of the shape (unchanged
  * TOAST values) stay as they are; rows not found are what the affected-row count lacks,
  * and with detection they raise update_missing (PSC01) inside the statement; where only
@@ -14,8 +14,11 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { RelationMap, type MappedRelation } from '../../src/apply/sql/relmap.js';
-import { updateManyStatement, type Detect, type Statement } from '../../src/apply/sql/statements.js';
+import type { MappedRelation } from '../../src/apply/sql/mapped-relation.js';
+import { RelationMap } from '../../src/apply/sql/relmap.js';
+import type { Detect } from '../../src/apply/sql/detecting.js';
+import { updateManyStatement } from '../../src/apply/sql/multi-row.js';
+import type { Statement } from '../../src/pgwire/statement.js';
 import { updateArraysStatement } from '../../src/apply/sql/update-rows.js';
 import { WireConnection } from '../../src/pgwire/wire.js';
 import { parseConninfo, type ConnInfo } from '../../src/config/conninfo.js';

@@ -16,14 +16,16 @@
  *   CREATE TYPE app.dcomp AS (p app.posint, pa app.posint[]);
  *
  * and `SELECT encode(array_send(…), 'hex')` etc. for the values named in SENT below.
- * Then statements.ts in binary mode: Buffers bound as they came, Parse types only where
+ * Then the statement builders in binary mode (params.ts): Buffers bound as they came, Parse types only where
  * the remote type differs from the target column's, rewritten OIDs, typed errors.
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { BinaryLayoutError, FIRST_GENBKI_OID, oidPlan, rewriteOids, type TargetTypeInfo } from '../../src/apply/sql/binary.js';
-import type { BinaryColumns, MappedRelation } from '../../src/apply/sql/relmap.js';
-import { deleteStatement, insertStatement, updateStatement } from '../../src/apply/sql/statements.js';
+import type { BinaryColumns, MappedRelation } from '../../src/apply/sql/mapped-relation.js';
+import { insertStatement } from '../../src/apply/sql/insert.js';
+import { updateStatement } from '../../src/apply/sql/update.js';
+import { deleteStatement } from '../../src/apply/sql/delete.js';
 import { SchemaMismatchError } from '../../src/errors.js';
 import type { TupleValue } from '../../src/protocol/messages.js';
 
@@ -50,7 +52,7 @@ function info(oid: number, typtype: string, name: string, more: Partial<TargetTy
   return [oid, { oid, typtype, elem: 0, base: 0, fields: [], inner: 0, name: `"app"."${name}"`, ...more }];
 }
 
-/** The target's catalog rows, as relmap.ts's targetTypes query returns them. */
+/** The target's catalog rows, as type-catalog.ts's targetTypes query returns them. */
 const TYPES: ReadonlyMap<number, TargetTypeInfo> = new Map([
   info(TEXT, 'b', 'text'),
   info(INT4, 'b', 'int4'),

@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { copyInsertStatement } from '../../src/apply/sql/copy-rows.js';
-import type { BinaryColumns, MappedRelation } from '../../src/apply/sql/relmap.js';
+import type { BinaryColumns, MappedRelation } from '../../src/apply/sql/mapped-relation.js';
 import { copyFrames } from '../../src/pgwire/wire-tags.js';
 import { SchemaMismatchError } from '../../src/errors.js';
 import type { Tuple, TupleValue } from '../../src/protocol/messages.js';

@@ -8,11 +8,15 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import type { MappedRelation, TargetColumn } from '../../src/apply/sql/relmap.js';
+import type { MappedRelation, TargetColumn } from '../../src/apply/sql/mapped-relation.js';
 import type { Reshape, RowPlan } from '../../src/mapping/columns.js';
 import type { RelationMessage, Tuple } from '../../src/protocol/messages.js';
 import { reshapedUpdateArraysStatement } from '../../src/apply/sql/update-rows.js';
-import { deleteStatement, insertManyStatement, insertStatement, locator, updateStatement } from '../../src/apply/sql/statements.js';
+import { locator } from '../../src/apply/sql/locator.js';
+import { insertStatement } from '../../src/apply/sql/insert.js';
+import { updateStatement } from '../../src/apply/sql/update.js';
+import { insertManyStatement } from '../../src/apply/sql/multi-row.js';
+import { deleteStatement } from '../../src/apply/sql/delete.js';
 import {
   reshapedHitsStatement,
   reshapedRowUpdate,

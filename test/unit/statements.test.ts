@@ -1,5 +1,5 @@
 /**
- * statements.ts without a server: the SQL texts and parameters built for each change on
+ * The statement builders (insert.ts, update.ts, delete.ts, multi-row.ts) without a server: the SQL texts and parameters built for each change on
  * fabricated relation-map entries — identifiers quoted, values bound and cast to the
  * target column types, rows located by key or (REPLICA IDENTITY FULL) by every sent
  * column with NULLs matching NULLs, text comparison for types without equality, ONLY for
@@ -7,17 +7,11 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import type { MappedRelation, TargetColumn } from '../../src/apply/sql/relmap.js';
-import {
-  deleteStatement,
-  insertManyStatement,
-  insertStatement,
-  maxBatchRows,
-  resolvesConflicts,
-  truncateStatement,
-  updateManyStatement,
-  updateStatement,
-} from '../../src/apply/sql/statements.js';
+import type { MappedRelation, TargetColumn } from '../../src/apply/sql/mapped-relation.js';
+import { insertStatement } from '../../src/apply/sql/insert.js';
+import { resolvesConflicts, updateStatement } from '../../src/apply/sql/update.js';
+import { insertManyStatement, maxBatchRows, updateManyStatement } from '../../src/apply/sql/multi-row.js';
+import { deleteStatement, truncateStatement } from '../../src/apply/sql/delete.js';
 import { insertArraysStatement } from '../../src/apply/sql/update-rows.js';
 import { ApplyError } from '../../src/errors.js';
 import type { RelationMessage, ReplicaIdentity, Tuple } from '../../src/protocol/messages.js';

@@ -21,9 +21,13 @@
 import { ApplyConflictError } from '../../errors.js';
 import { formatLsn } from '../../protocol/lsn.js';
 import type { Tuple } from '../../protocol/messages.js';
-import type { MappedRelation } from '../sql/relmap.js';
+import type { MappedRelation } from '../sql/mapped-relation.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
-import { addLocatorParams, cached, column, insertStatement, locator, param, Params, target, whereClause, type Statement } from '../sql/statements.js';
+import { Params } from '../sql/params.js';
+import { cached, column, param, target } from '../sql/statement-text.js';
+import { addLocatorParams, locator, whereClause } from '../sql/locator.js';
+import { insertStatement } from '../sql/insert.js';
+import type { Statement } from '../../pgwire/statement.js';
 import { filterRows, reshapedHitsStatement, reshapedRowUpdate, softDeleteRow, tombstoneDelete } from '../../mapping/row-statements.js';
 import { queryRows } from '../../pgwire/connect.js';
 import { quoteIdent } from '../../quote.js';

@@ -1,7 +1,8 @@
 /**
  * INSERT, UPDATE, DELETE and TRUNCATE (worker.c's apply_handle_insert/_update/_delete/
  * _truncate). A change that may join a batch (txn/batch.ts) takes the fast path, which
- * allocates nothing per row; the others become one statement each (sql/statements.ts).
+ * allocates nothing per row; the others become one statement each (sql/insert.ts,
+ * update.ts, delete.ts).
  * With conflict detection on, the statements abort the transaction on a conflict and the
  * loop replays it carefully, where each change goes to careful.ts.
  */
@@ -10,8 +11,10 @@ import { carefulDelete, carefulInsert, carefulUpdate } from './careful.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { formatLsn } from '../../protocol/lsn.js';
 import { tupleJson } from '../../conflict/report.js';
-import type { MappedRelation } from '../sql/relmap.js';
-import { deleteStatement, insertStatement, resolvesConflicts, truncateStatement, updateStatement } from '../sql/statements.js';
+import type { MappedRelation } from '../sql/mapped-relation.js';
+import { insertStatement } from '../sql/insert.js';
+import { resolvesConflicts, updateStatement } from '../sql/update.js';
+import { deleteStatement, truncateStatement } from '../sql/delete.js';
 import { detect, noteConflict } from './detect-option.js';
 import { hasRowSemantics, rowsDelete, rowsInsert, rowsTruncate, rowsUpdate } from './rows.js';
 import { insertsCopyAsSent } from '../sql/copy-messages.js';
@@ -152,7 +155,7 @@ export async function onTruncate(state: ApplyState, m: TruncateMessage): Promise
   await sendStatement(state, truncateStatement(rels, m.restartIdentity));
 }
 
-/** A conflict the statement resolved and logged itself (statements.ts): counted (as native, when detected) and logged like the careful path's. */
+/** A conflict the statement resolved and logged itself (sql/update-conflicts.ts): counted (as native, when detected) and logged like the careful path's. */
 function noteInlineConflict(state: ApplyState, rel: MappedRelation, xact: RemoteTransaction, m: UpdateMessage, type: 'update_origin_differs' | 'update_missing'): void {
   state.session.counters.conflicts[type]++;
   if (type === 'update_missing') state.session.counters.updateMissing++;

@@ -2,13 +2,13 @@
  * Whether this session's pipelined statements detect conflicts (conflict/detect.ts), as
  * the one Detect object per session the statement builders take; shared by changes.ts
  * and rows.ts. Also which relations get the statements that resolve the default policies'
- * conflicts themselves (statements.ts updateLoggingConflicts): those that met a conflict
+ * conflicts themselves (sql/update-conflicts.ts updateLoggingConflicts): those that met a conflict
  * lately. That statement costs a conflict-free UPDATE about half its rate (two more
  * relations opened per execution), so a table nobody else writes keeps the lean one, and
  * one with local writers switches at its first conflict and back after a quiet minute.
  */
 import type { ApplyState } from '../txn/apply-state.js';
-import type { Detect } from '../sql/statements.js';
+import type { Detect } from '../sql/detecting.js';
 import { policyFor } from '../../conflict/types.js';
 
 const DETECT = new WeakMap<ApplyState, Detect | null>();
@@ -45,7 +45,7 @@ function sessionDetect(state: ApplyState): Detect {
   if (state.policy.commitTurn !== undefined || state.policy.resultsBeforeCommit === true) return lean;
   return {
     ...lean,
-    // apply_remote for update_origin_differs (the default) needs no decision: the statement applies and logs it (statements.ts).
+    // apply_remote for update_origin_differs (the default) needs no decision: the statement applies and logs it (sql/update-conflicts.ts).
     inlineOriginDiffers: (rel) => conflictedLately(rel) && policyFor(conflicts, rel.displayName, 'update_origin_differs') === 'apply_remote',
     // And skip for update_missing (the default): the statement logs the missing row.
     inlineMissing: (rel) => policyFor(conflicts, rel.displayName, 'update_missing') === 'skip',

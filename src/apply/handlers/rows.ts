@@ -13,7 +13,7 @@
  *
  * Where the verdict is taken: with conflict detection on (the default), a DELETE and an
  * UPDATE without an old row carry the filter as a condition of their own statement
- * (statements.ts filterGuard), which also keeps a filtered-out change from counting as a
+ * (sql/locator.ts filterGuard), which also keeps a filtered-out change from counting as a
  * missing row — no round trip. An UPDATE with an old row (its identity changed), every
  * change on the careful path, and detection off (where a statement's row count would not
  * tell filtered from missing) ask the target for the verdicts first, in one query for the
@@ -21,9 +21,12 @@
  */
 import { ApplyError } from '../../errors.js';
 import type { Tuple, UpdateMessage } from '../../protocol/messages.js';
-import type { MappedRelation } from '../sql/relmap.js';
+import type { MappedRelation } from '../sql/mapped-relation.js';
 import { filterRows, softDeleteStatement, tombstoneDelete, truncatePolicyStatement, verdictStatement } from '../../mapping/row-statements.js';
-import { deleteStatement, insertStatement, locator, truncateStatement, updateStatement } from '../sql/statements.js';
+import { locator } from '../sql/locator.js';
+import { insertStatement } from '../sql/insert.js';
+import { updateStatement } from '../sql/update.js';
+import { deleteStatement, truncateStatement } from '../sql/delete.js';
 import type { ApplyState, RemoteTransaction } from '../txn/apply-state.js';
 import { flushForChange, noteRowWrite, rowKey } from '../txn/batch.js';
 import { sendStatement } from '../txn/transaction.js';

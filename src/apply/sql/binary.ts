@@ -24,7 +24,7 @@
  * user-defined type there and the value names a user-defined type too. A built-in OID
  * where another built-in one is expected is a real type mismatch and is left for the
  * server to report. A composite whose field count differs from the target's is a
- * BinaryLayoutError (statements.ts names the table and column); bytes that do not parse
+ * BinaryLayoutError (params.ts names the table and column); bytes that do not parse
  * as the expected layout are passed through unchanged, and the server's receive function
  * has the last word. These are pure functions over Buffers; the input is never modified.
  */
@@ -34,7 +34,7 @@ import { SchemaMismatchError } from '../../errors.js';
 /** OIDs below this are assigned by genbki and identical in every cluster of a major and across majors. */
 export const FIRST_GENBKI_OID = 10000;
 
-/** What relmap.ts fetches about a target type (pg_type, pg_attribute, pg_range). */
+/** What the relation map fetches about a target type (type-catalog.ts targetTypes: pg_type, pg_attribute, pg_range). */
 export interface TargetTypeInfo {
   oid: number;
   /** pg_type.typtype: b base, c composite, d domain, e enum, r range, m multirange, p pseudo. */
@@ -109,7 +109,7 @@ export function textForUnreceivable(typeOid: number, value: Buffer): string | nu
 
 /**
  * A binary value cannot be read as the target type (a composite's field count differs):
- * the type differs between publisher and target. statements.ts adds table and column.
+ * the type differs between publisher and target. params.ts adds table and column.
  */
 export class BinaryLayoutError extends SchemaMismatchError {
   constructor(

@@ -14,7 +14,7 @@
  */
 import { TSQUERY_OID } from './binary.js';
 import { BINARY_HEADER, binaryCopyText, type CopyStatement } from './copy-rows.js';
-import type { MappedRelation } from './relmap.js';
+import type { MappedRelation } from './mapped-relation.js';
 import { copyRowBound, insertTupleAsCopyRow } from '../../protocol/peek.js';
 
 /** Per relation: whether its inserts may go as sent (computed once; false once a message did not fit). */

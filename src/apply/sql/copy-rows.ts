@@ -4,7 +4,7 @@
  * with heap_multi_insert, far cheaper than a multi-row INSERT … VALUES, and no Bind with
  * thousands of parameters is built or parsed.
  *
- * Same behaviour as statements.ts insertManyStatement, which stays the fallback: the same
+ * Same behaviour as multi-row.ts insertManyStatement, which stays the fallback: the same
  * column list (rel.targetColumns in remote order; target columns not sent keep their
  * defaults), the relation itself without ONLY (COPY never writes inheritance children,
  * and routes into partitions), and each value read by the same function the INSERT path
@@ -12,7 +12,7 @@
  *  - FORMAT binary when every value is binary or NULL. A binary value is the publisher's
  *    typsend output; COPY hands it to the target column type's receive function, which is
  *    what the INSERT path's Parse type inferred from the cast does too, after the same
- *    OID rewriting (statements.ts binaryValue). Where the INSERT path would read it as
+ *    OID rewriting (params.ts binaryValue). Where the INSERT path would read it as
  *    another type (BinaryColumns.parseTypes: remote type ≠ target type, converted by the
  *    cast) or send it as text (textForUnreceivable), there is no COPY equivalent: null.
  *  - FORMAT text when every value is text or NULL: the column type's input function, as
@@ -29,8 +29,9 @@
  * around 500–1000 rows per COPY; 128 or 4096+ rows are cheap (scripts/bench-copy-insert.ts).
  */
 import type { Tuple } from '../../protocol/messages.js';
-import type { MappedRelation } from './relmap.js';
-import { binaryValue, cached, column } from './statements.js';
+import type { MappedRelation } from './mapped-relation.js';
+import { binaryValue } from './params.js';
+import { cached, column } from './statement-text.js';
 
 export interface CopyStatement {
   /** COPY "schema"."table" ("col", …) FROM STDIN [WITH (FORMAT binary)] */

@@ -3,7 +3,7 @@
  * the column at fault, the change kind. The target names a bad parameter ("portal
  * parameter $3", from a type's input function or the encoding conversion) or a COPY line
  * and column; the statement's text, which the wire attaches to its error, leads back to
- * the relation and to the column each parameter carries (statements.ts records that when
+ * the relation and to the column each parameter carries (statement-text.ts records that when
  * it builds a text). Runs only on the error path.
  */
 import type { RelationMap } from './relmap.js';

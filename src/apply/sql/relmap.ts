@@ -8,10 +8,10 @@
  * generated column"). A new Relation message for an id drops the cached target mapping,
  * so schema changes on either side are picked up.
  *
- * Per target column the map also records its type (statements.ts casts every bind
+ * Per target column the map also records its type (statement-text.ts casts every bind
  * parameter to it, so a column whose type changed gets a new statement text and thus a
  * new server-side prepared statement) and, for REPLICA IDENTITY FULL relations, whether
- * the type has the equality native uses to compare whole rows (see typeEquality).
+ * the type has the equality native uses to compare whole rows (type-catalog.ts typeEquality).
  *
  * Binary mode (see binary.ts): a binary value is the publisher's send output of the
  * REMOTE column type, so per column the map also records which target type reads it —
@@ -19,14 +19,15 @@
  * the namespace and name its Type message gave (pgoutput names a domain by its base
  * type) — and, when that type's binary format embeds user-defined type OIDs (arrays,
  * composites, ranges of enums or composites, domains over them), the plan to rewrite
- * them to the target's. The catalog rows for that are fetched once per relation, and
- * only when a remote column has a user-defined type (and binary mode is not known to be off).
+ * them to the target's. The catalog rows for that are fetched once per relation
+ * (type-catalog.ts), and only when a remote column has a user-defined type (and binary
+ * mode is not known to be off). What a resolved relation holds is mapped-relation.ts.
  *
  * A relation with a mapping rule is also checked beyond column matching (plan-checks.ts:
  * NOT NULL columns nothing fills, lossy casts) and followed through schema drift on the
  * publisher (drift.ts: new, renamed and dropped columns under the rule's `drift:` policy).
  */
-import { FIRST_GENBKI_OID, oidPlan, type OidPlan, type TargetTypeInfo } from './binary.js';
+import { FIRST_GENBKI_OID, oidPlan, type OidPlan } from './binary.js';
 import { SchemaMismatchError } from '../../errors.js';
 import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { quoteQualified } from '../../quote.js';
@@ -37,57 +38,8 @@ import { checkUniqueKey, compileRows } from '../../mapping/rows.js';
 import { checkMapped, type TargetExtra } from '../../mapping/plan-checks.js';
 import { Drift, type DriftOutcome } from '../../mapping/drift.js';
 import { ROW_SECURITY_COLUMNS, ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from './row-security.js';
-
-export type { DriftOutcome } from '../../mapping/drift.js';
-
-export type { TargetColumn } from '../../mapping/columns.js';
-
-export interface MappedRelation {
-  remote: RelationMessage;
-  /** Schema-qualified, quoted target name. */
-  qualifiedName: string;
-  /** For messages and logs: schema.table as the publisher named it. */
-  displayName: string;
-  /** 'r' plain table, 'p' partitioned table (rows are routed to and found in its partitions). */
-  relkind: 'r' | 'p';
-  /** Per remote column index, the target column receiving it. */
-  targetColumns: TargetColumn[];
-  /** Remote column indexes of the replica identity key. */
-  keyIndexes: number[];
-  /**
-   * The target table (or a partition of it) has triggers or rules that fire in replica
-   * mode (ENABLE ALWAYS / ENABLE REPLICA): they may observe the order of changes, so its
-   * changes are never batched or reordered (batch.ts). Read when the relation is mapped.
-   */
-  ordered: boolean;
-  /** Row-level security is enabled on the target table (COPY FROM refuses it; INSERT applies the policies). */
-  rowSecurity: boolean;
-  /** Built SQL texts by shape (see statements.ts), cached for the relation's lifetime. */
-  statements: Map<string, string>;
-  /** Per built text, the remote column index of each parameter number (error messages name the column). */
-  paramColumns: Map<string, number[]>;
-  /** How binary values are bound, per remote column index; absent: as they are, types inferred from the casts. */
-  binary?: BinaryColumns;
-  /** The mapping rule of the source table (config mapping:); absent: none applies. */
-  rule?: TableRule;
-  /** Excluded or computed columns: statements are built from this (mapping/columns.ts); absent: the plain builders. */
-  reshape?: Reshape;
-  /** Mapped relations: what schema drift changed in the rule (plan-checks.ts). */
-  drift?: DriftOutcome;
-}
-
-export interface BinaryColumns {
-  /**
-   * Parse type of a binary value: the target OID of the remote column's type where it
-   * differs from the target column's type (the cast then converts, e.g. int4 → int8);
-   * 0 where the cast alone gives the right type. Null when every entry would be 0.
-   * Text values always leave their parameter's type to the cast (the target type's
-   * input function reads them, as native's slot_store_data).
-   */
-  parseTypes: readonly number[] | null;
-  /** OID rewrite plan per column (binary.ts); null when no column has one. */
-  plans: readonly (OidPlan | null)[] | null;
-}
+import type { BinaryColumns, MappedRelation } from './mapped-relation.js';
+import { targetTypes, typeEquality } from './type-catalog.js';
 
 export interface RelationMapOptions {
   /**
@@ -210,7 +162,7 @@ export class RelationMap {
       // A table without columns has only DEFAULT VALUES inserts, one statement each; one
       // with row rules (filter, soft delete, discriminator, key: rows.ts) is written one
       // statement per change. A reshaped one without batches its inserts (INSERT … SELECT
-      // over a VALUES list, statements.ts), its updates and deletes one by one.
+      // over a VALUES list, multi-row.ts), its updates and deletes one by one.
       ordered: remote.columns.length === 0 || reshape?.rows !== undefined || (await firesInReplicaMode(conn, target.schema, target.table)),
       rowSecurity: rows[0]!.rls === 'true',
       qualifiedName: quoteQualified(target.schema, target.table),
@@ -368,157 +320,4 @@ async function firesInReplicaMode(conn: WireConnection, schema: string, table: s
     [schema, table],
   );
   return row?.fires === 'true';
-}
-
-/** A text[] literal for a bind parameter. */
-function textArray(values: readonly string[]): string {
-  return `{${values.map((v) => `"${v.replace(/[\\"]/g, (c) => `\\${c}`)}"`).join(',')}}`;
-}
-
-/** get_element_type's "true" array type (PostgreSQL 14 gave types a subscript handler). */
-function isArrayCondition(targetVersionNum: number): string {
-  return targetVersionNum >= 140000 ? `t.typelem <> 0 AND t.typsubscript = 'pg_catalog.array_subscript_handler'::pg_catalog.regproc` : `t.typelem <> 0 AND t.typlen = -1`;
-}
-
-/**
- * `WITH RECURSIVE reach(oid)`: the types `seed` selects and every type they nest — domain
- * base, array element, composite fields and, with `ranges`, range subtype and multirange
- * range. Shared by the binary-format and the equality lookups.
- */
-function reachableTypes(seed: string, targetVersionNum: number, opts: { ranges: boolean }): string {
-  const ranges = opts.ranges
-    ? `UNION ALL SELECT g.rngsubtype FROM pg_catalog.pg_range g WHERE t.typtype = 'r' AND g.rngtypid = t.oid
-                ${targetVersionNum >= 140000 ? `UNION ALL SELECT g.rngtypid FROM pg_catalog.pg_range g WHERE t.typtype = 'm' AND g.rngmultitypid = t.oid` : ''}`
-    : '';
-  return `WITH RECURSIVE reach(oid) AS (
-         ${seed}
-       UNION
-         SELECT x.oid
-           FROM reach r
-           JOIN pg_catalog.pg_type t ON t.oid = r.oid
-          CROSS JOIN LATERAL (
-                SELECT t.typbasetype WHERE t.typtype = 'd'
-                UNION ALL SELECT t.typelem WHERE ${isArrayCondition(targetVersionNum)}
-                UNION ALL SELECT a.atttypid FROM pg_catalog.pg_attribute a
-                           WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
-                ${ranges}
-               ) x(oid)
-     )`;
-}
-
-/**
- * The target types named (namespace, name) or given by OID, and every type their binary
- * formats nest (domain base, array element, composite fields, range subtype, multirange
- * range), keyed by OID; `name` is the quoted, schema-qualified name.
- */
-async function targetTypes(
-  conn: WireConnection,
-  targetVersionNum: number,
-  names: readonly { namespace: string; name: string }[],
-  oids: readonly number[],
-): Promise<Map<number, TargetTypeInfo>> {
-  const isArray = isArrayCondition(targetVersionNum);
-  const rows = await queryRows<{ oid: string; typtype: string; nspname: string; typname: string; base: string; elem: string; fields: string | null; inner: string | null }>(
-    conn,
-    ['oid', 'typtype', 'nspname', 'typname', 'base', 'elem', 'fields', 'inner'],
-    `${reachableTypes(
-      `SELECT t.oid
-           FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.text[])) AS q(nsp, name)
-           JOIN pg_catalog.pg_namespace n ON n.nspname = q.nsp
-           JOIN pg_catalog.pg_type t ON t.typnamespace = n.oid AND t.typname = q.name
-       UNION
-         SELECT pg_catalog.unnest($3::pg_catalog.oid[])`,
-      targetVersionNum,
-      { ranges: true },
-    )}
-     SELECT t.oid::int::text AS oid, t.typtype::text AS typtype, n.nspname::text AS nspname, t.typname::text AS typname,
-            t.typbasetype::int::text AS base,
-            (CASE WHEN ${isArray} THEN t.typelem ELSE 0 END)::int::text AS elem,
-            (SELECT pg_catalog.string_agg(a.atttypid::int::text, ',' ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
-              WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) AS fields,
-            (SELECT (CASE WHEN t.typtype = 'r' THEN g.rngsubtype ELSE g.rngtypid END)::int::text FROM pg_catalog.pg_range g
-              WHERE (t.typtype = 'r' AND g.rngtypid = t.oid) ${targetVersionNum >= 140000 ? `OR (t.typtype = 'm' AND g.rngmultitypid = t.oid)` : ''}) AS nested
-       FROM reach r
-       JOIN pg_catalog.pg_type t ON t.oid = r.oid
-       JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace`,
-    [textArray(names.map((n) => n.namespace)), textArray(names.map((n) => n.name)), `{${[...new Set(oids)].join(',')}}`],
-  );
-  return new Map(
-    rows.map((r) => [
-      Number(r.oid),
-      {
-        oid: Number(r.oid),
-        typtype: r.typtype,
-        elem: Number(r.elem),
-        base: Number(r.base),
-        fields: (r.fields ?? '').split(',').filter(Boolean).map(Number),
-        inner: Number(r.inner ?? 0),
-        name: quoteQualified(r.nspname, r.typname),
-      },
-    ]),
-  );
-}
-
-type TypeRow = {
-  oid: string;
-  typtype: string;
-  base: string;
-  elem: string;
-  fields: string | null;
-  has_opclass: string;
-};
-
-/**
- * Which of `typeOids` have an equality operator the way lookup_type_cache(…,
- * TYPECACHE_EQ_OPR_FINFO) finds one, which is what native's tuples_equal
- * (execReplication.c) uses to compare rows of REPLICA IDENTITY FULL relations: the "="
- * of the type's default btree or hash opclass (exact input type or binary-coercible to
- * it, as GetDefaultOpClass), domains by their base type, arrays only if their element
- * type has one, composites only if every field type has one (array_eq / record_eq would
- * fail at run time otherwise); enums, ranges and multiranges always. json, xml, point,
- * box, polygon… have none: native then fails the change with "could not identify an
- * equality operator for type json"; statements.ts compares their text forms instead.
- */
-async function typeEquality(conn: WireConnection, targetVersionNum: number, typeOids: number[]): Promise<Map<number, boolean>> {
-  const isArray = isArrayCondition(targetVersionNum);
-  const rows = await queryRows<TypeRow>(
-    conn,
-    ['oid', 'typtype', 'base', 'elem', 'fields', 'has_opclass'],
-    `${reachableTypes('SELECT DISTINCT pg_catalog.unnest($1::pg_catalog.oid[])', targetVersionNum, { ranges: false })}
-     SELECT t.oid::int::text AS oid, t.typtype::text AS typtype, t.typbasetype::int::text AS base,
-            (CASE WHEN ${isArray} THEN t.typelem ELSE 0 END)::int::text AS elem,
-            (SELECT pg_catalog.string_agg(a.atttypid::int::text, ',') FROM pg_catalog.pg_attribute a
-              WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) AS fields,
-            EXISTS (SELECT 1 FROM pg_catalog.pg_opclass oc JOIN pg_catalog.pg_am am ON am.oid = oc.opcmethod
-                     WHERE oc.opcdefault AND am.amname IN ('btree', 'hash')
-                       AND (oc.opcintype = t.oid
-                            OR EXISTS (SELECT 1 FROM pg_catalog.pg_cast k
-                                        WHERE k.castsource = t.oid AND k.casttarget = oc.opcintype
-                                          AND k.castmethod = 'b' AND k.castcontext = 'i')))::text AS has_opclass
-       FROM reach r JOIN pg_catalog.pg_type t ON t.oid = r.oid`,
-    [`{${[...new Set(typeOids)].join(',')}}`],
-  );
-  const info = new Map(rows.map((r) => [Number(r.oid), r]));
-  const memo = new Map<number, boolean>();
-  const has = (oid: number): boolean => {
-    const known = memo.get(oid);
-    if (known !== undefined) return known;
-    memo.set(oid, false); // a cycle (impossible in a sane catalog) counts as no equality
-    const t = info.get(oid);
-    let result = false;
-    if (t) {
-      if (t.typtype === 'd') result = has(Number(t.base));
-      else if (Number(t.elem) !== 0) result = has(Number(t.elem));
-      else if (t.typtype === 'c')
-        result = (t.fields ?? '')
-          .split(',')
-          .filter(Boolean)
-          .every((f) => has(Number(f)));
-      else if (t.typtype === 'e' || t.typtype === 'r' || t.typtype === 'm') result = true;
-      else result = t.has_opclass === 't' || t.has_opclass === 'true';
-    }
-    memo.set(oid, result);
-    return result;
-  };
-  return new Map(typeOids.map((oid) => [oid, has(oid)]));
 }

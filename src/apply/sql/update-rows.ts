@@ -7,7 +7,7 @@
  *     FROM (SELECT unnest($1::a_type[]) AS p0, unnest($2::b_type[]) AS p1, unnest($3::key_type[]) AS p2) AS v
  *    WHERE pgsub_row.key = v.p2
  *
- * Against statements.ts updateManyStatement's VALUES list (one parameter per value) the
+ * Against multi-row.ts updateManyStatement's VALUES list (one parameter per value) the
  * target parses a Bind of a handful of parameters instead of thousands and builds no
  * expression per row; the text is the same whatever the row count, so one prepared
  * statement serves every batch of a shape and batches need no power-of-two sizes.
@@ -20,7 +20,7 @@
  *  - a column whose values are all binary (or NULL) goes as a binary array of the target
  *    column's type: array_recv hands each element to that type's receive function, as
  *    the per-row path's Parse type inferred from its cast does, after the same OID
- *    rewriting (statements.ts binaryValue). Not possible — null, the VALUES path then —
+ *    rewriting (params.ts binaryValue). Not possible — null, the VALUES path then —
  *    where the per-row path reads the value as another type (BinaryColumns.parseTypes:
  *    remote type ≠ target type), sends it as text (textForUnreceivable), or where the
  *    column's type is an array itself (unnest would flatten an array of arrays) or has
@@ -30,15 +30,18 @@
  *    per-row path's text parameters ($n::type). Array-typed columns work this way too;
  *  - a column mixing binary and text values: null.
  * Rows have distinct keys (batch.ts coalesces), so no row of the table matches twice.
- * The affected-row count says how many rows were found; with detection (statements.ts
+ * The affected-row count says how many rows were found; with detection (detecting.ts
  * Detect) a count short of the batch's raises update_missing inside the statement, as
  * updateManyStatement does.
  */
 import type { Tuple } from '../../protocol/messages.js';
 import type { Reshape } from '../../mapping/columns.js';
-import type { MappedRelation } from './relmap.js';
+import type { MappedRelation } from './mapped-relation.js';
 import { quoteIdent } from '../../quote.js';
-import { binaryValue, cached, column, noteParam, rowColumns, rowValue, target, type Detect, type Statement } from './statements.js';
+import { binaryValue } from './params.js';
+import { cached, column, noteParam, rowColumns, rowValue, target } from './statement-text.js';
+import type { Detect } from './detecting.js';
+import type { Statement } from '../../pgwire/statement.js';
 
 const TEXT_OID = 25;
 
@@ -166,7 +169,7 @@ function encodeArray(elementOid: number, values: readonly (Buffer | string | nul
  *     (SELECT pg_catalog.unnest($1::int4[]) AS "a", pg_catalog.unnest($2::text[])::text AS "b") AS r
  *
  * The same text for every batch size, and a handful of parameters instead of one per
- * value (statements.ts reshapedInsertMany's VALUES list). Values as in updateArraysStatement:
+ * value (multi-row.ts reshapedInsertMany's VALUES list). Values as in updateArraysStatement:
  * a binary array where the row holds the column as the target column's type and the
  * per-row path would send it as that type's binary value; a text[] cast per element
  * otherwise; null (the VALUES path) for anything else.

@@ -27,9 +27,12 @@
 import { ApplyError } from '../../errors.js';
 import type { Tuple, TupleValue } from '../../protocol/messages.js';
 import { noteCarried, sendStatement } from './transaction.js';
-import type { MappedRelation } from '../sql/relmap.js';
+import type { MappedRelation } from '../sql/mapped-relation.js';
 import type { ApplyState, RemoteTransaction, RowBatch } from './apply-state.js';
-import { insertManyStatement, maxBatchRows, updateManyStatement, updateStatement, type Detect, type Statement } from '../sql/statements.js';
+import type { Detect } from '../sql/detecting.js';
+import { updateStatement } from '../sql/update.js';
+import { insertManyStatement, maxBatchRows, updateManyStatement } from '../sql/multi-row.js';
+import type { Statement } from '../../pgwire/statement.js';
 import type { Reshape } from '../../mapping/columns.js';
 import { copyInsertStatement, type CopyStatement } from '../sql/copy-rows.js';
 import { copyFromInsertMessages } from '../sql/copy-messages.js';
@@ -225,7 +228,7 @@ export function batchUpdate(
   // Usually every column is sent: one shared column list per relation, no per-row strings.
   let setIndexes: number[];
   let shape: string;
-  // A GENERATED ALWAYS identity column cannot be SET (428C9): it is left as it is, as in statements.ts.
+  // A GENERATED ALWAYS identity column cannot be SET (428C9): it is left as it is, as in sql/update.ts.
   if (newTuple.some((v) => v.kind === 'unchanged')) {
     setIndexes = newTuple.flatMap((v, i) => (v.kind === 'unchanged' || rel.targetColumns[i]!.identityAlways ? [] : [i]));
     shape = `${setIndexes.join(',')}${detect ? '|d' : ''}`;

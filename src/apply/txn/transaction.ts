@@ -17,7 +17,7 @@ import { schemaOf, type RelationMessage } from '../../protocol/messages.js';
 import { syncKey } from '../../origin/sync-state.js';
 import { NO_TABLES, type ApplyState, type RemoteTransaction } from './apply-state.js';
 import type { TableSync } from '../../origin/sync-state.js';
-import type { Statement } from '../sql/statements.js';
+import type { Statement } from '../../pgwire/statement.js';
 
 export function requireTransaction(state: ApplyState, what: string): RemoteTransaction {
   if (!state.tx.xact) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `${what} received outside a transaction`);
