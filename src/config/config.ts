@@ -185,7 +185,7 @@ export interface Config {
   messages: boolean;
   statusIntervalMs: number;
   receiveTimeoutMs: number;
-  /** A target connection silent this long with operations outstanding (and not busy running them) is dropped (apply/wire.ts). */
+  /** A target connection silent this long with operations outstanding (and not busy running them) is dropped (pgwire/wire-watchdog.ts). */
   targetTimeoutMs: number;
   retryMinDelayMs: number;
   retryMaxDelayMs: number;

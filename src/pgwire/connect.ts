@@ -29,7 +29,7 @@ export type { WireConnection, WireValue };
 export interface ApplyConnectionOptions {
   applicationName: string;
   synchronousCommit: string;
-  /** target_timeout in ms (wire.ts); 0 or absent: no timeout. */
+  /** target_timeout in ms (wire-watchdog.ts); 0 or absent: no timeout. */
   timeoutMs?: number;
 }
 

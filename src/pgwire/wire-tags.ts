@@ -1,6 +1,6 @@
 /**
- * Small pure pieces of the wire executor (wire.ts): CommandComplete tags, the
- * server_version number, the FIFO of outstanding protocol operations, and the
+ * Small pure pieces of the wire executor (wire.ts, wire-responses.ts): CommandComplete
+ * tags, the server_version number, the FIFO of outstanding protocol operations, and the
  * CopyData/CopyDone frames of a COPY FROM STDIN (pg's Connection copies every CopyData
  * payload into a fresh buffer; these frames reference the payload instead).
  */

@@ -1,5 +1,5 @@
 /**
- * Apply lanes (apply_workers > 1, src/apply/lanes.ts): a backlog of 3,000 source
+ * Apply lanes (apply_workers > 1, src/apply/run/lanes.ts): a backlog of 3,000 source
  * transactions mixing independent inserts with dependent changes — hot-row updates, deletes
  * and key changes of rows inserted by earlier transactions, a keyless table, a TRUNCATE —
  * is applied by several target connections in parallel, and the target ends equal to the

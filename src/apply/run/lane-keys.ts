@@ -1,7 +1,7 @@
 /**
- * Which earlier group of transactions a change must wait for, for apply lanes (lanes.ts):
- * two transactions may be applied in parallel only if no row identity of one is one of
- * the other's. A change's identities (its replica identity key hashed with the relation
+ * Which earlier group of transactions a change must wait for, for apply lanes (lanes.ts,
+ * lane-dependencies.ts): two transactions may be applied in parallel only if no row
+ * identity of one is one of the other's. A change's identities (its replica identity key hashed with the relation
  * id, read from the raw bytes by protocol/peek.ts changeKeys) are looked up in `Writers`,
  * which keeps, per identity, the last group that wrote it: the group a change waits for.
  * A hash collision only makes a transaction wait when it need not, never the reverse.
@@ -32,7 +32,7 @@ export class Writers {
    * The group the change in `raw` by group `seq` must wait for (0: none; seq - 1: all
    * before it), recording `seq` as the writer of what it touches. `ordered`: the target
    * table has triggers that would see the order of its rows. `table`: the target table's
-   * key for whole-table writes (lanes.ts tableKey; several source relations may share one).
+   * key for whole-table writes (lane-dependencies.ts tableKey; several source relations may share one).
    */
   record(seq: number, raw: Buffer, remote: RelationMessage, ordered: boolean, table: number = peekRelationId(raw)): number {
     let count = -1;

@@ -25,30 +25,27 @@
  *    conflicts are detected and resolved as usual. A watchdog ends the session the same way
  *    when the oldest group waits on a lock another lane holds (a uniqueness the keys do not
  *    cover): that wait would otherwise last forever, the later lane waiting for its turn.
+ * This file is the leader: groups opened, routed to and closed, the serial path's converge,
+ * the failure. A lane's task: lane-runner.ts; the commit order: lane-order.ts; a change's
+ * dependencies: lane-dependencies.ts (row identities: lane-keys.ts); the watchdog: lane-watch.ts.
  */
-import { LockWatch } from './watchdog.js';
-import { peekBeginFinalLsn, peekRelationId, peekTruncateRelationIds } from '../../protocol/peek.js';
+import { peekBeginFinalLsn, peekTruncateRelationIds } from '../../protocol/peek.js';
 import { originSessionResetStatement, originSessionSetupStatement } from '../../origin/replorigin.js';
 import { TAG } from '../../protocol/tags.js';
-import { ApplyError } from '../../errors.js';
-import { decode } from '../../protocol/decoder.js';
 import { ZERO_LSN, type Lsn } from '../../protocol/lsn.js';
-import type { BeginMessage, PgOutputMessage, RelationMessage } from '../../protocol/messages.js';
+import type { BeginMessage, PgOutputMessage } from '../../protocol/messages.js';
 import type { ApplyOptions } from '../../config/apply-options.js';
 import type { Logger } from '../../log.js';
-import { commitGroup, settleTarget } from '../txn/commit.js';
-import { insertAsSent } from '../handlers/changes.js';
-import { Writers } from './lane-keys.js';
-import { BoundedQueue } from './queue.js';
-import { workerState, type ApplyState, type Dispatch } from '../txn/apply-state.js';
+import { settleTarget } from '../txn/commit.js';
+import { LaneDependencies } from './lane-dependencies.js';
+import { CommitOrder } from './lane-order.js';
+import { Lane } from './lane-runner.js';
+import { HeadWatch, type WatchedLanes } from './lane-watch.js';
+import type { ApplyState, Dispatch } from '../txn/apply-state.js';
 import { runAlone, type WireConnection } from '../../pgwire/connect.js';
 
 /** A group ends after this many changes: lanes take turns at about this grain. */
 const GROUP_CHANGES = 8192;
-/** Bytes queued for one lane before the leader waits for it. */
-const LANE_QUEUE_BYTES = 8 * 1024 * 1024;
-const LANE_QUEUE_ITEMS = 100_000;
-const WATCH_INTERVAL_MS = 1000;
 /**
  * This many groups in a row whose first transaction already waited for an earlier group
  * (every transaction touching one hot row, as pgbench's branch): lanes only add hand-offs
@@ -57,7 +54,6 @@ const WATCH_INTERVAL_MS = 1000;
  */
 const DEPENDENT_GROUPS = 4;
 const PAUSE_GROUPS = 64;
-const DECODE_CONTEXT = { inStream: false, streamAbortInfo: false };
 
 export interface ApplyLanesOptions extends LaneConnections {
   /** The settings (applyWorkers lanes, groupTransactions per group, maxInFlight per lane). */
@@ -76,19 +72,6 @@ export interface LaneConnections {
   openConnection(purpose: string): Promise<WireConnection>;
   originName: string;
   targetVersionNum: number;
-}
-
-/** `message`: decoded by the leader already (null: the lane decodes it, if it is not copied as sent). */
-type LaneItem = { raw: Buffer; message: PgOutputMessage | null; waitFor: number } | { end: number };
-
-interface Lane {
-  index: number;
-  conn: WireConnection;
-  state: ApplyState;
-  queue: BoundedQueue<LaneItem>;
-  /** The group it applies (0: none); the leader waits for 0 before giving it the next. */
-  seq: number;
-  task: Promise<void>;
 }
 
 interface OpenGroup {
@@ -115,28 +98,26 @@ export class ApplyLanes {
   #unavailable = false;
   #open: OpenGroup | null = null;
   #lastSeq = 0;
-  #committedThrough = 0;
-  #waiters: { seq: number; resolve: () => void; reject: (err: unknown) => void }[] = [];
-  #failure: unknown = null;
+  /** Groups commit in source order; what failed the lanes. */
+  readonly #order = new CommitOrder();
   #originOnMain = true;
-  readonly #writers = new Writers();
-  /** Relations whose target lookup failed: every change waits for all before. */
-  #unresolvable = new Set<number>();
-  readonly #targetKeys = new Map<string, number>();
+  /** Which earlier group each change waits for. */
+  readonly #deps: LaneDependencies;
   #lastRoutedLsn: Lsn = ZERO_LSN;
-  #headSince = { seq: 0, at: 0 };
   #dependentRun = 0;
   /** BEGINs still to go the serial way after a pause. */
   #pausedBegins = 0;
 
-  readonly #watch: LockWatch;
+  /** The oldest group waiting on a lock a later lane holds. */
+  readonly #watch: HeadWatch;
 
   constructor(
     private readonly main: ApplyState,
     private readonly opts: ApplyLanesOptions,
     private readonly log: Logger,
   ) {
-    this.#watch = new LockWatch(() => opts.openConnection('lane_watch'), log, 'apply lane');
+    this.#watch = new HeadWatch(() => opts.openConnection('lane_watch'), log, this.#order, this.#watched());
+    this.#deps = new LaneDependencies(main);
   }
 
   /** The lanes' backends (the parallel apply watchdog looks at what they wait for). */
@@ -146,7 +127,7 @@ export class ApplyLanes {
 
   /** Groups routed and not yet committed, or one still open. */
   get busy(): boolean {
-    return this.#open !== null || this.#committedThrough < this.#lastSeq;
+    return this.#open !== null || this.#order.committedThrough < this.#lastSeq;
   }
 
   /** The serial path must call converge() first: lanes busy, or the origin not back on the main connection. */
@@ -161,7 +142,7 @@ export class ApplyLanes {
    * behind it in the receive queue.
    */
   route(raw: Buffer, message: PgOutputMessage | null, queued: number): boolean | Promise<boolean> {
-    this.#throwIfFailed();
+    this.#order.throwIfFailed();
     const tag = raw[0];
     const group = this.#open;
     if (group === null) {
@@ -188,7 +169,7 @@ export class ApplyLanes {
       case TAG.UPDATE:
       case TAG.DELETE: {
         group.changes++;
-        const waitFor = this.#dependency(group.seq, raw);
+        const waitFor = this.#deps.dependency(group.seq, raw);
         return typeof waitFor === 'number' ? this.#pushed(group, raw, message, waitFor) : waitFor.then((w) => this.#pushed(group, raw, message, w));
       }
       case TAG.BEGIN:
@@ -219,7 +200,7 @@ export class ApplyLanes {
         const m = message!;
         if (m.tag === 'relation') {
           this.main.relations.onRelation(m);
-          this.#unresolvable.delete(m.relationId);
+          this.#deps.relationChanged(m.relationId);
         } else if (m.tag === 'type') this.main.relations.onType(m.typeOid, m.namespace, m.name);
         return this.#broadcast(raw).then(() => true);
       }
@@ -229,15 +210,15 @@ export class ApplyLanes {
         // target table's: resolved first, so that it is the key its later changes look up.
         const ids: number[] = [];
         peekTruncateRelationIds(raw, (relationId) => ids.push(relationId));
-        const unknown = ids.filter((id) => this.main.relations.cached(id) === undefined && !this.#unresolvable.has(id));
+        const unknown = ids.filter((id) => this.#deps.unknown(id));
         const record = () => {
-          for (const id of ids) this.#writers.wholeTable(group.seq, this.#tableKey(id));
+          this.#deps.wholeTables(group.seq, ids);
           group.changes++;
           return this.#pushed(group, raw, message, group.seq - 1);
         };
         if (unknown.length === 0) return record();
         return (async () => {
-          for (const id of unknown) await this.#resolve(id);
+          for (const id of unknown) await this.#deps.resolve(id);
           return record();
         })();
       }
@@ -277,8 +258,8 @@ export class ApplyLanes {
   /** Before the serial path: every group committed, the replication origin back on the main connection. */
   async converge(): Promise<void> {
     if (this.#open !== null) this.#closeGroup();
-    await this.#untilCommitted(this.#lastSeq);
-    this.#stopWatching();
+    await this.#order.until(this.#lastSeq);
+    this.#watch.stop();
     if (!this.#originOnMain) {
       await runAlone(this.main.conn, [originSessionSetupStatement(this.opts.originName)]);
       this.#originOnMain = true;
@@ -286,7 +267,7 @@ export class ApplyLanes {
   }
 
   async close(): Promise<void> {
-    this.#stopWatching();
+    this.#watch.stop();
     if (this.counters.groups > 0) this.log.info({ ...this.counters, lanes: this.opts.options.applyWorkers }, 'apply lanes stopped');
     this.#fail(new Error('apply lanes closed'), false);
     const lanes = this.#lanes ?? [];
@@ -331,13 +312,13 @@ export class ApplyLanes {
     const seq = this.#lastSeq + 1;
     const lane = lanes[(seq - 1) % lanes.length]!;
     // The lane's previous group must have ended (committed) first.
-    if (lane.seq !== 0) await this.#untilCommitted(lane.seq);
-    this.#throwIfFailed();
+    if (lane.seq !== 0) await this.#order.until(lane.seq);
+    this.#order.throwIfFailed();
     this.#lastSeq = seq;
-    lane.seq = seq;
+    lane.assign(seq);
     this.counters.groups++;
     this.#open = { lane, seq, changes: 0, transactions: 0, inTransaction: false, dependent: false };
-    this.#startWatching();
+    this.#watch.start();
     return this.#open;
   }
 
@@ -356,7 +337,7 @@ export class ApplyLanes {
   }
 
   #push(group: OpenGroup, raw: Buffer, message: PgOutputMessage | null, waitFor: number): Promise<void> | undefined {
-    const item = { raw, message, waitFor: waitFor > this.#committedThrough ? waitFor : 0 };
+    const item = { raw, message, waitFor: waitFor > this.#order.committedThrough ? waitFor : 0 };
     if (item.waitFor > 0) {
       this.counters.dependencyWaits++;
       if (group.transactions === 0) group.dependent = true;
@@ -371,58 +352,12 @@ export class ApplyLanes {
       if (!lane.queue.tryPut({ raw, message: null, waitFor: 0 }, raw.length)) await lane.queue.put({ raw, message: null, waitFor: 0 }, raw.length);
   }
 
-  /**
-   * The group a row change must wait for (0: none), recording this group as its rows'
-   * last writer. A promise only the first time a relation is seen (its target lookup).
-   */
-  #dependency(seq: number, raw: Buffer): number | Promise<number> {
-    const relationId = peekRelationId(raw);
-    const mapped = this.main.relations.cached(relationId);
-    if (mapped === undefined) {
-      if (this.#unresolvable.has(relationId)) return this.#writers.wholeTable(seq, relationId);
-      return this.#resolve(relationId).then(() => this.#dependency(seq, raw));
-    }
-    let remote: RelationMessage;
-    try {
-      remote = this.main.relations.remoteRelation(relationId);
-    } catch {
-      return seq - 1; // the lane reports the missing Relation message
-    }
-    // A mapped relation may share its target table with other source relations (many-to-one):
-    // its changes are ordered against every change to that table, whatever their row keys.
-    if (mapped.rule) return this.#writers.wholeTable(seq, this.#tableKey(relationId));
-    return this.#writers.record(seq, raw, remote, mapped.ordered, this.#tableKey(relationId));
-  }
-
-  /**
-   * The key of a relation's target table for whole-table writes: the relation id for an
-   * unmapped relation, one number per target table (above every OID) for a mapped one, so
-   * that source relations mapped into one table wait for each other.
-   */
-  #tableKey(relationId: number): number {
-    const mapped = this.main.relations.cached(relationId);
-    // Unmapped: the target table is the source's, one relation id each.
-    if (mapped?.rule === undefined) return relationId;
-    let key = this.#targetKeys.get(mapped.qualifiedName);
-    if (key === undefined) this.#targetKeys.set(mapped.qualifiedName, (key = 2 ** 32 + this.#targetKeys.size));
-    return key;
-  }
-
-  /** The target table of a relation first seen; the main connection is idle while lanes run. */
-  async #resolve(relationId: number): Promise<void> {
-    try {
-      await this.main.relations.resolve(this.main.conn, relationId);
-    } catch {
-      // The lane reports what is wrong with the table; until then its changes wait for all before.
-      this.#unresolvable.add(relationId);
-    }
-  }
-
   async #ensureLanes(): Promise<Lane[] | null> {
     if (this.#lanes !== null) return this.#lanes;
     const lanes: Lane[] = [];
     try {
-      for (let index = 0; index < this.opts.options.applyWorkers; index++) lanes.push(this.#newLane(index, await this.opts.openConnection(`lane${index + 1}`)));
+      for (let index = 0; index < this.opts.options.applyWorkers; index++)
+        lanes.push(new Lane(index, await this.opts.openConnection(`lane${index + 1}`), this.main, this.opts, this.#order));
     } catch (err) {
       // No extra connections (e.g. max_connections): apply serially.
       this.log.warn({ err }, 'apply lane connections unavailable; applying serially');
@@ -431,107 +366,24 @@ export class ApplyLanes {
       return null;
     }
     this.#lanes = lanes;
-    for (const lane of lanes) lane.task = this.#run(lane).catch((err: unknown) => this.#fail(err, true));
+    for (const lane of lanes) lane.start((err: unknown) => this.#fail(err, true));
     this.log.info({ lanes: lanes.length }, 'apply lanes started');
     return lanes;
   }
 
-  #newLane(index: number, conn: WireConnection): Lane {
-    const main = this.main;
-    const relations = main.relations.sibling();
-    relations.seedFrom(main.relations);
-    const lane: Lane = {
-      index,
-      conn,
-      seq: 0,
-      queue: new BoundedQueue<LaneItem>(LANE_QUEUE_ITEMS, LANE_QUEUE_BYTES),
-      task: Promise.resolve(),
-      state: null as unknown as ApplyState,
-    };
-    lane.state = workerState(main, conn, relations, this.opts.options.maxInFlight, {
-      // The leader decides where a group ends (the end marker).
-      canGroup: () => true,
-      commitTurn: { originName: this.opts.originName, acquire: () => this.#untilCommitted(lane.seq - 1) },
-    });
-    return lane;
-  }
-
-  async #run(lane: Lane): Promise<void> {
-    for (;;) {
-      const item = lane.queue.takeNow() ?? (await lane.queue.take());
-      if (item === undefined || this.#failure !== null) return;
-      if ('end' in item) {
-        await this.#endGroup(lane, item.end);
-        continue;
-      }
-      if (item.waitFor > this.#committedThrough) await this.#untilCommitted(item.waitFor);
-      const raw = item.raw;
-      let pending = raw[0] === TAG.INSERT ? insertAsSent(lane.state, raw) : false;
-      if (pending === false) pending = this.opts.dispatch(lane.state, item.message ?? decode(raw, DECODE_CONTEXT), raw);
-      if (pending) await pending;
-    }
-  }
-
-  async #endGroup(lane: Lane, seq: number): Promise<void> {
-    // A group whose transactions wrote nothing has no commit: it still passes in order.
-    await commitGroup(lane.state);
-    await this.#untilCommitted(seq - 1);
-    lane.seq = 0;
-    this.#committedThrough = seq;
-    const ready = this.#waiters.filter((w) => w.seq <= seq);
-    this.#waiters = this.#waiters.filter((w) => w.seq > seq);
-    for (const w of ready) w.resolve();
-  }
-
-  #untilCommitted(seq: number): Promise<void> {
-    if (this.#failure !== null) return Promise.reject(this.#failure);
-    if (seq <= this.#committedThrough) return Promise.resolve();
-    return new Promise((resolve, reject) => this.#waiters.push({ seq, resolve, reject }));
-  }
-
-  #throwIfFailed(): void {
-    if (this.#failure !== null) throw this.#failure;
-  }
-
   #fail(err: unknown, report: boolean): void {
-    if (this.#failure !== null) return;
-    this.#failure = err;
-    const waiters = this.#waiters;
-    this.#waiters = [];
-    for (const w of waiters) w.reject(err);
+    if (!this.#order.fail(err)) return;
     for (const lane of this.#lanes ?? []) lane.queue.close();
     // Not logged here: the service loop logs it once, where it decides what follows (runner.ts).
     if (report) this.opts.onFailure(err, this.#lastRoutedLsn);
   }
 
-  #startWatching(): void {
-    if (this.#lanes !== null) this.#watch.start(WATCH_INTERVAL_MS, () => this.#checkHead());
-  }
-
-  #stopWatching(): void {
-    this.#watch.stop();
-  }
-
-  /**
-   * The oldest uncommitted group's lane waiting on a lock another lane holds: the holder
-   * waits for its turn behind it, so neither moves (PostgreSQL sees no deadlock: one side
-   * waits in pgsub). Looked at once the oldest group has been oldest for a while.
-   */
-  async #checkHead(): Promise<void> {
-    const head = this.#committedThrough + 1;
-    if (head > this.#lastSeq || this.#failure !== null) return;
-    const now = Date.now();
-    if (this.#headSince.seq !== head) {
-      this.#headSince = { seq: head, at: now };
-      return;
-    }
-    if (now - this.#headSince.at < WATCH_INTERVAL_MS) return;
-    const lanes = this.#lanes ?? [];
-    const headLane = lanes.find((lane) => lane.seq === head);
-    if (!headLane) return;
-    const others = lanes.filter((lane) => lane !== headLane).map((lane) => lane.conn.processId);
-    if ((await this.#watch.blocks(others, [headLane.conn.processId])) && this.#committedThrough + 1 === head) {
-      this.#fail(new ApplyError(`apply lane ${headLane.index + 1} waits on a lock held by a later lane (a uniqueness the row identities do not cover)`, { group: head }), true);
-    }
+  /** What the watchdog reads of the leader (lane-watch.ts). */
+  #watched(): WatchedLanes {
+    return {
+      lanes: () => this.#lanes,
+      lastSeq: () => this.#lastSeq,
+      fail: (err) => this.#fail(err, true),
+    };
   }
 }

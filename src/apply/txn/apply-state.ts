@@ -163,9 +163,9 @@ export interface ApplyPolicy {
    */
   readonly resultsBeforeCommit?: boolean;
   /**
-   * Apply lanes (lanes.ts): a target commit waits for `acquire` (every earlier group
-   * committed), takes the replication origin for its commit and releases it before its
-   * Sync. Absent on the main connection, which holds the origin for the session.
+   * Apply lanes (run/lane-runner.ts, run/lane-order.ts): a target commit waits for
+   * `acquire` (every earlier group committed), takes the replication origin for its commit
+   * and releases it before its Sync. Absent on the main connection, which holds the origin for the session.
    */
   readonly commitTurn?: { originName: string; acquire(): Promise<void> };
 }
