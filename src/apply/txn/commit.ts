@@ -153,49 +153,20 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
     await turn.acquire();
     await sendStatement(state, originSessionSetupStatement(turn.originName));
   }
-  // The commit record carries the remote LSN and time, like a native apply's (origin.c).
-  await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
-  if (prepare) {
-    // Not the origin row: a prepared transaction would hold its lock until COMMIT PREPARED.
-    await sendStatement(state, preparedRowStatement(state.session.subscription, ending.gid, xact.xid, endLsn));
-  } else if (!xact.behind) {
-    const progress = commitProgressStatement(state.session.subscription, endLsn, commitTime, transactions);
-    await sendStatement(state, progress, (count) => {
-      if (count !== 1) throw new ApplyError(`origin row of subscription "${state.session.subscription}" is missing in the target`);
-    });
-  }
-  // Tables catching up record their own position; those now level with the origin become ready.
-  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(state.session.subscription, t, endLsn));
-  const promoted = xact.behind || prepare ? [] : state.session.sync.promotable(endLsn, state.session.progress.durable);
-  for (const t of promoted) {
-    await sendStatement(state, setStateStatement(state.session.subscription, t, 'r', null));
-    await sendStatement(state, clearSyncProgressStatement(state.session.subscription, t));
-  }
+  const promoted = await sendCommitRows(state, xact, endLsn, commitTime, ending, transactions);
   // A table catching up, or becoming ready, moves the feedback hold (origin/sync-state.ts
   // heldLsn) once its commit is answered, without the flush tracking origin positions get:
   // that commit must be on disk when answered, so it is synchronous (the session's default).
   const synchronous = state.session.asyncCommit && !prepare && (xact.syncTouched.size > 0 || promoted.length > 0);
   if (synchronous) await state.pipeline.push(state.conn.execute('SET LOCAL synchronous_commit TO DEFAULT'));
   const expected = prepare ? 'PREPARE TRANSACTION' : 'COMMIT';
-  const commit = state.conn.execute(prepare ? `PREPARE TRANSACTION ${quoteLiteral(ending.gid)}` : 'COMMIT');
+  const commit = state.conn.execute(ending.kind === 'prepare' ? `PREPARE TRANSACTION ${quoteLiteral(ending.gid)}` : 'COMMIT');
   await state.pipeline.push(commit);
   // Where the target's WAL stood right after the asynchronous commit: flushed past this, it is safe.
   const walAfter = state.session.asyncCommit && !prepare && !synchronous ? state.conn.execute('SELECT pg_catalog.pg_current_wal_insert_lsn()::text', [], { wantRows: true }) : null;
   if (walAfter) await state.pipeline.push(walAfter);
   if (turn) await sendStatement(state, originSessionResetStatement());
-  // In the middle of a backlog the next transaction is applied while this commit is under
-  // way: waiting for it would leave the target idle for a round trip per commit. No Sync
-  // follows such a COMMIT: should it fail, the server skips everything after it up to the
-  // next Sync, so no later transaction can commit past the failed one. Its outcome is
-  // checked in order when it arrives; the position moves only then.
-  const pipelined =
-    ending.kind === 'commit' &&
-    ending.mayPipeline === true &&
-    !xact.behind &&
-    xact.syncTouched.size === 0 &&
-    promoted.length === 0 &&
-    !state.mode.careful &&
-    state.policy.canPipelineCommit(endLsn);
+  const pipelined = mayLeaveCommitUnanswered(state, xact, ending, endLsn, promoted);
   // Otherwise Sync ends the pipeline segment; its ReadyForQuery says whether a transaction is left open.
   const synced = pipelined ? null : state.conn.sync();
   if (synced) await state.pipeline.push(synced);
@@ -203,21 +174,69 @@ export async function commitTarget(state: ApplyState, xact: RemoteTransaction, e
   const resolved = state.tx.resolved.splice(0);
   const settled = settleCommit(state, xact, commit, synced, walAfter, { endLsn, commitTime, expected, transactions, groupChanges: group?.changes ?? 0, promoted, resolved });
   settled.catch(() => {});
-  if (pipelined) {
-    endTarget(state);
-    const unconfirmed = { until: endLsn, answered: settled };
-    state.tx.unconfirmed = unconfirmed;
-    await state.pipeline.push(
-      settled.then(() => {
-        if (state.tx.unconfirmed === unconfirmed) state.tx.unconfirmed = null;
-      }),
-    );
-    return;
-  }
+  if (pipelined) return leaveCommitPipelined(state, endLsn, settled);
   await state.pipeline.drain();
   await settled;
   // Only now: a failure above leaves state.tx.xact for the loop's careful replay.
   endTarget(state);
+}
+
+/**
+ * The rows a commit writes with the changes: the origin's stamp, the progress row (or a
+ * prepared transaction's row), the positions of tables catching up and the tables that
+ * become ready. Returns those that become ready.
+ */
+async function sendCommitRows(state: ApplyState, xact: RemoteTransaction, endLsn: Lsn, commitTime: bigint, ending: Ending, transactions: number): Promise<TableSync[]> {
+  const subscription = state.session.subscription;
+  // The commit record carries the remote LSN and time, like a native apply's (origin.c).
+  await sendStatement(state, originXactSetupStatement(endLsn, commitTime));
+  if (ending.kind === 'prepare') {
+    // Not the origin row: a prepared transaction would hold its lock until COMMIT PREPARED.
+    await sendStatement(state, preparedRowStatement(subscription, ending.gid, xact.xid, endLsn));
+  } else if (!xact.behind) {
+    const progress = commitProgressStatement(subscription, endLsn, commitTime, transactions);
+    await sendStatement(state, progress, (count) => {
+      if (count !== 1) throw new ApplyError(`origin row of subscription "${subscription}" is missing in the target`);
+    });
+  }
+  // Tables catching up record their own position; those now level with the origin become ready.
+  for (const t of xact.syncTouched) await sendStatement(state, advanceSyncStatement(subscription, t, endLsn));
+  const promoted = xact.behind || ending.kind === 'prepare' ? [] : state.session.sync.promotable(endLsn, state.session.progress.durable);
+  for (const t of promoted) {
+    await sendStatement(state, setStateStatement(subscription, t, 'r', null));
+    await sendStatement(state, clearSyncProgressStatement(subscription, t));
+  }
+  return promoted;
+}
+
+/**
+ * In the middle of a backlog the next transaction is applied while this commit is under
+ * way: waiting for it would leave the target idle for a round trip per commit. No Sync
+ * follows such a COMMIT: should it fail, the server skips everything after it up to the
+ * next Sync, so no later transaction can commit past the failed one.
+ */
+function mayLeaveCommitUnanswered(state: ApplyState, xact: RemoteTransaction, ending: Ending, endLsn: Lsn, promoted: readonly TableSync[]): boolean {
+  return (
+    ending.kind === 'commit' &&
+    ending.mayPipeline === true &&
+    !xact.behind &&
+    xact.syncTouched.size === 0 &&
+    promoted.length === 0 &&
+    !state.mode.careful &&
+    state.policy.canPipelineCommit(endLsn)
+  );
+}
+
+/** A commit left unanswered: its outcome is checked in order when it arrives; the position moves only then. */
+async function leaveCommitPipelined(state: ApplyState, endLsn: Lsn, settled: Promise<void>): Promise<void> {
+  endTarget(state);
+  const unconfirmed = { until: endLsn, answered: settled };
+  state.tx.unconfirmed = unconfirmed;
+  await state.pipeline.push(
+    settled.then(() => {
+      if (state.tx.unconfirmed === unconfirmed) state.tx.unconfirmed = null;
+    }),
+  );
 }
 
 /**
