@@ -58,25 +58,82 @@ import {
   waitLag,
   type CutoverOptions,
   type CutoverReport,
+  type Run,
 } from './cutover-steps.js';
 
 export type { CutoverOptions, CutoverReport, StepTiming } from './cutover-steps.js';
 
 export async function runCutover(configs: Config[], opts: CutoverOptions, out: (line: string) => void, log: Logger): Promise<CutoverReport> {
-  const primary = configs[0]!;
-  const run = await openRun(configs, opts, out, log);
-  const { fenceClient, source, subs, done, check } = run;
-  let fence: FenceState | null = null;
-  let fencedAt: number | null = null;
-  let reverse: ReverseSetup | null = null;
-  const undo: UndoWhat = { fence: null, reverse: null };
-  let preparedWaited = 0;
-  try {
-    await checkCutoverPrivileges(source, subs, opts, log);
+  const cutover = new Cutover(configs[0]!, await openRun(configs, opts, out, log));
+  const resumed = await cutover.beforeFence();
+  return resumed ?? (await cutover.fenceAndFinish());
+}
+
+/**
+ * One run of the steps above, one method per step. What a failure must undo and what the
+ * summary reports are its fields, each written by the step that makes it true and read by
+ * the error paths of beforeFence and fenceAndFinish.
+ */
+class Cutover {
+  /** What a failure before the point of no return lifts or removes, filled in as each is recorded. */
+  readonly #undo: UndoWhat = { fence: null, reverse: null };
+  #fence: FenceState | null = null;
+  #fencedAt = 0;
+  #reverse: ReverseSetup | null = null;
+  #preparedWaited = 0;
+  #pastNoReturn = false;
+
+  constructor(
+    private readonly primary: Config,
+    private readonly run: Run,
+  ) {}
+
+  /** Steps 0 and 1; the report of a cutover found done already, else null to go on to the fence. */
+  async beforeFence(): Promise<CutoverReport | null> {
+    const { fenceClient, source, subs } = this.run;
+    try {
+      await checkCutoverPrivileges(source, subs, this.run.opts, this.run.log);
+      const resumed = await this.#resumeOrCleanUp();
+      if (resumed) return resumed;
+      await this.#preflight();
+      await waitLag(this.run);
+      return null;
+    } catch (err) {
+      if (!(err instanceof Interrupted)) {
+        await closeAll(source, subs);
+        throw err instanceof PgsubError ? err : refused(`before the fence: ${errorText(err)}`);
+      }
+      // Interrupted before the fence: only the record to clear.
+      const undone = await undoCutover(fenceClient, subs, this.#undo);
+      await closeAll(source, subs);
+      throw new CutoverError('PGSUB_CUTOVER_INTERRUPTED', `${err.message}, before the fence: nothing was changed on the source`, { undone: undone.lines });
+    }
+  }
+
+  /** Steps 2 to 8; any failure before step 8 undoes what was recorded, the sessions are closed either way. */
+  async fenceAndFinish(): Promise<CutoverReport> {
+    try {
+      await this.#raiseFence();
+      const fenceLsn = await this.#fenceLsn();
+      await this.#waitApplied(fenceLsn);
+      const sequences = await this.#syncSequences();
+      const tables = await this.#countRows();
+      await this.#setupReverse();
+      return await this.#finish(fenceLsn, sequences, tables);
+    } catch (err) {
+      throw await this.#failed(err);
+    } finally {
+      await closeAll(this.run.source, this.run.subs);
+    }
+  }
+
+  /** A re-run: one done before is only finished, one stopped half-way is undone first. */
+  async #resumeOrCleanUp(): Promise<CutoverReport | null> {
+    const { source, subs } = this.run;
     const records = await Promise.all(subs.map((s) => readRecord(s.target, s.config.subscription)));
     if (records.some((r) => r?.step === 'done')) {
       if (records.every((r) => r?.step === 'done')) {
-        const report = await resumeDone(run, records as CutoverRecord[]);
+        const report = await resumeDone(this.run, records as CutoverRecord[]);
         await closeAll(source, subs);
         return report;
       }
@@ -84,7 +141,13 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
         `subscriptions ${subs.map((s, i) => `${s.config.subscription} (${records[i]?.step ?? 'no cutover'})`).join(', ')} were not cut over together: cut over each on its own`,
       );
     }
-    await cleanUpHalfDone(run, records);
+    await cleanUpHalfDone(this.run, records);
+    return null;
+  }
+
+  /** 0. Preconditions, the plans of steps 5 and 6, and every refusal, then the cutover recorded begun. */
+  async #preflight(): Promise<void> {
+    const { fenceClient, source, subs, opts } = this.run;
     for (const sub of subs) sub.tables = (await publishedTables(source, sub.config.publications)).map((t) => ({ schema: t.schema, table: t.table }));
     await preconditions(subs);
     for (const sub of subs) {
@@ -93,7 +156,7 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
     }
     if (opts.reverse) {
       if (subs.length > 1) throw refused('--reverse takes one subscription');
-      const why = await reverseRefusal(primary, subs[0]!.target);
+      const why = await reverseRefusal(this.primary, subs[0]!.target);
       if (why) throw refused(why);
     }
     const pending = await sourcePrepared(source);
@@ -101,121 +164,145 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
       throw refused(
         `--refuse-prepared: the source database has ${pending.length} prepared transaction(s): ${describePrepared(pending)}: COMMIT PREPARED or ROLLBACK PREPARED them first`,
       );
-    const workers = await writingWorkers(fenceClient);
-    if (workers.length > 0) {
-      const named = workers.map((w) => `pid ${w.pid} ${w.type}${w.name !== w.type ? ` (${w.name})` : ''}`).join(', ');
-      log.warn({ workers }, 'background workers attached to the source database are not fenced');
-      out(`  ${'workers'.padEnd(12)} not fenced, stop them if they write: ${named}`);
-    }
+    await this.#warnUnfencedWorkers();
     const database = await currentDatabase(fenceClient);
     for (const sub of subs) await beginRecord(sub.target, sub.config.subscription, database);
-    done('preflight', `${subs.length} subscription(s) running, every table ready${pending.length > 0 ? `, ${pending.length} prepared transaction(s) to wait for` : ''}`);
+    this.run.done('preflight', `${subs.length} subscription(s) running, every table ready${pending.length > 0 ? `, ${pending.length} prepared transaction(s) to wait for` : ''}`);
     await faultPause('preflight', opts.signal);
-    check('before the fence');
-    await waitLag(run);
-  } catch (err) {
-    if (!(err instanceof Interrupted)) {
-      await closeAll(source, subs);
-      throw err instanceof PgsubError ? err : refused(`before the fence: ${errorText(err)}`);
-    }
-    // Interrupted before the fence: only the record to clear.
-    const undone = await undoCutover(fenceClient, subs, undo);
-    await closeAll(source, subs);
-    throw new CutoverError('PGSUB_CUTOVER_INTERRUPTED', `${err.message}, before the fence: nothing was changed on the source`, { undone: undone.lines });
+    this.run.check('before the fence');
   }
 
-  let pastNoReturn = false;
-  try {
-    // 2. The fence, recorded first: its `on` is pgsub's, the value found is what a lift restores.
-    fencedAt = Date.now();
+  /** Background workers keep writing through a read-only default: named, not refused. */
+  async #warnUnfencedWorkers(): Promise<void> {
+    const workers = await writingWorkers(this.run.fenceClient);
+    if (workers.length === 0) return;
+    const named = workers.map((w) => `pid ${w.pid} ${w.type}${w.name !== w.type ? ` (${w.name})` : ''}`).join(', ');
+    this.run.log.warn({ workers }, 'background workers attached to the source database are not fenced');
+    this.run.out(`  ${'workers'.padEnd(12)} not fenced, stop them if they write: ${named}`);
+  }
+
+  /** 2. The fence, recorded first: its `on` is pgsub's, the value found is what a lift restores. */
+  async #raiseFence(): Promise<void> {
+    const { fenceClient, subs, opts, done } = this.run;
+    this.#fencedAt = Date.now();
     if (opts.fence === 'read-only') {
       const database = await currentDatabase(fenceClient);
       const previous = await databaseSetting(fenceClient);
       for (const sub of subs) await recordFence(sub.target, sub.config.subscription, previous);
-      undo.fence = { database, previous };
-      fence = await raiseFence(fenceClient, previous, opts.fenceTimeoutMs ?? 10_000, opts.signal);
+      this.#undo.fence = { database, previous };
+      const fence = await raiseFence(fenceClient, previous, opts.fenceTimeoutMs ?? 10_000, opts.signal);
+      this.#fence = fence;
       done('fence', `database ${fence.database} read-only for new sessions, ${fence.terminated} session(s) terminated, none left (checked twice)`, {
         terminated: fence.terminated,
       });
     } else {
-      await run.record('fence');
+      await this.run.record('fence');
       done('fence', 'none (fenced by the operator)');
     }
     await opts.hooks?.afterFence?.();
     await faultPause('fence', opts.signal);
-    check('after the fence');
+    this.run.check('after the fence');
+  }
 
-    // 3. No prepared transaction left to commit past the fence, then the position everything before which must be on the target.
-    await run.record('prepared');
-    preparedWaited = await waitNoPrepared(() => sourcePrepared(source), 'prepared transaction(s) on the source', {
+  /** 3. No prepared transaction left to commit past the fence, then the position everything before which must be on the target. */
+  async #fenceLsn(): Promise<Lsn> {
+    const { fenceClient, source, subs, opts, out, log, done } = this.run;
+    await this.run.record('prepared');
+    this.#preparedWaited = await waitNoPrepared(() => sourcePrepared(source), 'prepared transaction(s) on the source', {
       timeoutMs: opts.preparedTimeoutMs ?? 30_000,
       signal: opts.signal,
-      sleep: run.sleep,
+      sleep: this.run.sleep,
       show: (xs) => {
         log.warn({ prepared: xs }, 'waiting for prepared transactions on the source before the fence LSN');
         out(`  ${'prepared'.padEnd(12)} waiting for ${xs.length}: ${describePrepared(xs)}`);
       },
     });
-    if (preparedWaited > 0) done('prepared', `${preparedWaited} prepared transaction(s) resolved on the source`);
-    check('while waiting for prepared transactions');
+    if (this.#preparedWaited > 0) done('prepared', `${this.#preparedWaited} prepared transaction(s) resolved on the source`);
+    this.run.check('while waiting for prepared transactions');
     const fenceLsn = await fenceMarker(fenceClient, `cutover of ${subs.map((s) => s.config.subscription).join(', ')}`);
-    await run.record('fence-lsn', fenceLsn);
+    await this.run.record('fence-lsn', fenceLsn);
     done('fence-lsn', formatLsn(fenceLsn), { lsn: formatLsn(fenceLsn) });
     await opts.hooks?.beforeWait?.();
     await faultPause('fence-lsn', opts.signal);
+    return fenceLsn;
+  }
 
-    // 4. Each service applied and recorded it.
-    await waitApplied(run, fenceLsn);
-    done('apply', `every service applied up to ${formatLsn(fenceLsn)}${subs.some((s) => s.config.twoPhase) ? ', none of its prepared transactions left on the target' : ''}`);
-    await run.record('sequences');
+  /** 4. Each service applied and recorded it. */
+  async #waitApplied(fenceLsn: Lsn): Promise<void> {
+    const { subs, opts } = this.run;
+    await waitApplied(this.run, fenceLsn);
+    this.run.done(
+      'apply',
+      `every service applied up to ${formatLsn(fenceLsn)}${subs.some((s) => s.config.twoPhase) ? ', none of its prepared transactions left on the target' : ''}`,
+    );
+    await this.run.record('sequences');
     await faultPause('apply', opts.signal);
-    check('after the apply');
+    this.run.check('after the apply');
+  }
 
-    // 5. Sequences, exactly from the fenced source, plus the margin.
+  /** 5. Sequences, exactly from the fenced source, plus the margin. */
+  async #syncSequences(): Promise<SequenceSync[]> {
+    const { source, subs, opts } = this.run;
     await opts.hooks?.beforeSequences?.();
     const sequences: SequenceSync[] = [];
     for (const sub of subs) if (sub.sequencePlan) sequences.push(...(await syncAtFence(source, sub.target, sub.sequencePlan, sub.config.sequenceMargin)));
-    done('sequences', `${sequences.filter((s) => s.moved).length} of ${sequences.length} moved, each at least the margin ahead of the source`);
+    this.run.done('sequences', `${sequences.filter((s) => s.moved).length} of ${sequences.length} moved, each at least the margin ahead of the source`);
+    return sequences;
+  }
 
-    // 6. Row counts at the fence.
+  /** 6. Row counts at the fence. */
+  async #countRows(): Promise<TableCount[]> {
     const tables: TableCount[] = [];
-    for (const sub of subs) tables.push(...(await countAtFence(source, sub.target, sub.counts)));
+    for (const sub of this.run.subs) tables.push(...(await countAtFence(this.run.source, sub.target, sub.counts)));
     const unequal = countDifferences(tables);
     if (unequal !== null) throw new Error(`row counts differ at the fence: ${unequal}`);
-    done('verify', countSummary(tables));
+    this.run.done('verify', countSummary(tables));
+    return tables;
+  }
 
-    // 7. Replication back, recorded before it creates anything.
+  /** 7. Replication back, recorded before it creates anything. */
+  async #setupReverse(): Promise<void> {
+    const { subs, opts } = this.run;
     if (opts.reverse) {
-      const plan = await reversePlan(primary, subs[0]!.target, opts.reverseConfigFile);
-      await recordReverse(subs[0]!.target, primary.subscription, plan);
-      undo.reverse = plan;
-      reverse = await setupReverse(primary, subs[0]!.target, subs[0]!.tables, plan);
-      done(
+      const plan = await reversePlan(this.primary, subs[0]!.target, opts.reverseConfigFile);
+      await recordReverse(subs[0]!.target, this.primary.subscription, plan);
+      this.#undo.reverse = plan;
+      const reverse = await setupReverse(this.primary, subs[0]!.target, subs[0]!.tables, plan);
+      this.#reverse = reverse;
+      this.run.done(
         'reverse',
         `slot ${reverse.slot} on the new primary from ${formatLsn(reverse.consistentPoint)}; ${opts.reverseConfigFile ? `start it: pgsub run -c ${opts.reverseConfigFile}` : 'config not written (--reverse-config)'}`,
       );
     }
     await faultPause('reverse', opts.signal);
-    check('before the point of no return');
+    this.run.check('before the point of no return');
+  }
 
-    // 8. The point of no return: done and the forward subscription disabled, in one target transaction each.
+  /** 8. The point of no return: done and the forward subscription disabled, in one target transaction each. */
+  async #finish(fenceLsn: Lsn, sequences: SequenceSync[], tables: TableCount[]): Promise<CutoverReport> {
+    const { subs, opts, out } = this.run;
     for (const sub of subs) await recordDone(sub.target, sub.config.subscription, fenceLsn);
-    pastNoReturn = true;
-    const downtime = Date.now() - fencedAt;
+    this.#pastNoReturn = true;
+    const downtime = Date.now() - this.#fencedAt;
     const finishing = () => out(`  ${String(opts.signal?.reason)} received past the point of no return: finishing the cutover`);
     if (opts.signal?.aborted) finishing();
     else opts.signal?.addEventListener('abort', finishing, { once: true });
     await faultPause('done', opts.signal);
-    const slots = await finishSlots(run);
-    done('finish', `subscription(s) ${subs.map((s) => s.config.subscription).join(', ')} cut over at ${formatLsn(fenceLsn)}; ${slots.join('; ')}`);
+    const slots = await finishSlots(this.run);
+    this.run.done('finish', `subscription(s) ${subs.map((s) => s.config.subscription).join(', ')} cut over at ${formatLsn(fenceLsn)}; ${slots.join('; ')}`);
+    return this.#report(fenceLsn, downtime, sequences, tables, slots);
+  }
 
+  /** The summary (renderCutover prints it, --json as it is). */
+  #report(fenceLsn: Lsn, downtime: number, sequences: SequenceSync[], tables: TableCount[], slots: string[]): CutoverReport {
+    const reverse = this.#reverse;
     return {
-      subscriptions: subs.map((s) => s.config.subscription),
-      fence: opts.fence,
+      subscriptions: this.run.subs.map((s) => s.config.subscription),
+      fence: this.run.opts.fence,
       fence_lsn: formatLsn(fenceLsn),
       write_downtime_ms: downtime,
-      sessions_terminated: fence?.terminated ?? 0,
-      steps: run.steps,
+      sessions_terminated: this.#fence?.terminated ?? 0,
+      steps: this.run.steps,
       tables,
       sequences: sequences.map(({ sourceNext, targetNextBefore, targetNextAfter, ...rest }) => ({
         ...rest,
@@ -230,15 +317,19 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
         from_lsn: formatLsn(reverse.consistentPoint),
         config_file: reverse.configFile,
       },
-      prepared_waited: preparedWaited,
+      prepared_waited: this.#preparedWaited,
       slots,
       resumed: false,
     };
-  } catch (err) {
-    if (pastNoReturn) {
+  }
+
+  /** A failure after the fence as the error to throw: undone before the point of no return, only reported after it. */
+  async #failed(err: unknown): Promise<CutoverError> {
+    const { log } = this.run;
+    if (this.#pastNoReturn) {
       // The target is the primary already: nothing is undone; a re-run finishes the slot.
       log.error({ err }, 'cutover done, but its last step failed');
-      throw new CutoverError(
+      return new CutoverError(
         'PGSUB_CUTOVER_FAILED',
         `the cutover is done (the target is the primary), but finishing failed: ${errorText(err)}; run pgsub cutover again to finish`,
         {},
@@ -246,14 +337,12 @@ export async function runCutover(configs: Config[], opts: CutoverOptions, out: (
       );
     }
     // A setup that failed removed itself already (reverse.ts); one that finished is undone here.
-    if (!reverse && undo.reverse) undo.reverse = null;
-    const undone = await undoCutover(fenceClient, subs, undo);
+    if (!this.#reverse && this.#undo.reverse) this.#undo.reverse = null;
+    const undone = await undoCutover(this.run.fenceClient, this.run.subs, this.#undo);
     const lines = undone.lines.join(', ') || 'nothing to undo';
     log.error({ err, undone: undone.lines }, err instanceof Interrupted ? 'cutover interrupted' : 'cutover failed');
-    if (err instanceof Interrupted) throw new CutoverError('PGSUB_CUTOVER_INTERRUPTED', `${err.message}, before the point of no return: ${lines}`, { undone: undone.lines });
-    throw new CutoverError('PGSUB_CUTOVER_FAILED', `cutover failed after the fence: ${errorText(err)}; ${lines}`, { undone: undone.lines }, { cause: err });
-  } finally {
-    await closeAll(source, subs);
+    if (err instanceof Interrupted) return new CutoverError('PGSUB_CUTOVER_INTERRUPTED', `${err.message}, before the point of no return: ${lines}`, { undone: undone.lines });
+    return new CutoverError('PGSUB_CUTOVER_FAILED', `cutover failed after the fence: ${errorText(err)}; ${lines}`, { undone: undone.lines }, { cause: err });
   }
 }
 

@@ -29,15 +29,15 @@ import {
 import type { Cluster } from '../../test/harness/index.js';
 import { loadConfig, type Config } from '../config/config.js';
 import { CutOverError, DemoUnavailableError, PgDumpError } from '../errors.js';
-import { createLogger } from '../log.js';
+import { createLogger, type Logger } from '../log.js';
 import { openPgDb, openTargetDb } from '../migrate/db.js';
 import { preflight } from '../migrate/preflight.js';
 import { copySchema } from '../migrate/schema.js';
 import { listSyncedSequences, nextValue, readSequenceValues } from '../migrate/sequences.js';
 import { checkTablePrivileges } from '../service/preflight.js';
-import { startRunner } from '../service/runner.js';
-import { renderCutover, runCutover } from './cutover.js';
-import { EXISTING, SCHEMA, TABLES, startWorkload } from './demo-workload.js';
+import { startRunner, type Runner } from '../service/runner.js';
+import { renderCutover, runCutover, type CutoverReport } from './cutover.js';
+import { EXISTING, SCHEMA, TABLES, startWorkload, type Workload, type WorkloadStats } from './demo-workload.js';
 
 export interface DemoOptions {
   publisherMajor: number;
@@ -50,6 +50,25 @@ export interface DemoOptions {
 /** What schema copy creates: before it, these are the only blockers a fresh target may show. */
 const SCHEMA_COPY_FIXES = new Set(['TARGET_TABLE_MISSING', 'TARGET_TYPE_MISSING']);
 
+/** What every step of the demo works with, once both servers run. */
+interface Demo {
+  opts: DemoOptions;
+  out: (line: string) => void;
+  publisher: Cluster;
+  target: Cluster;
+  config: Config;
+  log: Logger;
+}
+
+/** The forward service of step 3, and how its end is awaited. */
+interface DemoService {
+  runner: Runner;
+  /** The error the service ended with, null for none or the cutover's own end. */
+  ended: Promise<unknown>;
+  /** A wait that a service failing first ends at once. */
+  unlessFailed: (wait: Promise<void>) => Promise<void>;
+}
+
 export async function runDemo(opts: DemoOptions): Promise<number> {
   // An installed pgsub has no server binaries at all: said before anything is made.
   if (installedMajors().length === 0) throw serversMissing(opts.publisherMajor, []);
@@ -57,133 +76,172 @@ export async function runDemo(opts: DemoOptions): Promise<number> {
   out(
     `pgsub demo: a migration from PostgreSQL ${opts.publisherMajor} to PostgreSQL ${opts.targetMajor}, an application of ${opts.clients} clients writing throughout (${opts.transactions} transactions before the cutover)`,
   );
-  let publisher: Cluster | undefined;
-  let target: Cluster | undefined;
   const binaries = ownBinaries();
   if (binaries.dir) out(`  binaries  ${binaries.dir} (removed at the end)`);
   try {
-    // Both starts are waited for, also when one fails: a server still starting would
-    // outlive the cleanup below.
-    const starting = Promise.allSettled([
-      startCluster({ major: opts.publisherMajor, name: 'demo-publisher', settings: { max_slot_wal_keep_size: '1GB' } }),
-      startCluster({ major: opts.targetMajor, name: 'demo-target' }),
-    ]);
-    // After startCluster registered the harness's exit handler (it stops the servers), so
-    // this one runs after it: the servers' binaries go last.
-    process.on('exit', binaries.remove);
-    const servers = await starting;
-    for (const s of servers) if (s.status === 'rejected') throw withoutServers(s.reason);
-    [publisher, target] = servers.map((s) => (s as PromiseFulfilledResult<Cluster>).value) as [Cluster, Cluster];
-    out(`  publisher ${publisher.url('shop')}\n  target    ${target.url('shop')}`);
-    await publisher.createDatabase('shop');
-    await target.createDatabase('shop');
-    await publisher.query(`${SCHEMA} CREATE PUBLICATION demo_pub FOR TABLE ${TABLES.join(', ')};`, [], 'shop');
-    await publisher.query(EXISTING, [], 'shop');
-
-    const config = loadConfig({
-      env: {},
-      overrides: {
-        subscription: 'demo',
-        source: publisher.url('shop'),
-        target: target.url('shop'),
-        publication: 'demo_pub',
-        status_interval: 1,
-        sequence_interval: 2,
-        log_level: process.env.PGSUB_LOG_LEVEL ?? 'warn',
-      },
-    });
-    const log = createLogger(config.logLevel, process.stderr as never);
+    const [publisher, target] = await startServers(opts, binaries, out);
+    const config = demoConfig(publisher, target);
+    const demo: Demo = { opts, out, publisher, target, config, log: createLogger(config.logLevel, process.stderr as never) };
 
     out('\n1. preflight');
-    const first = await preflight(config, { copyRateMb: 50, longTransactionSeconds: 60, checkTablePrivileges });
-    const blockers = first.findings.filter((f) => f.severity === 'blocker');
-    out(
-      `  ${blockers.length} blocker(s), all fixed by schema copy: ${[...new Set(blockers.map((b) => b.code))].join(', ') || 'none'}; ${first.findings.filter((f) => f.severity === 'warning').length} warning(s)`,
-    );
-    if (blockers.some((b) => !SCHEMA_COPY_FIXES.has(b.code))) return fail(out, `preflight: ${blockers.map((b) => `${b.code} ${b.object}: ${b.message}`).join('; ')}`);
+    const blocked = await preflightBeforeSchema(demo);
+    if (blocked) return fail(out, blocked);
 
     out('\n2. schema copy');
     const withDump = await copyTheSchema(config, target, out);
-    const ready = await preflight(config, { copyRateMb: 50, longTransactionSeconds: 60, checkTablePrivileges });
-    if (!ready.ready)
-      return fail(
-        out,
-        `preflight after the schema copy: ${ready.findings
-          .filter((f) => f.severity === 'blocker')
-          .map((b) => `${b.code} ${b.object}`)
-          .join(', ')}`,
-      );
-    const e = ready.estimate!;
-    out(`  preflight: ready; the initial copy: ${e.tables} tables, about ${e.rows} rows`);
+    const notReady = await preflightAfterSchema(demo);
+    if (notReady) return fail(out, notReady);
 
     out('\n3. initial copy and streaming, the application writing');
-    const runner = startRunner(config, log);
-    // The cutover ends the forward service with CutOverError (exit 5 as a service): its normal
-    // end here, awaited after the cutover; caught now so that it is never an unhandled rejection.
-    const runnerEnded = runner.done.then(
-      () => null,
-      (err: unknown) => (err instanceof CutOverError ? null : err),
-    );
-    // A service that fails before the cutover ends the demo at once, not at a wait's timeout.
-    const unlessFailed = (wait: Promise<void>) => Promise.race([wait, runnerEnded.then((err) => (err ? Promise.reject(err) : new Promise<never>(() => {})))]);
-    const app = startWorkload(publisher.url('shop'), opts.clients);
-    const started = Date.now();
-    const progress = setInterval(() => void showProgress(publisher!, app.stats.committed, started, out), 1000);
-    await unlessFailed(
-      waitFor(
-        async () =>
-          (await target!.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'demo'`, [], 'shop'))[0]
-            ?.ok === true,
-        { timeoutMs: 300_000, intervalMs: 200, what: 'the initial copy' },
-      ),
-    );
-    const [copy] = await target.query<{ rows: string; seconds: string }>(
-      `SELECT sum(rows_copied)::text AS rows, extract(epoch FROM max(copy_finished_at) - min(copy_started_at))::numeric(10,1)::text AS seconds FROM pgsub.subscription_rel WHERE subscription = 'demo'`,
-      [],
-      'shop',
-    );
-    out(`  initial copy: ${copy?.rows ?? 0} rows in ${copy?.seconds ?? '?'} s, while the application wrote`);
-    if (withDump) {
-      const post = await copySchema(config, { step: 'post-data', force: false, print: false, pgDump: null });
-      out(`  schema copy, post-data step: ${post.applied.length} object(s) (the foreign key) now that every table is ready`);
-    }
-    await unlessFailed(waitFor(() => app.stats.committed >= opts.transactions, { timeoutMs: 600_000, intervalMs: 200, what: "the application's transactions" }));
-    clearInterval(progress);
-    await showProgress(publisher, app.stats.committed, started, out);
+    const service = startService(demo);
+    const app = await streamWhileWriting(demo, service, withDump);
 
     out('\n4. cutover (fence read-only)');
-    const report = await runCutover(
-      [config],
-      { fence: 'read-only', maxLagBytes: 16 * 1024 * 1024, lagTimeoutMs: 60_000, applyTimeoutMs: 60_000, reverse: false, reverseConfigFile: null },
-      out,
-      log,
-    );
-    const stats = await app.stop();
-    runner.stop();
-    const runnerFailed = await runnerEnded;
-    if (runnerFailed) throw runnerFailed;
-    out(renderCutover(report).trimEnd());
-
-    const cmp = await compareTables(publisher, 'shop', target, 'shop', TABLES);
-    const sequences = await sequencesAhead(config);
-    out('');
-    out(`  ${'table'.padEnd(24)} ${'source rows'.padStart(12)} ${'target rows'.padStart(12)}  checksum at the fence`);
-    cmp.source.forEach((s, i) => {
-      const d = cmp.target[i]!;
-      out(`  ${s.table.padEnd(24)} ${String(s.rows).padStart(12)} ${String(d.rows).padStart(12)}  ${s.md5 === d.md5 ? 'equal' : 'DIFFERENT'}`);
-    });
-    for (const q of sequences) out(`  sequence ${q.name}: source last ${q.sourceLast}, target next ${q.targetNext}: ${q.ahead ? 'ahead' : 'NOT AHEAD'}`);
-    out(`  application: ${stats.committed} transactions committed, ${stats.rejected} write(s) refused after the fence, ${stats.reconnects} reconnect(s)`);
-    out(`  write downtime: ${(report.write_downtime_ms / 1000).toFixed(2)} s`);
-    const ok = cmp.equal && sequences.every((q) => q.ahead) && stats.rejected > 0;
-    out(cmp.equal ? '  target equals source ✔' : '  target differs from source ✘');
-    if (!sequences.every((q) => q.ahead)) out('  a sequence is not ahead of the source ✘');
-    if (stats.rejected === 0) out('  the fence refused no write of the application ✘');
-    return ok ? 0 : 1;
+    const { report, stats } = await cutOverAndStop(demo, service, app);
+    return await compareAtTheFence(demo, report, stats);
   } finally {
     await stopAllClusters();
     binaries.remove();
   }
+}
+
+/** Both servers started, the shop and its publication on the publisher. */
+async function startServers(opts: DemoOptions, binaries: { remove: () => void }, out: (line: string) => void): Promise<[Cluster, Cluster]> {
+  // Both starts are waited for, also when one fails: a server still starting would
+  // outlive the cleanup below.
+  const starting = Promise.allSettled([
+    startCluster({ major: opts.publisherMajor, name: 'demo-publisher', settings: { max_slot_wal_keep_size: '1GB' } }),
+    startCluster({ major: opts.targetMajor, name: 'demo-target' }),
+  ]);
+  // After startCluster registered the harness's exit handler (it stops the servers), so
+  // this one runs after it: the servers' binaries go last.
+  process.on('exit', binaries.remove);
+  const servers = await starting;
+  for (const s of servers) if (s.status === 'rejected') throw withoutServers(s.reason);
+  const [publisher, target] = servers.map((s) => (s as PromiseFulfilledResult<Cluster>).value) as [Cluster, Cluster];
+  out(`  publisher ${publisher.url('shop')}\n  target    ${target.url('shop')}`);
+  await publisher.createDatabase('shop');
+  await target.createDatabase('shop');
+  await publisher.query(`${SCHEMA} CREATE PUBLICATION demo_pub FOR TABLE ${TABLES.join(', ')};`, [], 'shop');
+  await publisher.query(EXISTING, [], 'shop');
+  return [publisher, target];
+}
+
+function demoConfig(publisher: Cluster, target: Cluster): Config {
+  return loadConfig({
+    env: {},
+    overrides: {
+      subscription: 'demo',
+      source: publisher.url('shop'),
+      target: target.url('shop'),
+      publication: 'demo_pub',
+      status_interval: 1,
+      sequence_interval: 2,
+      log_level: process.env.PGSUB_LOG_LEVEL ?? 'warn',
+    },
+  });
+}
+
+/** 1. The fresh target's blockers, all expected to be the schema copy's; else why the demo stops. */
+async function preflightBeforeSchema({ config, out }: Demo): Promise<string | null> {
+  const first = await preflight(config, { copyRateMb: 50, longTransactionSeconds: 60, checkTablePrivileges });
+  const blockers = first.findings.filter((f) => f.severity === 'blocker');
+  out(
+    `  ${blockers.length} blocker(s), all fixed by schema copy: ${[...new Set(blockers.map((b) => b.code))].join(', ') || 'none'}; ${first.findings.filter((f) => f.severity === 'warning').length} warning(s)`,
+  );
+  if (blockers.some((b) => !SCHEMA_COPY_FIXES.has(b.code))) return `preflight: ${blockers.map((b) => `${b.code} ${b.object}: ${b.message}`).join('; ')}`;
+  return null;
+}
+
+/** 2. After the schema copy nothing may block; else why the demo stops. */
+async function preflightAfterSchema({ config, out }: Demo): Promise<string | null> {
+  const ready = await preflight(config, { copyRateMb: 50, longTransactionSeconds: 60, checkTablePrivileges });
+  if (!ready.ready)
+    return `preflight after the schema copy: ${ready.findings
+      .filter((f) => f.severity === 'blocker')
+      .map((b) => `${b.code} ${b.object}`)
+      .join(', ')}`;
+  const e = ready.estimate!;
+  out(`  preflight: ready; the initial copy: ${e.tables} tables, about ${e.rows} rows`);
+  return null;
+}
+
+function startService({ config, log }: Demo): DemoService {
+  const runner = startRunner(config, log);
+  // The cutover ends the forward service with CutOverError (exit 5 as a service): its normal
+  // end here, awaited after the cutover; caught now so that it is never an unhandled rejection.
+  const ended = runner.done.then(
+    () => null,
+    (err: unknown) => (err instanceof CutOverError ? null : err),
+  );
+  // A service that fails before the cutover ends the demo at once, not at a wait's timeout.
+  const unlessFailed = (wait: Promise<void>) => Promise.race([wait, ended.then((err) => (err ? Promise.reject(err) : new Promise<never>(() => {})))]);
+  return { runner, ended, unlessFailed };
+}
+
+/** 3. The application writes while the initial copy runs and the stream follows, until its transactions are in. */
+async function streamWhileWriting({ opts, out, publisher, target, config }: Demo, service: DemoService, withDump: boolean): Promise<Workload> {
+  const app = startWorkload(publisher.url('shop'), opts.clients);
+  const started = Date.now();
+  const progress = setInterval(() => void showProgress(publisher, app.stats.committed, started, out), 1000);
+  await service.unlessFailed(
+    waitFor(
+      async () =>
+        (await target.query<{ ok: boolean }>(`SELECT count(*) = 3 AND bool_and(state = 'r') AS ok FROM pgsub.subscription_rel WHERE subscription = 'demo'`, [], 'shop'))[0]?.ok ===
+        true,
+      { timeoutMs: 300_000, intervalMs: 200, what: 'the initial copy' },
+    ),
+  );
+  const [copy] = await target.query<{ rows: string; seconds: string }>(
+    `SELECT sum(rows_copied)::text AS rows, extract(epoch FROM max(copy_finished_at) - min(copy_started_at))::numeric(10,1)::text AS seconds FROM pgsub.subscription_rel WHERE subscription = 'demo'`,
+    [],
+    'shop',
+  );
+  out(`  initial copy: ${copy?.rows ?? 0} rows in ${copy?.seconds ?? '?'} s, while the application wrote`);
+  if (withDump) {
+    const post = await copySchema(config, { step: 'post-data', force: false, print: false, pgDump: null });
+    out(`  schema copy, post-data step: ${post.applied.length} object(s) (the foreign key) now that every table is ready`);
+  }
+  await service.unlessFailed(waitFor(() => app.stats.committed >= opts.transactions, { timeoutMs: 600_000, intervalMs: 200, what: "the application's transactions" }));
+  clearInterval(progress);
+  await showProgress(publisher, app.stats.committed, started, out);
+  return app;
+}
+
+/** 4. The cutover, then the application and the forward service stopped. */
+async function cutOverAndStop({ out, config, log }: Demo, service: DemoService, app: Workload): Promise<{ report: CutoverReport; stats: WorkloadStats }> {
+  const report = await runCutover(
+    [config],
+    { fence: 'read-only', maxLagBytes: 16 * 1024 * 1024, lagTimeoutMs: 60_000, applyTimeoutMs: 60_000, reverse: false, reverseConfigFile: null },
+    out,
+    log,
+  );
+  const stats = await app.stop();
+  service.runner.stop();
+  const runnerFailed = await service.ended;
+  if (runnerFailed) throw runnerFailed;
+  out(renderCutover(report).trimEnd());
+  return { report, stats };
+}
+
+/** The summary: tables and sequences compared, the exit code (0 only if all is as it should be). */
+async function compareAtTheFence({ out, publisher, target, config }: Demo, report: CutoverReport, stats: WorkloadStats): Promise<number> {
+  const cmp = await compareTables(publisher, 'shop', target, 'shop', TABLES);
+  const sequences = await sequencesAhead(config);
+  out('');
+  out(`  ${'table'.padEnd(24)} ${'source rows'.padStart(12)} ${'target rows'.padStart(12)}  checksum at the fence`);
+  cmp.source.forEach((s, i) => {
+    const d = cmp.target[i]!;
+    out(`  ${s.table.padEnd(24)} ${String(s.rows).padStart(12)} ${String(d.rows).padStart(12)}  ${s.md5 === d.md5 ? 'equal' : 'DIFFERENT'}`);
+  });
+  for (const q of sequences) out(`  sequence ${q.name}: source last ${q.sourceLast}, target next ${q.targetNext}: ${q.ahead ? 'ahead' : 'NOT AHEAD'}`);
+  out(`  application: ${stats.committed} transactions committed, ${stats.rejected} write(s) refused after the fence, ${stats.reconnects} reconnect(s)`);
+  out(`  write downtime: ${(report.write_downtime_ms / 1000).toFixed(2)} s`);
+  const ok = cmp.equal && sequences.every((q) => q.ahead) && stats.rejected > 0;
+  out(cmp.equal ? '  target equals source ✔' : '  target differs from source ✘');
+  if (!sequences.every((q) => q.ahead)) out('  a sequence is not ahead of the source ✘');
+  if (stats.rejected === 0) out('  the fence refused no write of the application ✘');
+  return ok ? 0 : 1;
 }
 
 /** A major the harness found no server binaries for, as the demo's exit 2; other errors as they are. */

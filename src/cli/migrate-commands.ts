@@ -37,6 +37,15 @@ interface CutoverFlags {
   json?: boolean;
 }
 
+interface SchemaCopyFlags {
+  config?: string;
+  step: string;
+  force?: boolean;
+  print?: boolean;
+  pgDump?: string;
+  json?: boolean;
+}
+
 /** Runs a command body; a PgsubError ends it with its own exit code and one line on stderr. */
 export async function withExitCode(body: () => Promise<number>): Promise<void> {
   try {
@@ -55,6 +64,14 @@ const positive = (name: string, value: string): number => {
 };
 
 export function registerMigrationCommands(program: Command): void {
+  registerCutover(program);
+  registerPreflight(program);
+  const schema = program.command('schema').description("the published tables' schema: copy it to the target from pg_dump, or compare both sides");
+  registerSchemaCopy(schema);
+  registerSchemaDiff(schema);
+}
+
+function registerCutover(program: Command): void {
   program
     .command('cutover')
     .description(
@@ -73,50 +90,62 @@ export function registerMigrationCommands(program: Command): void {
     .option('--keep-slot', 'keep the forward slot on the old primary (pgsub status shows the WAL it retains)')
     .option('--abort', 'undo a cutover that stopped half-way (lift its fence, remove its reverse setup) and exit')
     .option('--json', 'print the summary as JSON')
-    .action((opts: CutoverFlags) =>
-      withExitCode(async () => {
-        if (opts.fence !== 'read-only' && opts.fence !== 'none')
-          throw new ConfigError(`cutover: --fence must be read-only or none, not ${JSON.stringify(opts.fence)}`, { key: 'fence' });
-        const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file }));
-        const log = createLogger(configs[0]!.logLevel, process.stderr as never);
-        const say = opts.json ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
-        if (opts.abort) {
-          process.stdout.write(`pgsub cutover --abort: ${await abortCutover(configs, say, log)}\n`);
-          return 0;
-        }
-        const options = {
-          fence: opts.fence,
-          maxLagBytes: Math.round(Number(opts.maxLagMb) * 1024 * 1024),
-          lagTimeoutMs: positive('--lag-timeout', opts.lagTimeout) * 1000,
-          applyTimeoutMs: positive('--timeout', opts.timeout) * 1000,
-          fenceTimeoutMs: positive('--fence-timeout', opts.fenceTimeout) * 1000,
-          preparedTimeoutMs: positive('--prepared-timeout', opts.preparedTimeout) * 1000,
-          refusePrepared: Boolean(opts.refusePrepared),
-          keepSlot: Boolean(opts.keepSlot),
-          reverse: Boolean(opts.reverse),
-          reverseConfigFile: opts.reverse ? opts.reverseConfig : null,
-        } as const;
-        say(`pgsub cutover: ${configs.map((c) => c.subscription).join(', ')}, fence ${opts.fence}`);
-        // Ctrl-C or SIGTERM: before the point of no return the cutover is undone, after it finished (cutover.ts).
-        const interrupt = new AbortController();
-        const onSignal = (signal: NodeJS.Signals) => {
-          if (interrupt.signal.aborted) return;
-          process.stderr.write(`pgsub cutover: ${signal} received: undoing the cutover unless it is past the point of no return\n`);
-          interrupt.abort(signal);
-        };
-        process.on('SIGINT', onSignal);
-        process.on('SIGTERM', onSignal);
-        try {
-          const report = await runCutover(configs, { ...options, signal: interrupt.signal }, say, log);
-          process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderCutover(report));
-          return 0;
-        } finally {
-          process.off('SIGINT', onSignal);
-          process.off('SIGTERM', onSignal);
-        }
-      }),
-    );
+    .action((opts: CutoverFlags) => withExitCode(() => cutover(opts)));
+}
 
+/** `pgsub cutover` (or `--abort`): its exit code; a refusal or failure is thrown as its CutoverError. */
+async function cutover(opts: CutoverFlags): Promise<number> {
+  if (opts.fence !== 'read-only' && opts.fence !== 'none') throw new ConfigError(`cutover: --fence must be read-only or none, not ${JSON.stringify(opts.fence)}`, { key: 'fence' });
+  const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file }));
+  const log = createLogger(configs[0]!.logLevel, process.stderr as never);
+  const say = opts.json ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
+  if (opts.abort) {
+    process.stdout.write(`pgsub cutover --abort: ${await abortCutover(configs, say, log)}\n`);
+    return 0;
+  }
+  const options = cutoverOptions(opts);
+  say(`pgsub cutover: ${configs.map((c) => c.subscription).join(', ')}, fence ${opts.fence}`);
+  const report = await untilInterrupted((signal) => runCutover(configs, { ...options, signal }, say, log));
+  process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : renderCutover(report));
+  return 0;
+}
+
+/** The flags as runCutover's options, each timeout checked positive. */
+function cutoverOptions(opts: CutoverFlags) {
+  return {
+    fence: opts.fence,
+    maxLagBytes: Math.round(Number(opts.maxLagMb) * 1024 * 1024),
+    lagTimeoutMs: positive('--lag-timeout', opts.lagTimeout) * 1000,
+    applyTimeoutMs: positive('--timeout', opts.timeout) * 1000,
+    fenceTimeoutMs: positive('--fence-timeout', opts.fenceTimeout) * 1000,
+    preparedTimeoutMs: positive('--prepared-timeout', opts.preparedTimeout) * 1000,
+    refusePrepared: Boolean(opts.refusePrepared),
+    keepSlot: Boolean(opts.keepSlot),
+    reverse: Boolean(opts.reverse),
+    reverseConfigFile: opts.reverse ? opts.reverseConfig : null,
+  } as const;
+}
+
+/** Runs the cutover with SIGINT/SIGTERM as its abort signal, the handlers removed when it ends. */
+async function untilInterrupted<T>(body: (signal: AbortSignal) => Promise<T>): Promise<T> {
+  // Ctrl-C or SIGTERM: before the point of no return the cutover is undone, after it finished (cutover.ts).
+  const interrupt = new AbortController();
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (interrupt.signal.aborted) return;
+    process.stderr.write(`pgsub cutover: ${signal} received: undoing the cutover unless it is past the point of no return\n`);
+    interrupt.abort(signal);
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  try {
+    return await body(interrupt.signal);
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+  }
+}
+
+function registerPreflight(program: Command): void {
   program
     .command('preflight')
     .description('check the source, the target and the version pair before a migration (read-only; exit 0 ready, 1 blockers)')
@@ -143,8 +172,9 @@ export function registerMigrationCommands(program: Command): void {
         return report.ready ? 0 : 1;
       }),
     );
+}
 
-  const schema = program.command('schema').description("the published tables' schema: copy it to the target from pg_dump, or compare both sides");
+function registerSchemaCopy(schema: Command): void {
   schema
     .command('copy')
     .description(
@@ -156,22 +186,25 @@ export function registerMigrationCommands(program: Command): void {
     .option('--print', 'print the SQL instead of running it')
     .option('--pg-dump <path>', 'the pg_dump to use (default: config pg_dump, else the first on PATH)')
     .option('--json', 'print JSON')
-    .action((opts: { config?: string; step: string; force?: boolean; print?: boolean; pgDump?: string; json?: boolean }) =>
-      withExitCode(async () => {
-        if (opts.step !== 'tables' && opts.step !== 'post-data')
-          throw new ConfigError(`schema copy: --step must be tables or post-data, not ${JSON.stringify(opts.step)}`, { key: 'step' });
-        const config = loadConfig({ file: opts.config });
-        const say = opts.json || opts.print ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
-        await checkSchemaCopyPrivileges(config, { step: opts.step as SchemaStep, force: Boolean(opts.force), print: Boolean(opts.print) });
-        const report = await copySchema(config, { step: opts.step as SchemaStep, force: Boolean(opts.force), print: Boolean(opts.print), pgDump: opts.pgDump ?? null }, say);
-        if (opts.print) process.stdout.write(report.sql ?? '');
-        else if (opts.json) {
-          const entry = (e: { type: string; schema: string | null; name: string }) => ({ type: e.type, schema: e.schema, name: e.name });
-          process.stdout.write(`${JSON.stringify({ ...report, applied: report.applied.map(entry), alreadyPresent: report.alreadyPresent.map(entry) }, null, 2)}\n`);
-        }
-        return 0;
-      }),
-    );
+    .action((opts: SchemaCopyFlags) => withExitCode(() => schemaCopy(opts)));
+}
+
+async function schemaCopy(opts: SchemaCopyFlags): Promise<number> {
+  if (opts.step !== 'tables' && opts.step !== 'post-data')
+    throw new ConfigError(`schema copy: --step must be tables or post-data, not ${JSON.stringify(opts.step)}`, { key: 'step' });
+  const config = loadConfig({ file: opts.config });
+  const say = opts.json || opts.print ? () => {} : (line: string) => process.stdout.write(`${line}\n`);
+  await checkSchemaCopyPrivileges(config, { step: opts.step as SchemaStep, force: Boolean(opts.force), print: Boolean(opts.print) });
+  const report = await copySchema(config, { step: opts.step as SchemaStep, force: Boolean(opts.force), print: Boolean(opts.print), pgDump: opts.pgDump ?? null }, say);
+  if (opts.print) process.stdout.write(report.sql ?? '');
+  else if (opts.json) {
+    const entry = (e: { type: string; schema: string | null; name: string }) => ({ type: e.type, schema: e.schema, name: e.name });
+    process.stdout.write(`${JSON.stringify({ ...report, applied: report.applied.map(entry), alreadyPresent: report.alreadyPresent.map(entry) }, null, 2)}\n`);
+  }
+  return 0;
+}
+
+function registerSchemaDiff(schema: Command): void {
   schema
     .command('diff')
     .description('the published tables on the source and the target side by side, differences listed (exit 1 when they differ)')

@@ -9,7 +9,7 @@
 import type { Command } from 'commander';
 import { loadConfig } from '../config/config.js';
 import { ConfigError, PgsubError } from '../errors.js';
-import { createLogger } from '../log.js';
+import { createLogger, type Logger } from '../log.js';
 import { checkVerifyPrivileges } from '../migrate/privileges.js';
 import { runVerify, selectTables, type VerifyProgress, type VerifyResult } from '../verify/verify.js';
 
@@ -76,6 +76,19 @@ function progressLine(p: VerifyProgress): string {
   return `verify: ${count(p.rows)}/${count(p.totalRows)} rows (${pct}%), ${count(Math.round(p.rowsPerSecond))} rows/s, ETA ${eta}, tables ${p.tablesDone}/${p.tables}`;
 }
 
+interface VerifyFlags {
+  config?: string[];
+  table: string[];
+  exclude: string[];
+  rateLimit?: string;
+  parallel: string;
+  list: string;
+  holdTimeout: string;
+  repair?: boolean;
+  json?: boolean;
+  logLevel?: string;
+}
+
 export function registerVerifyCommand(program: Command): void {
   program
     .command('verify')
@@ -93,69 +106,70 @@ export function registerVerifyCommand(program: Command): void {
     .option('--repair', 're-copy the rows found different from the source, at a second short hold (logged in pgsub.conflict_log)')
     .option('--json', 'print the result as JSON')
     .option('--log-level <level>', 'fatal|error|warn|info|debug|trace')
-    .action(
-      async (opts: {
-        config?: string[];
-        table: string[];
-        exclude: string[];
-        rateLimit?: string;
-        parallel: string;
-        list: string;
-        holdTimeout: string;
-        repair?: boolean;
-        json?: boolean;
-        logLevel?: string;
-      }) => {
-        try {
-          const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file, overrides: { log_level: opts.logLevel } }));
-          const config = configs[0]!;
-          const parallel = Number(opts.parallel);
-          if (!Number.isInteger(parallel) || parallel < 1 || parallel > 64)
-            throw new ConfigError(`--parallel must be an integer from 1 to 64, not ${JSON.stringify(opts.parallel)}`, { key: 'parallel' });
-          const listLimit = Number(opts.list);
-          if (!Number.isInteger(listLimit) || listLimit < 0) throw new ConfigError(`--list must be a whole number, not ${JSON.stringify(opts.list)}`, { key: 'list' });
-          const holdTimeout = Number(opts.holdTimeout);
-          if (!(holdTimeout > 0)) throw new ConfigError(`--hold-timeout must be a positive number of seconds`, { key: 'hold-timeout' });
-          const log = createLogger(config.logLevel, process.stderr as never);
-          const tty = Boolean(process.stderr.isTTY) && !opts.json;
-          let lastLogged = 0;
-          for (const c of configs) await checkVerifyPrivileges(c, { repair: Boolean(opts.repair), tables: (rels) => selectTables(rels, opts.table, opts.exclude) });
-          const result = await runVerify(configs, {
-            include: opts.table,
-            exclude: opts.exclude,
-            parallel,
-            rateLimit: opts.rateLimit ? parseRateLimit(opts.rateLimit) : null,
-            listLimit,
-            repair: Boolean(opts.repair),
-            holdTimeoutMs: holdTimeout * 1000,
-            log,
-            onProgress: (p) => {
-              if (tty) process.stderr.write(`\r${progressLine(p)}\x1b[K`);
-              else if (Date.now() - lastLogged >= 5000 || p.tablesDone === p.tables) {
-                lastLogged = Date.now();
-                log.info(
-                  {
-                    rows: p.rows,
-                    totalRows: p.totalRows,
-                    rowsPerSecond: Math.round(p.rowsPerSecond),
-                    etaSeconds: p.etaSeconds === null ? null : Math.ceil(p.etaSeconds),
-                    tablesDone: p.tablesDone,
-                    tables: p.tables,
-                  },
-                  'verify progress',
-                );
-              }
-            },
-          });
-          if (tty) process.stderr.write('\n');
-          process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : renderVerify(result));
-          process.exitCode = result.equal ? 0 : 1;
-        } catch (err) {
-          // Anything that kept the comparison from running: exit 2, one line.
-          const code = err instanceof PgsubError ? err.code : ((err as { code?: string }).code ?? 'PGSUB_VERIFY_FAILED');
-          process.stderr.write(`pgsub: ${code}: ${(err as Error).message ?? String(err)}\n`);
-          process.exitCode = 2;
-        }
-      },
-    );
+    .action(verify);
+}
+
+/** `pgsub verify`: sets the exit code itself, as its failures all exit 2 (not withExitCode's mapping). */
+async function verify(opts: VerifyFlags): Promise<void> {
+  try {
+    const configs = (opts.config && opts.config.length > 0 ? opts.config : [undefined]).map((file) => loadConfig({ file, overrides: { log_level: opts.logLevel } }));
+    const config = configs[0]!;
+    const { parallel, listLimit, holdTimeout } = numericFlags(opts);
+    const log = createLogger(config.logLevel, process.stderr as never);
+    const tty = Boolean(process.stderr.isTTY) && !opts.json;
+    for (const c of configs) await checkVerifyPrivileges(c, { repair: Boolean(opts.repair), tables: (rels) => selectTables(rels, opts.table, opts.exclude) });
+    const result = await runVerify(configs, {
+      include: opts.table,
+      exclude: opts.exclude,
+      parallel,
+      rateLimit: opts.rateLimit ? parseRateLimit(opts.rateLimit) : null,
+      listLimit,
+      repair: Boolean(opts.repair),
+      holdTimeoutMs: holdTimeout * 1000,
+      log,
+      onProgress: progressReporter(tty, log),
+    });
+    if (tty) process.stderr.write('\n');
+    process.stdout.write(opts.json ? `${JSON.stringify(result, null, 2)}\n` : renderVerify(result));
+    process.exitCode = result.equal ? 0 : 1;
+  } catch (err) {
+    // Anything that kept the comparison from running: exit 2, one line.
+    const code = err instanceof PgsubError ? err.code : ((err as { code?: string }).code ?? 'PGSUB_VERIFY_FAILED');
+    process.stderr.write(`pgsub: ${code}: ${(err as Error).message ?? String(err)}\n`);
+    process.exitCode = 2;
+  }
+}
+
+/** --parallel, --list and --hold-timeout, each checked in that order. */
+function numericFlags(opts: VerifyFlags): { parallel: number; listLimit: number; holdTimeout: number } {
+  const parallel = Number(opts.parallel);
+  if (!Number.isInteger(parallel) || parallel < 1 || parallel > 64)
+    throw new ConfigError(`--parallel must be an integer from 1 to 64, not ${JSON.stringify(opts.parallel)}`, { key: 'parallel' });
+  const listLimit = Number(opts.list);
+  if (!Number.isInteger(listLimit) || listLimit < 0) throw new ConfigError(`--list must be a whole number, not ${JSON.stringify(opts.list)}`, { key: 'list' });
+  const holdTimeout = Number(opts.holdTimeout);
+  if (!(holdTimeout > 0)) throw new ConfigError(`--hold-timeout must be a positive number of seconds`, { key: 'hold-timeout' });
+  return { parallel, listLimit, holdTimeout };
+}
+
+/** Progress as one rewritten line on a terminal, else a `verify progress` log event every 5 s and at the end. */
+function progressReporter(tty: boolean, log: Logger): (p: VerifyProgress) => void {
+  let lastLogged = 0;
+  return (p) => {
+    if (tty) process.stderr.write(`\r${progressLine(p)}\x1b[K`);
+    else if (Date.now() - lastLogged >= 5000 || p.tablesDone === p.tables) {
+      lastLogged = Date.now();
+      log.info(
+        {
+          rows: p.rows,
+          totalRows: p.totalRows,
+          rowsPerSecond: Math.round(p.rowsPerSecond),
+          etaSeconds: p.etaSeconds === null ? null : Math.ceil(p.etaSeconds),
+          tablesDone: p.tablesDone,
+          tables: p.tables,
+        },
+        'verify progress',
+      );
+    }
+  };
 }
