@@ -76,7 +76,45 @@ export async function readLocale(db: Db): Promise<DatabaseLocale> {
 }
 
 export async function checkSource(db: Db, config: Config, opts: SourceCheckOptions, f: Findings): Promise<SourceFacts> {
-  const settings = new Map(
+  const settings = await readSettings(db);
+  const role = await readRole(db);
+  const superuser = isTrue(role.super);
+  checkWal(db, settings, f);
+  if (!superuser && !isTrue(role.replication)) {
+    f.blocker(
+      'SOURCE_ROLE_REPLICATION',
+      'source',
+      `role ${role.name}`,
+      `role "${role.name}" has no REPLICATION attribute: it cannot open pgsub's replication connection`,
+      `ALTER ROLE ${ident(role.name!)} REPLICATION;`,
+    );
+  }
+
+  const tables = await checkPublications(db, config, f);
+  // A running subscription needs copy slots only for the tables it has not copied yet.
+  await checkSlots(db, config, settings, tables.filter((t) => !opts.copied?.has(`${t.schema}.${t.table}`)).length, f);
+  const roots: Rel[] = tables.map((t) => ({ schema: t.schema, table: t.table }));
+  const rels = [...roots, ...(await readDescendants(db, roots))];
+
+  await checkTables(db, rels, tables, role.name!, f);
+  const sequences = [...(await readSequenceUses(db, rels)), ...config.sequenceNames.map((s) => ({ ...s, kind: 'config' as const, usedBy: null }))];
+  await checkSequences(db, config, sequences, role.name!, f);
+  if (!superuser && !isTrue(role.read_stats)) {
+    f.info(
+      'SOURCE_NOT_CHECKED',
+      'source',
+      'other sessions',
+      `role "${role.name}" sees only its own sessions' transactions: long-running transactions of other roles were not checked (pg_read_all_stats shows them)`,
+      `GRANT pg_read_all_stats TO ${ident(role.name!)};`,
+    );
+  }
+  await checkTransactions(db, opts, f);
+  await checkNotReplicated(db, rels, f);
+  return readFacts(db, settings, tables, rels, sequences);
+}
+
+async function readSettings(db: Db): Promise<Map<string, string>> {
+  return new Map(
     (
       await db.query<Row>(
         `SELECT name::text, setting::text FROM pg_catalog.pg_settings
@@ -84,23 +122,20 @@ export async function checkSource(db: Db, config: Config, opts: SourceCheckOptio
       )
     ).map((r) => [r.name!, r.setting!]),
   );
+}
+
+/** The connecting role: its name, superuser, REPLICATION, and whether it sees every session (pg_read_all_stats). */
+async function readRole(db: Db): Promise<Row> {
   const [role] = await db.query<Row>(
     `SELECT current_user::text AS name, r.rolsuper::text AS super, r.rolreplication::text AS replication,
             pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER')::text AS read_stats
        FROM pg_catalog.pg_roles r WHERE r.rolname = current_user`,
   );
-  const superuser = isTrue(role!.super);
-  checkWal(db, settings, f);
-  if (!superuser && !isTrue(role!.replication)) {
-    f.blocker(
-      'SOURCE_ROLE_REPLICATION',
-      'source',
-      `role ${role!.name}`,
-      `role "${role!.name}" has no REPLICATION attribute: it cannot open pgsub's replication connection`,
-      `ALTER ROLE ${ident(role!.name!)} REPLICATION;`,
-    );
-  }
+  return role!;
+}
 
+/** Each configured publication exists and together they publish tables; returns those tables. */
+async function checkPublications(db: Db, config: Config, f: Findings): Promise<PublishedTable[]> {
   const pubs = await db.query<Row>(`SELECT pubname::text AS name, puballtables::text AS all_tables FROM pg_catalog.pg_publication WHERE pubname = ANY ($1::text[])`, [
     arrayLiteral(config.publications),
   ]);
@@ -123,26 +158,11 @@ export async function checkSource(db: Db, config: Config, opts: SourceCheckOptio
       'the publications publish no tables',
       `ALTER PUBLICATION ${ident(config.publications[0]!)} ADD TABLE …;`,
     );
-  // A running subscription needs copy slots only for the tables it has not copied yet.
-  await checkSlots(db, config, settings, tables.filter((t) => !opts.copied?.has(`${t.schema}.${t.table}`)).length, f);
-  const roots: Rel[] = tables.map((t) => ({ schema: t.schema, table: t.table }));
-  const rels = [...roots, ...(await readDescendants(db, roots))];
+  return tables;
+}
 
-  await checkTables(db, rels, tables, role!.name!, f);
-  const sequences = [...(await readSequenceUses(db, rels)), ...config.sequenceNames.map((s) => ({ ...s, kind: 'config' as const, usedBy: null }))];
-  await checkSequences(db, config, sequences, role!.name!, f);
-  if (!superuser && !isTrue(role!.read_stats)) {
-    f.info(
-      'SOURCE_NOT_CHECKED',
-      'source',
-      'other sessions',
-      `role "${role!.name}" sees only its own sessions' transactions: long-running transactions of other roles were not checked (pg_read_all_stats shows them)`,
-      `GRANT pg_read_all_stats TO ${ident(role!.name!)};`,
-    );
-  }
-  await checkTransactions(db, opts, f);
-  await checkNotReplicated(db, rels, f);
-
+/** What the target checks and the copy estimate compare against, read after the checks. */
+async function readFacts(db: Db, settings: Map<string, string>, tables: PublishedTable[], rels: Rel[], sequences: SequenceUse[]): Promise<SourceFacts> {
   const types = await readTypeDeps(db, rels);
   return {
     database: db.info.database,

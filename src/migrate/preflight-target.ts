@@ -239,6 +239,15 @@ async function checkPrivileges(
   checkTablePrivileges: TablePrivilegeCheck,
   f: Findings,
 ): Promise<void> {
+  await checkTableGrants(config, rels, role, checkTablePrivileges, f);
+  if (superuser) return;
+  await checkApplyPrivileges(db, role, f);
+  if (config.deferIndexes && rels.length > 0) await checkOwnership(db, rels, role, f);
+  if (config.sequences === 'sync' && src.sequences.length > 0) await checkSequenceUpdate(db, src, role, f);
+}
+
+/** The apply's startup check of the tables, its PrivilegeError turned into a finding with its GRANTs. */
+async function checkTableGrants(config: Config, rels: { schema: string; table: string }[], role: string, checkTablePrivileges: TablePrivilegeCheck, f: Findings): Promise<void> {
   try {
     await checkTablePrivileges(config, rels);
   } catch (err) {
@@ -252,7 +261,10 @@ async function checkPrivileges(
       at >= 0 ? err.message.slice(at + 'Run on the target: '.length) : null,
     );
   }
-  if (superuser) return;
+}
+
+/** pgsub's schema, session_replication_role and the replication origin functions. */
+async function checkApplyPrivileges(db: Db, role: string, f: Findings): Promise<void> {
   const [p] = await db.query<Row>(
     `SELECT pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE')::text AS create_db,
             (SELECT pg_catalog.has_schema_privilege(n.oid, 'CREATE') AND pg_catalog.has_schema_privilege(n.oid, 'USAGE') FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgsub')::text AS own_schema,
@@ -288,41 +300,45 @@ async function checkPrivileges(
       `GRANT EXECUTE ON FUNCTION pg_catalog.pg_replication_origin_create(text), pg_catalog.pg_replication_origin_oid(text), pg_catalog.pg_replication_origin_session_setup(text), pg_catalog.pg_replication_origin_session_reset(), pg_catalog.pg_replication_origin_xact_setup(pg_lsn, timestamptz), pg_catalog.pg_replication_origin_drop(text) TO ${ident(role)};`,
     );
   }
-  if (config.deferIndexes && rels.length > 0) {
-    const notOwned = await db.query<Row>(
-      `SELECT n.nspname || '.' || c.relname AS rel FROM pg_catalog.json_to_recordset($1::json) AS x(schema text, name text)
+}
+
+/** defer_indexes drops a table's indexes for the copy: the role must own the table. */
+async function checkOwnership(db: Db, rels: { schema: string; table: string }[], role: string, f: Findings): Promise<void> {
+  const notOwned = await db.query<Row>(
+    `SELECT n.nspname || '.' || c.relname AS rel FROM pg_catalog.json_to_recordset($1::json) AS x(schema text, name text)
          JOIN pg_catalog.pg_namespace n ON n.nspname = x.schema JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = x.name
         WHERE NOT pg_catalog.pg_has_role(c.relowner, 'USAGE') ORDER BY 1`,
-      [relationsParam(rels)],
+    [relationsParam(rels)],
+  );
+  for (const r of notOwned) {
+    const [schema, ...rest] = r.rel!.split('.');
+    f.warning(
+      'TARGET_NOT_OWNER',
+      'target',
+      r.rel!,
+      `role "${role}" does not own ${r.rel}: defer_indexes (dropping its indexes for the copy) needs ownership, so its copy will fail until it does`,
+      `ALTER TABLE ${qualified(schema!, rest.join('.'))} OWNER TO ${ident(role)};  -- or set defer_indexes: false`,
     );
-    for (const r of notOwned) {
-      const [schema, ...rest] = r.rel!.split('.');
-      f.warning(
-        'TARGET_NOT_OWNER',
-        'target',
-        r.rel!,
-        `role "${role}" does not own ${r.rel}: defer_indexes (dropping its indexes for the copy) needs ownership, so its copy will fail until it does`,
-        `ALTER TABLE ${qualified(schema!, rest.join('.'))} OWNER TO ${ident(role)};  -- or set defer_indexes: false`,
-      );
-    }
   }
-  if (config.sequences === 'sync' && src.sequences.length > 0) {
-    const rows = await db.query<Row>(
-      `SELECT x.schema || '.' || x.name AS name FROM pg_catalog.json_to_recordset($1::json) AS x(schema text, name text)
+}
+
+/** `sequences: sync` sets the target's sequences: setval needs UPDATE on each that exists. */
+async function checkSequenceUpdate(db: Db, src: SourceFacts, role: string, f: Findings): Promise<void> {
+  const rows = await db.query<Row>(
+    `SELECT x.schema || '.' || x.name AS name FROM pg_catalog.json_to_recordset($1::json) AS x(schema text, name text)
         WHERE pg_catalog.to_regclass(pg_catalog.format('%I.%I', x.schema, x.name)) IS NOT NULL
           AND NOT pg_catalog.has_sequence_privilege(pg_catalog.to_regclass(pg_catalog.format('%I.%I', x.schema, x.name)), 'UPDATE')`,
-      [JSON.stringify(src.sequences.map((s) => ({ schema: s.schema, name: s.name })))],
+    [JSON.stringify(src.sequences.map((s) => ({ schema: s.schema, name: s.name })))],
+  );
+  for (const r of rows) {
+    const s = src.sequences.find((q) => seqName(q) === r.name)!;
+    f.blocker(
+      'TARGET_SEQUENCE_UPDATE',
+      'target',
+      r.name!,
+      `role "${role}" may not set sequence ${r.name} (setval needs UPDATE on it)`,
+      `GRANT UPDATE ON SEQUENCE ${qualified(s.schema, s.name)} TO ${ident(role)};`,
     );
-    for (const r of rows) {
-      const s = src.sequences.find((q) => seqName(q) === r.name)!;
-      f.blocker(
-        'TARGET_SEQUENCE_UPDATE',
-        'target',
-        r.name!,
-        `role "${role}" may not set sequence ${r.name} (setval needs UPDATE on it)`,
-        `GRANT UPDATE ON SEQUENCE ${qualified(s.schema, s.name)} TO ${ident(role)};`,
-      );
-    }
   }
 }
 

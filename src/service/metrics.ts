@@ -83,10 +83,18 @@ function absent(metric: Gauge | Counter): void {
   metric.remove();
 }
 
-export function buildRegistry(source: MetricsSource): Registry {
-  const registry = new Registry();
-  collectDefaultMetrics({ register: registry });
-  const gauge = (name: string, help: string, read: () => number | null) =>
+/** Defines a labelless metric read when scraped; a null read leaves it absent. */
+type Define = (name: string, help: string, read: () => number | null) => void;
+
+/** The registry and its two kinds of labelless metric. */
+interface Definers {
+  registry: Registry;
+  gauge: Define;
+  counter: Define;
+}
+
+function definers(registry: Registry): Definers {
+  const gauge: Define = (name, help, read) => {
     new Gauge({
       name,
       help,
@@ -97,7 +105,8 @@ export function buildRegistry(source: MetricsSource): Registry {
         else this.set(v);
       },
     });
-  const counter = (name: string, help: string, read: () => number | null) =>
+  };
+  const counter: Define = (name, help, read) => {
     new Counter({
       name,
       help,
@@ -108,10 +117,33 @@ export function buildRegistry(source: MetricsSource): Registry {
         else setCounter(this, v);
       },
     });
-  const seconds = (ms: number | null) => (ms === null ? null : ms / 1000);
-  const p = () => source.progress();
+  };
+  return { registry, gauge, counter };
+}
 
-  // pg_stat_subscription
+/** Registered group by group: the order is /metrics' order. */
+export function buildRegistry(source: MetricsSource): Registry {
+  const registry = new Registry();
+  collectDefaultMetrics({ register: registry });
+  const define = definers(registry);
+  defineStreamMetrics(define, source);
+  defineStatsMetrics(define, source);
+  defineApplyMetrics(define, source);
+  defineTableSyncMetrics(define, source);
+  defineSessionMetrics(define, source);
+  defineSlotMetrics(define, source);
+  defineVerifyMetrics(define, source);
+  defineInfoMetrics(define, source);
+  return registry;
+}
+
+function seconds(ms: number | null): number | null {
+  return ms === null ? null : ms / 1000;
+}
+
+/** pg_stat_subscription */
+function defineStreamMetrics({ gauge }: Definers, source: MetricsSource): void {
+  const p = () => source.progress();
   gauge('pgsub_received_lsn_bytes', `Last WAL position received from the publisher, ${LSN_HELP} (pg_stat_subscription.received_lsn)`, () => num(p()?.received));
   gauge('pgsub_latest_end_lsn_bytes', `Last WAL position reported to the publisher as flushed, ${LSN_HELP} (pg_stat_subscription.latest_end_lsn)`, () => num(p()?.latestEndLsn));
   gauge('pgsub_last_msg_send_timestamp_seconds', 'Send time of the last message from the publisher, publisher clock (pg_stat_subscription.last_msg_send_time)', () => {
@@ -133,8 +165,10 @@ export function buildRegistry(source: MetricsSource): Registry {
   });
   gauge('pgsub_lag_seconds', 'Age of the last source commit applied while more waits, clock offset corrected; 0 when caught up', () => lagSeconds(source));
   gauge('pgsub_clock_offset_seconds', 'Estimated offset of the publisher clock behind this host plus the shortest network delay', () => seconds(p()?.clockOffsetMs ?? null));
+}
 
-  // pg_stat_subscription_stats (PostgreSQL 19's columns)
+/** pg_stat_subscription_stats (PostgreSQL 19's columns) */
+function defineStatsMetrics({ registry, counter }: Definers, source: MetricsSource): void {
   counter('pgsub_apply_errors_total', 'Apply errors in this process, every occurrence (pg_stat_subscription_stats.apply_error_count)', () => source.errors().apply);
   counter(
     'pgsub_sync_table_errors_total',
@@ -160,13 +194,17 @@ export function buildRegistry(source: MetricsSource): Registry {
       }
     },
   });
+}
 
-  // What this process applied
+/** What this process applied */
+function defineApplyMetrics({ counter }: Definers, source: MetricsSource): void {
   counter('pgsub_transactions_applied_total', 'Source transactions applied by this process', () => source.counters.transactionsApplied);
   counter('pgsub_transactions_skipped_total', 'Source transactions skipped (pgsub skip, or nothing published in them)', () => source.counters.transactionsSkipped);
   counter('pgsub_changes_applied_total', 'Row changes applied by this process', () => source.counters.changesApplied);
+}
 
-  // Table sync (pg_subscription_rel.srsubstate)
+/** Table sync (pg_subscription_rel.srsubstate) */
+function defineTableSyncMetrics({ registry, counter }: Definers, source: MetricsSource): void {
   new Gauge({
     name: 'pgsub_tablesync_tables',
     help: 'Published tables by sync state (init, datasync, finishedcopy, syncdone, ready; pg_subscription_rel.srsubstate)',
@@ -194,10 +232,16 @@ export function buildRegistry(source: MetricsSource): Registry {
     for (const c of source.copies().values()) rows += c.rows;
     return rows;
   });
+}
+
+/** The running session */
+function defineSessionMetrics({ gauge }: Definers, source: MetricsSource): void {
   gauge('pgsub_spool_bytes', 'Bytes of streamed transactions spooled to disk by the running session', () => source.spoolBytes());
   gauge('pgsub_streaming', '1 while an apply session streams from the slot, else 0', () => (source.streaming() ? 1 : 0));
+}
 
-  // The slot on the publisher (pg_replication_slots), as the slot guard last read it
+/** The slot on the publisher (pg_replication_slots), as the slot guard last read it */
+function defineSlotMetrics({ registry, gauge }: Definers, source: MetricsSource): void {
   new Gauge({
     name: 'pgsub_slot_wal_status',
     help: "1 for the slot's current wal_status (reserved, extended, unreserved, lost; pg_replication_slots.wal_status)",
@@ -219,8 +263,10 @@ export function buildRegistry(source: MetricsSource): Registry {
     'WAL the publisher keeps for the slot (pg_current_wal_lsn() minus pg_replication_slots.restart_lsn)',
     () => source.slot()?.retainedWalBytes ?? null,
   );
+}
 
-  // The last pgsub verify: absent before any
+/** The last pgsub verify: absent before any */
+function defineVerifyMetrics({ gauge }: Definers, source: MetricsSource): void {
   const v = () => source.lastVerify?.() ?? null;
   gauge('pgsub_verify_last_lsn_bytes', `Source LSN the last pgsub verify compared both sides at, ${LSN_HELP}`, () => num(v()?.lsn));
   gauge('pgsub_verify_last_equal', 'Whether the last pgsub verify found the target equal to the source (1) or not (0)', () => {
@@ -232,8 +278,10 @@ export function buildRegistry(source: MetricsSource): Registry {
     const at = v()?.at;
     return at ? Date.parse(at) / 1000 : null;
   });
+}
 
-  // Labels, as _info pseudo-metrics (value 1)
+/** Labels, as _info pseudo-metrics (value 1) */
+function defineInfoMetrics({ registry }: Definers, source: MetricsSource): void {
   new Gauge({
     name: 'pgsub_build_info',
     help: 'pgsub build, as labels (version); always 1',
@@ -252,7 +300,6 @@ export function buildRegistry(source: MetricsSource): Registry {
       this.set(source.info, 1);
     },
   });
-  return registry;
 }
 
 function num(lsn: bigint | null | undefined): number | null {

@@ -35,87 +35,103 @@ const COPY_STALL_MS = 10 * 60_000;
 const EXTEND_MS = 60_000;
 
 export function superviseService(runner: Runner, notifier: Notifier, log: Logger, receiveTimeoutMs: number): Supervisor {
-  let ready = false;
-  let stopped = false;
-  let lastCopiedBytes = -1;
-  let copyMovedAt = Date.now();
-  let lastItems = -1;
+  return new ServiceSupervisor(runner, notifier, log, receiveTimeoutMs);
+}
 
-  const copiedBytes = () => {
-    let bytes = 0;
-    for (const p of runner.launcher.progress.values()) bytes += p.bytes;
-    return bytes;
-  };
-  /** Whether the initial copy moved bytes lately (sampled by both timers). */
-  const copyMoving = (): boolean => {
-    const bytes = copiedBytes();
-    if (bytes !== lastCopiedBytes) {
-      lastCopiedBytes = bytes;
-      copyMovedAt = Date.now();
+/** The timers of STATUS= and WATCHDOG=1, and what they sample between ticks. */
+class ServiceSupervisor implements Supervisor {
+  #ready = false;
+  #stopped = false;
+  #lastCopiedBytes = -1;
+  #copyMovedAt = Date.now();
+  #lastItems = -1;
+  readonly #statusTimer: NodeJS.Timeout;
+  readonly #watchdogTimer: NodeJS.Timeout | null;
+
+  constructor(
+    private readonly runner: Runner,
+    private readonly notifier: Notifier,
+    private readonly log: Logger,
+    private readonly receiveTimeoutMs: number,
+  ) {
+    this.#statusTimer = setInterval(() => this.#statusTick(), STATUS_INTERVAL_MS);
+    this.#statusTimer.unref();
+    this.#watchdogTimer = notifier.watchdogIntervalMs !== null ? setInterval(() => this.#watchdogTick(), notifier.watchdogIntervalMs) : null;
+    this.#watchdogTimer?.unref();
+  }
+
+  streaming(startLsn: Lsn): void {
+    if (this.#ready || this.#stopped) return;
+    this.#ready = true;
+    this.notifier.ready(`streaming from ${formatLsn(startLsn)}; ${this.runner.counters.transactionsApplied} transactions applied`);
+  }
+
+  stopping(): void {
+    if (this.#stopped) return;
+    this.notifier.stopping('stopping: rolling back the transaction in flight, then exiting');
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    clearInterval(this.#statusTimer);
+    if (this.#watchdogTimer) clearInterval(this.#watchdogTimer);
+  }
+
+  #statusTick(): void {
+    if (this.#stopped) return;
+    if (this.#ready) {
+      this.notifier.status(this.#describe());
+    } else if (this.runner.launcher.busy) {
+      // Only a copy that moves keeps extending the start timeout.
+      if (this.#copyMoving()) this.notifier.extendTimeout(EXTEND_MS);
+      this.notifier.status(`initial copy: ${this.#describe()}`);
     }
-    return Date.now() - copyMovedAt < COPY_STALL_MS;
-  };
+  }
 
-  const describe = (): string => {
+  #watchdogTick(): void {
+    if (this.#stopped) return;
+    if (this.#healthy()) this.notifier.watchdog();
+    else this.log.warn({ status: this.#describe() }, 'no progress: watchdog keep-alive withheld');
+  }
+
+  #copiedBytes(): number {
+    let bytes = 0;
+    for (const p of this.runner.launcher.progress.values()) bytes += p.bytes;
+    return bytes;
+  }
+
+  /** Whether the initial copy moved bytes lately (sampled by both timers). */
+  #copyMoving(): boolean {
+    const bytes = this.#copiedBytes();
+    if (bytes !== this.#lastCopiedBytes) {
+      this.#lastCopiedBytes = bytes;
+      this.#copyMovedAt = Date.now();
+    }
+    return Date.now() - this.#copyMovedAt < COPY_STALL_MS;
+  }
+
+  #describe(): string {
+    const { runner } = this;
     const session = runner.current();
     const copying = runner.sync.copying().length;
-    if (!session) return copying > 0 ? `copying ${copying} table(s), ${copiedBytes()} bytes so far` : 'connecting or waiting to retry';
+    if (!session) return copying > 0 ? `copying ${copying} table(s), ${this.#copiedBytes()} bytes so far` : 'connecting or waiting to retry';
     const p = session.progress;
     const lag = Number(p.received > p.flushed ? p.received - p.flushed : 0n);
     const seconds = lagSeconds({ progress: () => p, counters: runner.counters });
     return `streaming; applied ${formatLsn(p.flushed)}; lag ${lag} bytes${seconds === null ? '' : `, ${seconds.toFixed(1)} s`}; ${runner.counters.transactionsApplied} transactions applied`;
-  };
+  }
 
   /** Whether pgsub moves (see the file's header); called once per watchdog interval. */
-  const healthy = (): boolean => {
-    const session = runner.current();
+  #healthy(): boolean {
+    const session = this.runner.current();
     if (!session) {
       // Copying before the first stream, or waiting to retry: alive; a copy must move.
-      return runner.launcher.busy ? copyMoving() : true;
+      return this.runner.launcher.busy ? this.#copyMoving() : true;
     }
     const h = session.health();
-    const moved = h.itemsTaken !== lastItems;
-    lastItems = h.itemsTaken;
-    if (h.silentMs > receiveTimeoutMs) return false;
+    const moved = h.itemsTaken !== this.#lastItems;
+    this.#lastItems = h.itemsTaken;
+    if (h.silentMs > this.receiveTimeoutMs) return false;
     return moved || h.idle;
-  };
-
-  const statusTimer = setInterval(() => {
-    if (stopped) return;
-    if (ready) {
-      notifier.status(describe());
-    } else if (runner.launcher.busy) {
-      // Only a copy that moves keeps extending the start timeout.
-      if (copyMoving()) notifier.extendTimeout(EXTEND_MS);
-      notifier.status(`initial copy: ${describe()}`);
-    }
-  }, STATUS_INTERVAL_MS);
-  statusTimer.unref();
-
-  const watchdogTimer =
-    notifier.watchdogIntervalMs !== null
-      ? setInterval(() => {
-          if (stopped) return;
-          if (healthy()) notifier.watchdog();
-          else log.warn({ status: describe() }, 'no progress: watchdog keep-alive withheld');
-        }, notifier.watchdogIntervalMs)
-      : null;
-  watchdogTimer?.unref();
-
-  return {
-    streaming(startLsn) {
-      if (ready || stopped) return;
-      ready = true;
-      notifier.ready(`streaming from ${formatLsn(startLsn)}; ${runner.counters.transactionsApplied} transactions applied`);
-    },
-    stopping() {
-      if (stopped) return;
-      notifier.stopping('stopping: rolling back the transaction in flight, then exiting');
-    },
-    stop() {
-      stopped = true;
-      clearInterval(statusTimer);
-      if (watchdogTimer) clearInterval(watchdogTimer);
-    },
-  };
+  }
 }

@@ -298,79 +298,24 @@ export async function runVerify(configs: readonly Config[], opts: VerifyOptions)
   const started = performance.now();
   checkParties(configs, opts.repair);
   const first = configs[0]!;
-  const parallel = Math.max(1, Math.floor(opts.parallel));
   const parties: HoldParty[] = [];
   const clients: pg.Client[] = [];
   try {
     for (const config of configs) parties.push({ config, control: await openControl(config) });
     const { candidates, sourceVersion } = await listCandidates(configs, opts);
-    const app = `pgsub_${first.subscription}_verify`;
-    const sources = await Promise.all(Array.from({ length: parallel }, () => openSide('source', first.source, app)));
-    clients.push(...sources);
-    const targets = await Promise.all(Array.from({ length: parallel }, () => openSide('target', first.target, app)));
-    clients.push(...targets);
-    const targetVersion = Number((await targets[0]!.query('SHOW server_version_num')).rows[0].server_version_num);
+    const pairs = await openPairs(first, opts.parallel, clients);
 
-    const held = await importSnapshots(parties, sources, targets, opts.holdTimeoutMs);
+    const held = await importSnapshots(parties, pairs.sources, pairs.targets, opts.holdTimeoutMs);
     opts.log.info(
       { lsn: formatLsn(held.lsn), pauseMs: held.pauseMs, handshakeMs: Math.round(held.handshakeMs), tables: candidates.length, subscriptions: configs.length },
       'verify: snapshots taken at the same LSN',
     );
 
-    let rows = 0;
-    let tablesDone = 0;
-    const compareStarted = performance.now();
-    const totalRows = candidates.reduce((n, c) => n + Math.max(0, c.table.estimatedRows), 0);
-    const progress = () => {
-      const seconds = (performance.now() - compareStarted) / 1000;
-      const rowsPerSecond = seconds > 0 ? rows / seconds : 0;
-      opts.onProgress?.({
-        rows,
-        totalRows: Math.max(totalRows, rows),
-        rowsPerSecond,
-        etaSeconds: rowsPerSecond > 0 ? Math.max(0, (totalRows - rows) / rowsPerSecond) : null,
-        tablesDone,
-        tables: candidates.length,
-      });
-    };
-    const queue = new WorkQueue();
-    const { reports, comparisons } = await planComparisons(
-      candidates,
-      { source: sources[0]!, target: targets[0]!, sourceVersion, targetVersion },
-      opts,
-      (c) =>
-        c.start(queue, () => {
-          tablesDone++;
-          progress();
-        }),
-      (n) => {
-        rows += n;
-      },
-    );
-    const ticker = setInterval(progress, 1000);
-    try {
-      await queue.run(sources.map((s, i): ConnectionPair => ({ source: sideConnection(s), target: sideConnection(targets[i]!) })));
-    } finally {
-      clearInterval(ticker);
-    }
-    progress();
+    const progress = new CompareProgress(candidates, opts);
+    const { reports, comparisons } = await compareTables(candidates, { ...pairs, sourceVersion }, opts, progress);
     await Promise.all(clients.map((c) => c.query('COMMIT').catch(() => {})));
-    reports.sort((a, b) => a.table.localeCompare(b.table));
-    const differences = reports.reduce((n, r) => n + r.missing + r.extra + r.different, 0);
-    const result: VerifyResult = {
-      subscription: configs.map((c) => c.subscription).join(', '),
-      lsn: formatLsn(held.lsn),
-      equal: differences === 0,
-      differences,
-      pauseMs: held.pauseMs,
-      handshakeMs: Math.round(held.handshakeMs),
-      handshakeSteps: held.steps,
-      elapsedMs: 0,
-      rows,
-      tables: reports,
-      repair: null,
-    };
-    if (opts.repair && differences > 0)
+    const result = summarise(configs, held, progress.rows, reports);
+    if (opts.repair && result.differences > 0)
       result.repair = await repairDifferences(first, parties[0]!.control, comparisons, { log: opts.log, holdTimeoutMs: Math.max(opts.holdTimeoutMs, 60_000) });
     result.elapsedMs = Math.round(performance.now() - started);
     await recordResults(parties, candidates, held.lsn, result, opts.log);
@@ -379,6 +324,99 @@ export async function runVerify(configs: readonly Config[], opts: VerifyOptions)
     await Promise.all(clients.map((c) => c.end().catch(() => {})));
     for (const { control } of parties) await control.close();
   }
+}
+
+/** `parallel` connection pairs, each client added to `clients` as soon as it is open (closed by the caller). */
+async function openPairs(first: Config, parallel: number, clients: pg.Client[]): Promise<{ sources: pg.Client[]; targets: pg.Client[]; targetVersion: number }> {
+  const n = Math.max(1, Math.floor(parallel));
+  const app = `pgsub_${first.subscription}_verify`;
+  const sources = await Promise.all(Array.from({ length: n }, () => openSide('source', first.source, app)));
+  clients.push(...sources);
+  const targets = await Promise.all(Array.from({ length: n }, () => openSide('target', first.target, app)));
+  clients.push(...targets);
+  const targetVersion = Number((await targets[0]!.query('SHOW server_version_num')).rows[0].server_version_num);
+  return { sources, targets, targetVersion };
+}
+
+/** Rows and tables compared so far, reported through opts.onProgress (each second and as each table ends). */
+class CompareProgress {
+  rows = 0;
+  tablesDone = 0;
+  readonly #started = performance.now();
+  readonly #totalRows: number;
+
+  constructor(
+    private readonly candidates: readonly Candidate[],
+    private readonly opts: VerifyOptions,
+  ) {
+    this.#totalRows = candidates.reduce((n, c) => n + Math.max(0, c.table.estimatedRows), 0);
+  }
+
+  report(): void {
+    const { rows } = this;
+    const totalRows = this.#totalRows;
+    const seconds = (performance.now() - this.#started) / 1000;
+    const rowsPerSecond = seconds > 0 ? rows / seconds : 0;
+    this.opts.onProgress?.({
+      rows,
+      totalRows: Math.max(totalRows, rows),
+      rowsPerSecond,
+      etaSeconds: rowsPerSecond > 0 ? Math.max(0, (totalRows - rows) / rowsPerSecond) : null,
+      tablesDone: this.tablesDone,
+      tables: this.candidates.length,
+    });
+  }
+}
+
+/** Plan the comparisons and run them over the connection pairs, all in their snapshots at L. */
+async function compareTables(
+  candidates: readonly Candidate[],
+  pairs: { sources: pg.Client[]; targets: pg.Client[]; sourceVersion: number; targetVersion: number },
+  opts: VerifyOptions,
+  progress: CompareProgress,
+): Promise<{ reports: TableReport[]; comparisons: TableComparison[] }> {
+  const { sources, targets } = pairs;
+  const queue = new WorkQueue();
+  const planned = await planComparisons(
+    candidates,
+    { source: sources[0]!, target: targets[0]!, sourceVersion: pairs.sourceVersion, targetVersion: pairs.targetVersion },
+    opts,
+    (c) =>
+      c.start(queue, () => {
+        progress.tablesDone++;
+        progress.report();
+      }),
+    (n) => {
+      progress.rows += n;
+    },
+  );
+  const ticker = setInterval(() => progress.report(), 1000);
+  try {
+    await queue.run(sources.map((s, i): ConnectionPair => ({ source: sideConnection(s), target: sideConnection(targets[i]!) })));
+  } finally {
+    clearInterval(ticker);
+  }
+  progress.report();
+  return planned;
+}
+
+/** The result over every table, sorted by name; elapsedMs and repair are filled in after. */
+function summarise(configs: readonly Config[], held: Held, rows: number, reports: TableReport[]): VerifyResult {
+  reports.sort((a, b) => a.table.localeCompare(b.table));
+  const differences = reports.reduce((n, r) => n + r.missing + r.extra + r.different, 0);
+  return {
+    subscription: configs.map((c) => c.subscription).join(', '),
+    lsn: formatLsn(held.lsn),
+    equal: differences === 0,
+    differences,
+    pauseMs: held.pauseMs,
+    handshakeMs: Math.round(held.handshakeMs),
+    handshakeSteps: held.steps,
+    elapsedMs: 0,
+    rows,
+    tables: reports,
+    repair: null,
+  };
 }
 
 /** Each subscription's own result (its tables' differences) for `pgsub status` and its metrics. */
