@@ -124,7 +124,7 @@ describe('config file', () => {
     assert.equal(c.retryMaxDelayMs, 60_000);
     assert.equal(c.maxInFlight, 4000);
     assert.equal(c.copyInserts, true);
-    assert.equal(c.queueSize, 10_000);
+    assert.equal(c.queueSize, 2_000);
     assert.equal(c.logLevel, 'info');
   });
 
