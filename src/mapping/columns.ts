@@ -94,44 +94,89 @@ function plural(n: number, word: string): string {
   return n > 1 ? `${word}s` : word;
 }
 
+/** Where a rule's errors point: the config entry, the source table and the target table. */
+interface RuleScope {
+  rule: TableRule;
+  where: string;
+  displayName: string;
+  targetName: string;
+}
+
 /**
  * The remote columns of `relation` matched to the target's `byName`. `displayName` names
  * the source table; `targetName` the target table (equal without a rule).
  */
 export function matchColumns(remote: RelationMessage, byName: Map<string, TargetColumn>, displayName: string, targetName: string, rule: TableRule | null): MatchedColumns {
-  if (!rule) {
-    const missing = remote.columns.filter((c) => !byName.has(c.name)).map((c) => c.name);
-    if (missing.length > 0) {
-      throw new SchemaMismatchError(
-        `logical replication target relation "${displayName}" is missing replicated ${plural(missing.length, 'column')}: ${missing.map((m) => `"${m}"`).join(', ')}`,
-        { relation: displayName, column: missing.join(', ') },
-      );
-    }
-    const targetColumns = remote.columns.map((c) => ({ ...byName.get(c.name)! }));
-    rejectGenerated(targetColumns, displayName);
-    return { targetColumns };
-  }
-  const remoteNames = new Set(remote.columns.map((c) => c.name));
-  const where = `mapping.tables.${rule.source}`;
-  for (const name of [...rule.renames.keys(), ...rule.excluded]) {
-    if (!remoteNames.has(name)) {
-      throw new MappingError(`${where}: column "${name}" is not a column the publisher sends for "${displayName}" (it sends ${[...remoteNames].map((n) => `"${n}"`).join(', ')})`, {
-        relation: displayName,
-        column: name,
-      });
-    }
-  }
-  // A discriminator is a computed column of a constant (the config's value, as a literal like
-  // any expression of the config; never a remote value).
-  const disc = rule.rows.discriminator;
-  const exprs = new Map(rule.computed);
-  if (disc) {
-    if (exprs.has(disc.column)) throw new MappingError(`${where}: discriminator column "${disc.column}" is also a computed column`, { relation: displayName, column: disc.column });
-    exprs.set(disc.column, `CAST(${quoteLiteral(disc.value)} AS ${byName.get(disc.column)?.typeName ?? 'pg_catalog.text'})`);
-  }
+  if (!rule) return matchByName(remote, byName, displayName);
+  const s: RuleScope = { rule, where: `mapping.tables.${rule.source}`, displayName, targetName };
+  checkRuleNames(s, remote);
+  const exprs = ruleExpressions(s, byName);
   const rowRules = hasRowRules(rule.rows);
   const direct = remote.columns.map((c) => !rule.excluded.has(c.name) && !exprs.has(rule.renames.get(c.name) ?? c.name));
+  // Target column name → the remote column written into it.
   const filled = new Map<string, string>();
+  const targetColumns = directColumns(s, remote, byName, direct, filled);
+  rejectGenerated(
+    targetColumns.filter((_, i) => direct[i]),
+    targetName,
+  );
+  checkIdentityWritten(s, remote, direct);
+  if (exprs.size === 0 && direct.every(Boolean) && !rowRules) return { targetColumns };
+  const computed = computedColumns(s, remote, byName, exprs, filled);
+  const used = new Set(computed.flatMap((c) => c.uses));
+  // The filter reads the remote row as sent, like expressions.
+  if (rule.rows.filter) for (const i of expressionColumns(rule.rows.filter, remote)) used.add(i);
+  const rowTypes = remote.columns.map((_, i) => (used.has(i) ? '' : direct[i] ? targetColumns[i]!.typeName : null));
+  return { targetColumns, reshape: { direct, rowTypes, computed } };
+}
+
+/** Without a rule: every remote column by its own name, as native's logicalrep_rel_open. */
+function matchByName(remote: RelationMessage, byName: Map<string, TargetColumn>, displayName: string): MatchedColumns {
+  const missing = remote.columns.filter((c) => !byName.has(c.name)).map((c) => c.name);
+  if (missing.length > 0) {
+    throw new SchemaMismatchError(
+      `logical replication target relation "${displayName}" is missing replicated ${plural(missing.length, 'column')}: ${missing.map((m) => `"${m}"`).join(', ')}`,
+      { relation: displayName, column: missing.join(', ') },
+    );
+  }
+  const targetColumns = remote.columns.map((c) => ({ ...byName.get(c.name)! }));
+  rejectGenerated(targetColumns, displayName);
+  return { targetColumns };
+}
+
+/** Renamed and excluded columns must be columns the publisher sends. */
+function checkRuleNames(s: RuleScope, remote: RelationMessage): void {
+  const remoteNames = new Set(remote.columns.map((c) => c.name));
+  for (const name of [...s.rule.renames.keys(), ...s.rule.excluded]) {
+    if (!remoteNames.has(name)) {
+      throw new MappingError(
+        `${s.where}: column "${name}" is not a column the publisher sends for "${s.displayName}" (it sends ${[...remoteNames].map((n) => `"${n}"`).join(', ')})`,
+        {
+          relation: s.displayName,
+          column: name,
+        },
+      );
+    }
+  }
+}
+
+/** Target column name → expression: the computed columns, and the discriminator. */
+function ruleExpressions(s: RuleScope, byName: Map<string, TargetColumn>): Map<string, string> {
+  // A discriminator is a computed column of a constant (the config's value, as a literal like
+  // any expression of the config; never a remote value).
+  const disc = s.rule.rows.discriminator;
+  const exprs = new Map(s.rule.computed);
+  if (disc) {
+    if (exprs.has(disc.column))
+      throw new MappingError(`${s.where}: discriminator column "${disc.column}" is also a computed column`, { relation: s.displayName, column: disc.column });
+    exprs.set(disc.column, `CAST(${quoteLiteral(disc.value)} AS ${byName.get(disc.column)?.typeName ?? 'pg_catalog.text'})`);
+  }
+  return exprs;
+}
+
+/** Per remote column: its target column when written directly, else a stand-in naming it. Fills `filled`. */
+function directColumns(s: RuleScope, remote: RelationMessage, byName: Map<string, TargetColumn>, direct: readonly boolean[], filled: Map<string, string>): TargetColumn[] {
+  const { rule, where, displayName, targetName } = s;
   const missing: string[] = [];
   const targetColumns = remote.columns.map((c, i): TargetColumn => {
     const to = rule.renames.get(c.name) ?? c.name;
@@ -157,19 +202,25 @@ export function matchColumns(remote: RelationMessage, byName: Map<string, Target
       },
     );
   }
-  rejectGenerated(
-    targetColumns.filter((_, i) => direct[i]),
-    targetName,
-  );
+  return targetColumns;
+}
+
+/** Replica identity columns must be written as sent: the target locates rows by them. */
+function checkIdentityWritten(s: RuleScope, remote: RelationMessage, direct: readonly boolean[]): void {
   // With a key override the row is located by the key (rows.ts checks that the identity covers it).
-  const keyLost = rule.rows.key ? [] : remote.columns.filter((c, i) => c.isKey && !direct[i]).map((c) => c.name);
+  const keyLost = s.rule.rows.key ? [] : remote.columns.filter((c, i) => c.isKey && !direct[i]).map((c) => c.name);
   if (keyLost.length > 0) {
     throw new MappingError(
-      `${where}: replica identity ${plural(keyLost.length, 'column')} ${keyLost.map((k) => `"${k}"`).join(', ')} of "${displayName}" must be written as ${keyLost.length > 1 ? 'they are' : 'it is'} (not excluded or computed): the target locates rows by ${keyLost.length > 1 ? 'them' : 'it'}`,
-      { relation: displayName, column: keyLost.join(', ') },
+      `${s.where}: replica identity ${plural(keyLost.length, 'column')} ${keyLost.map((k) => `"${k}"`).join(', ')} of "${s.displayName}" must be written as ${keyLost.length > 1 ? 'they are' : 'it is'} (not excluded or computed): the target locates rows by ${keyLost.length > 1 ? 'them' : 'it'}`,
+      { relation: s.displayName, column: keyLost.join(', ') },
     );
   }
-  if (exprs.size === 0 && direct.every(Boolean) && !rowRules) return { targetColumns };
+}
+
+/** The target columns filled by expressions, each checked against the target and the direct columns. */
+function computedColumns(s: RuleScope, remote: RelationMessage, byName: Map<string, TargetColumn>, exprs: Map<string, string>, filled: Map<string, string>): Reshape['computed'] {
+  const { where, displayName, targetName } = s;
+  const disc = s.rule.rows.discriminator;
   const computed: Reshape['computed'] = [];
   for (const [name, expr] of exprs) {
     const col = byName.get(name);
@@ -181,11 +232,7 @@ export function matchColumns(remote: RelationMessage, byName: Map<string, Target
       throw new MappingError(`${where}: target column "${name}" of "${targetName}" is filled by both "${other}" and an expression`, { relation: displayName, column: name });
     computed.push({ column: { ...col }, expr, uses: disc?.column === name ? [] : expressionColumns(expr, remote) });
   }
-  const used = new Set(computed.flatMap((c) => c.uses));
-  // The filter reads the remote row as sent, like expressions.
-  if (rule.rows.filter) for (const i of expressionColumns(rule.rows.filter, remote)) used.add(i);
-  const rowTypes = remote.columns.map((_, i) => (used.has(i) ? '' : direct[i] ? targetColumns[i]!.typeName : null));
-  return { targetColumns, reshape: { direct, rowTypes, computed } };
+  return computed;
 }
 
 function rejectGenerated(columns: TargetColumn[], name: string): void {

@@ -29,7 +29,33 @@
  */
 import { ProtocolError } from '../errors.js';
 import type { Lsn } from './lsn.js';
-import type { DecodeContext, PgOutputMessage, RelationColumn, ReplicaIdentity, Tuple, TupleValue } from './messages.js';
+import type {
+  BeginMessage,
+  BeginPrepareMessage,
+  CommitMessage,
+  CommitPreparedMessage,
+  DecodeContext,
+  DeleteMessage,
+  InsertMessage,
+  LogicalMessage,
+  OriginMessage,
+  PgOutputMessage,
+  PrepareMessage,
+  RelationColumn,
+  RelationMessage,
+  ReplicaIdentity,
+  RollbackPreparedMessage,
+  StreamAbortMessage,
+  StreamCommitMessage,
+  StreamPrepareMessage,
+  StreamStartMessage,
+  StreamStopMessage,
+  Tuple,
+  TupleValue,
+  TruncateMessage,
+  TypeMessage,
+  UpdateMessage,
+} from './messages.js';
 import { Reader } from './reader.js';
 
 const NULL_VALUE: TupleValue = Object.freeze({ kind: 'null' }) as TupleValue;
@@ -178,6 +204,8 @@ function readTuple(r: Reader, l: TupleLabels): Tuple {
   return tuple;
 }
 
+type PrepareLabels = ReturnType<typeof prepareLabels>;
+
 function prepareLabels(message: string) {
   return {
     message,
@@ -193,236 +221,259 @@ function prepareLabels(message: string) {
 const PREPARE = prepareLabels('PREPARE');
 const STREAM_PREPARE = prepareLabels('STREAM PREPARE');
 
-/** Decode one pgoutput message. Throws ProtocolError (and only ProtocolError) on bad input. */
+/**
+ * Decode one pgoutput message. Throws ProtocolError (and only ProtocolError) on bad input.
+ * One small function per message, as pg-protocol's Parser does: each reads its fields in wire
+ * order and builds its object literal with one fixed property order, so every kind keeps one shape.
+ */
 export function decode(buf: Buffer, ctx: DecodeContext): PgOutputMessage {
   const r = new Reader(buf);
   const tag = r.u8('message tag');
   switch (tag) {
     case 0x42 /* B */:
-      {
-        const finalLsn = setLsn(r, 'BEGIN final_lsn');
-        const commitTime = r.i64('BEGIN commit_time');
-        const xid = r.u32('BEGIN xid');
-        r.end('BEGIN');
-        return { tag: 'begin', finalLsn, commitTime, xid };
-      }
-
+      return decodeBegin(r);
     case 0x43 /* C */:
-      {
-        const flags = zeroFlags(r, 'COMMIT flags');
-        const commitLsn = r.lsn('COMMIT commit_lsn');
-        const endLsn = r.lsn('COMMIT end_lsn');
-        const commitTime = r.i64('COMMIT commit_time');
-        r.end('COMMIT');
-        return { tag: 'commit', flags, commitLsn, endLsn, commitTime };
-      }
-
+      return decodeCommit(r);
     case 0x4f /* O */:
-      {
-        const originLsn = r.lsn('ORIGIN origin_lsn');
-        const originName = r.cstring('ORIGIN name');
-        r.end('ORIGIN');
-        return { tag: 'origin', originLsn, originName };
-      }
-
+      return decodeOrigin(r);
     case 0x52 /* R */:
-      {
-        const xid = ctx.inStream ? r.u32('RELATION xid') : undefined;
-        const relationId = r.u32('RELATION relation id');
-        const namespace = r.cstring('RELATION namespace');
-        const name = r.cstring('RELATION name');
-        const replicaIdent = replicaIdentity(r);
-        const columns = readColumns(r);
-        r.end('RELATION');
-        return xid === undefined
-          ? { tag: 'relation', relationId, namespace, name, replicaIdentity: replicaIdent, columns }
-          : { tag: 'relation', xid, relationId, namespace, name, replicaIdentity: replicaIdent, columns };
-      }
-
+      return decodeRelation(r, ctx.inStream);
     case 0x59 /* Y */:
-      {
-        const xid = ctx.inStream ? r.u32('TYPE xid') : undefined;
-        const typeOid = r.u32('TYPE type oid');
-        const namespace = r.cstring('TYPE namespace');
-        const name = r.cstring('TYPE name');
-        r.end('TYPE');
-        return xid === undefined ? { tag: 'type', typeOid, namespace, name } : { tag: 'type', xid, typeOid, namespace, name };
-      }
-
+      return decodeType(r, ctx.inStream);
     case 0x49 /* I */:
-      {
-        const xid = ctx.inStream ? r.u32('INSERT xid') : undefined;
-        const relationId = r.u32('INSERT relation id');
-        const at = r.offset;
-        const marker = r.u8('INSERT tuple marker');
-        if (marker !== 0x4e /* N */) badField('INSERT tuple marker', `expected 'N', got ${hex(marker)}${printable(marker)}`, at);
-        const newTuple = readTuple(r, INSERT_NEW);
-        r.end('INSERT');
-        return xid === undefined ? { tag: 'insert', relationId, newTuple } : { tag: 'insert', xid, relationId, newTuple };
-      }
-
+      return decodeInsert(r, ctx.inStream);
     case 0x55 /* U */:
-      {
-        const xid = ctx.inStream ? r.u32('UPDATE xid') : undefined;
-        const relationId = r.u32('UPDATE relation id');
-        let at = r.offset;
-        let marker = r.u8('UPDATE tuple marker');
-        let oldKind: 'key' | 'old' | undefined;
-        let oldTuple: Tuple | undefined;
-        if (marker === 0x4b /* K */ || marker === 0x4f /* O */) {
-          oldKind = marker === 0x4b ? 'key' : 'old';
-          oldTuple = readTuple(r, UPDATE_OLD);
-          at = r.offset;
-          marker = r.u8('UPDATE new tuple marker');
-          if (marker !== 0x4e) badField('UPDATE new tuple marker', `expected 'N', got ${hex(marker)}${printable(marker)}`, at);
-        } else if (marker !== 0x4e /* N */) {
-          badField('UPDATE tuple marker', `expected 'K', 'O' or 'N', got ${hex(marker)}${printable(marker)}`, at);
-        }
-        const newTuple = readTuple(r, UPDATE_NEW);
-        r.end('UPDATE');
-        if (oldKind === undefined) {
-          return xid === undefined ? { tag: 'update', relationId, newTuple } : { tag: 'update', xid, relationId, newTuple };
-        }
-        return xid === undefined
-          ? { tag: 'update', relationId, oldKind, oldTuple: oldTuple!, newTuple }
-          : { tag: 'update', xid, relationId, oldKind, oldTuple: oldTuple!, newTuple };
-      }
-
+      return decodeUpdate(r, ctx.inStream);
     case 0x44 /* D */:
-      {
-        const xid = ctx.inStream ? r.u32('DELETE xid') : undefined;
-        const relationId = r.u32('DELETE relation id');
-        const at = r.offset;
-        const marker = r.u8('DELETE tuple marker');
-        if (marker !== 0x4b /* K */ && marker !== 0x4f /* O */) {
-          badField('DELETE tuple marker', `expected 'K' or 'O', got ${hex(marker)}${printable(marker)}`, at);
-        }
-        const oldKind = marker === 0x4b ? 'key' : 'old';
-        const oldTuple = readTuple(r, DELETE_OLD);
-        r.end('DELETE');
-        return xid === undefined ? { tag: 'delete', relationId, oldKind, oldTuple } : { tag: 'delete', xid, relationId, oldKind, oldTuple };
-      }
-
+      return decodeDelete(r, ctx.inStream);
     case 0x54 /* T */:
-      {
-        const xid = ctx.inStream ? r.u32('TRUNCATE xid') : undefined;
-        const n = count(r, 'TRUNCATE relation count', 4);
-        const options = r.u8('TRUNCATE options');
-        r.need(n, RELID_BYTES, 'TRUNCATE relation ids');
-        const relationIds = new Array<number>(n);
-        for (let i = 0; i < n; i++) relationIds[i] = r.u32('TRUNCATE relation id');
-        r.end('TRUNCATE');
-        const cascade = (options & 1) !== 0;
-        const restartIdentity = (options & 2) !== 0;
-        return xid === undefined ? { tag: 'truncate', cascade, restartIdentity, relationIds } : { tag: 'truncate', xid, cascade, restartIdentity, relationIds };
-      }
-
+      return decodeTruncate(r, ctx.inStream);
     case 0x4d /* M */:
-      {
-        const xid = ctx.inStream ? r.u32('MESSAGE xid') : undefined;
-        const flags = r.u8('MESSAGE flags');
-        const lsn = r.lsn('MESSAGE lsn');
-        const prefix = r.cstring('MESSAGE prefix');
-        const len = length(r, 'MESSAGE content length');
-        const content = r.copy(len, 'MESSAGE content');
-        r.end('MESSAGE');
-        const transactional = (flags & 1) !== 0;
-        return xid === undefined ? { tag: 'message', transactional, lsn, prefix, content } : { tag: 'message', xid, transactional, lsn, prefix, content };
-      }
-
+      return decodeLogicalMessage(r, ctx.inStream);
     case 0x53 /* S */:
-      {
-        const xid = r.u32('STREAM START xid');
-        const firstSegment = r.u8('STREAM START first_segment') === 1;
-        r.end('STREAM START');
-        return { tag: 'streamStart', xid, firstSegment };
-      }
-
+      return decodeStreamStart(r);
     case 0x45 /* E */:
-      {
-        r.end('STREAM STOP');
-        return { tag: 'streamStop' };
-      }
-
+      return decodeStreamStop(r);
     case 0x63 /* c */:
-      {
-        const xid = r.u32('STREAM COMMIT xid');
-        const flags = zeroFlags(r, 'STREAM COMMIT flags');
-        const commitLsn = r.lsn('STREAM COMMIT commit_lsn');
-        const endLsn = r.lsn('STREAM COMMIT end_lsn');
-        const commitTime = r.i64('STREAM COMMIT commit_time');
-        r.end('STREAM COMMIT');
-        return { tag: 'streamCommit', xid, flags, commitLsn, endLsn, commitTime };
-      }
-
+      return decodeStreamCommit(r);
     case 0x41 /* A */:
-      {
-        const xid = r.u32('STREAM ABORT xid');
-        const subXid = r.u32('STREAM ABORT subxid');
-        if (ctx.streamAbortInfo === true) {
-          const abortLsn = r.lsn('STREAM ABORT abort_lsn');
-          const abortTime = r.i64('STREAM ABORT abort_time');
-          r.end('STREAM ABORT');
-          return { tag: 'streamAbort', xid, subXid, abortLsn, abortTime };
-        }
-        r.end('STREAM ABORT');
-        return { tag: 'streamAbort', xid, subXid };
-      }
-
+      return decodeStreamAbort(r, ctx.streamAbortInfo === true);
     case 0x62 /* b */:
-      {
-        const prepareLsn = setLsn(r, 'BEGIN PREPARE prepare_lsn');
-        const endLsn = setLsn(r, 'BEGIN PREPARE end_lsn');
-        const prepareTime = r.i64('BEGIN PREPARE prepare_time');
-        const xid = r.u32('BEGIN PREPARE xid');
-        const gid = r.cstring('BEGIN PREPARE gid');
-        r.end('BEGIN PREPARE');
-        return { tag: 'beginPrepare', prepareLsn, endLsn, prepareTime, xid, gid };
-      }
-
+      return decodeBeginPrepare(r);
     case 0x50 /* P */:
+      return decodePrepare(r, 'prepare', PREPARE);
     case 0x70 /* p */:
-      {
-        // proto.c: logicalrep_read_prepare_common, shared by PREPARE and STREAM PREPARE.
-        const l = tag === 0x50 ? PREPARE : STREAM_PREPARE;
-        const flags = zeroFlags(r, l.flags);
-        const prepareLsn = setLsn(r, l.prepareLsn);
-        const endLsn = setLsn(r, l.endLsn);
-        const prepareTime = r.i64(l.prepareTime);
-        const at = r.offset;
-        const xid = r.u32(l.xid);
-        if (xid === 0) badField(l.xid, 'invalid two-phase transaction id 0', at);
-        const gid = r.cstring(l.gid);
-        r.end(l.message);
-        return { tag: tag === 0x50 ? 'prepare' : 'streamPrepare', flags, prepareLsn, endLsn, prepareTime, xid, gid };
-      }
-
+      return decodePrepare(r, 'streamPrepare', STREAM_PREPARE);
     case 0x4b /* K */:
-      {
-        const flags = zeroFlags(r, 'COMMIT PREPARED flags');
-        const commitLsn = setLsn(r, 'COMMIT PREPARED commit_lsn');
-        const endLsn = setLsn(r, 'COMMIT PREPARED end_lsn');
-        const commitTime = r.i64('COMMIT PREPARED commit_time');
-        const xid = r.u32('COMMIT PREPARED xid');
-        const gid = r.cstring('COMMIT PREPARED gid');
-        r.end('COMMIT PREPARED');
-        return { tag: 'commitPrepared', flags, commitLsn, endLsn, commitTime, xid, gid };
-      }
-
+      return decodeCommitPrepared(r);
     case 0x72 /* r */:
-      {
-        const flags = zeroFlags(r, 'ROLLBACK PREPARED flags');
-        const prepareEndLsn = setLsn(r, 'ROLLBACK PREPARED prepare_end_lsn');
-        const rollbackEndLsn = setLsn(r, 'ROLLBACK PREPARED rollback_end_lsn');
-        const prepareTime = r.i64('ROLLBACK PREPARED prepare_time');
-        const rollbackTime = r.i64('ROLLBACK PREPARED rollback_time');
-        const xid = r.u32('ROLLBACK PREPARED xid');
-        const gid = r.cstring('ROLLBACK PREPARED gid');
-        r.end('ROLLBACK PREPARED');
-        return { tag: 'rollbackPrepared', flags, prepareEndLsn, rollbackEndLsn, prepareTime, rollbackTime, xid, gid };
-      }
-
+      return decodeRollbackPrepared(r);
     default:
       throw new ProtocolError('PGSUB_PROTOCOL_UNKNOWN_MESSAGE', `unknown pgoutput message tag ${hex(tag)}${printable(tag)}`, { tag: hex(tag) });
   }
+}
+
+function decodeBegin(r: Reader): BeginMessage {
+  const finalLsn = setLsn(r, 'BEGIN final_lsn');
+  const commitTime = r.i64('BEGIN commit_time');
+  const xid = r.u32('BEGIN xid');
+  r.end('BEGIN');
+  return { tag: 'begin', finalLsn, commitTime, xid };
+}
+
+function decodeCommit(r: Reader): CommitMessage {
+  const flags = zeroFlags(r, 'COMMIT flags');
+  const commitLsn = r.lsn('COMMIT commit_lsn');
+  const endLsn = r.lsn('COMMIT end_lsn');
+  const commitTime = r.i64('COMMIT commit_time');
+  r.end('COMMIT');
+  return { tag: 'commit', flags, commitLsn, endLsn, commitTime };
+}
+
+function decodeOrigin(r: Reader): OriginMessage {
+  const originLsn = r.lsn('ORIGIN origin_lsn');
+  const originName = r.cstring('ORIGIN name');
+  r.end('ORIGIN');
+  return { tag: 'origin', originLsn, originName };
+}
+
+// Inside a stream block the xid leads; without one the message has no xid property at all
+// (not `xid: undefined`), hence the two literals in each change decoder.
+function decodeRelation(r: Reader, inStream: boolean): RelationMessage {
+  const xid = inStream ? r.u32('RELATION xid') : undefined;
+  const relationId = r.u32('RELATION relation id');
+  const namespace = r.cstring('RELATION namespace');
+  const name = r.cstring('RELATION name');
+  const replicaIdent = replicaIdentity(r);
+  const columns = readColumns(r);
+  r.end('RELATION');
+  return xid === undefined
+    ? { tag: 'relation', relationId, namespace, name, replicaIdentity: replicaIdent, columns }
+    : { tag: 'relation', xid, relationId, namespace, name, replicaIdentity: replicaIdent, columns };
+}
+
+function decodeType(r: Reader, inStream: boolean): TypeMessage {
+  const xid = inStream ? r.u32('TYPE xid') : undefined;
+  const typeOid = r.u32('TYPE type oid');
+  const namespace = r.cstring('TYPE namespace');
+  const name = r.cstring('TYPE name');
+  r.end('TYPE');
+  return xid === undefined ? { tag: 'type', typeOid, namespace, name } : { tag: 'type', xid, typeOid, namespace, name };
+}
+
+function decodeInsert(r: Reader, inStream: boolean): InsertMessage {
+  const xid = inStream ? r.u32('INSERT xid') : undefined;
+  const relationId = r.u32('INSERT relation id');
+  const at = r.offset;
+  const marker = r.u8('INSERT tuple marker');
+  if (marker !== 0x4e /* N */) badField('INSERT tuple marker', `expected 'N', got ${hex(marker)}${printable(marker)}`, at);
+  const newTuple = readTuple(r, INSERT_NEW);
+  r.end('INSERT');
+  return xid === undefined ? { tag: 'insert', relationId, newTuple } : { tag: 'insert', xid, relationId, newTuple };
+}
+
+function decodeUpdate(r: Reader, inStream: boolean): UpdateMessage {
+  const xid = inStream ? r.u32('UPDATE xid') : undefined;
+  const relationId = r.u32('UPDATE relation id');
+  let at = r.offset;
+  let marker = r.u8('UPDATE tuple marker');
+  let oldKind: 'key' | 'old' | undefined;
+  let oldTuple: Tuple | undefined;
+  if (marker === 0x4b /* K */ || marker === 0x4f /* O */) {
+    oldKind = marker === 0x4b ? 'key' : 'old';
+    oldTuple = readTuple(r, UPDATE_OLD);
+    at = r.offset;
+    marker = r.u8('UPDATE new tuple marker');
+    if (marker !== 0x4e) badField('UPDATE new tuple marker', `expected 'N', got ${hex(marker)}${printable(marker)}`, at);
+  } else if (marker !== 0x4e /* N */) {
+    badField('UPDATE tuple marker', `expected 'K', 'O' or 'N', got ${hex(marker)}${printable(marker)}`, at);
+  }
+  const newTuple = readTuple(r, UPDATE_NEW);
+  r.end('UPDATE');
+  if (oldKind === undefined) {
+    return xid === undefined ? { tag: 'update', relationId, newTuple } : { tag: 'update', xid, relationId, newTuple };
+  }
+  return xid === undefined ? { tag: 'update', relationId, oldKind, oldTuple: oldTuple!, newTuple } : { tag: 'update', xid, relationId, oldKind, oldTuple: oldTuple!, newTuple };
+}
+
+function decodeDelete(r: Reader, inStream: boolean): DeleteMessage {
+  const xid = inStream ? r.u32('DELETE xid') : undefined;
+  const relationId = r.u32('DELETE relation id');
+  const at = r.offset;
+  const marker = r.u8('DELETE tuple marker');
+  if (marker !== 0x4b /* K */ && marker !== 0x4f /* O */) {
+    badField('DELETE tuple marker', `expected 'K' or 'O', got ${hex(marker)}${printable(marker)}`, at);
+  }
+  const oldKind = marker === 0x4b ? 'key' : 'old';
+  const oldTuple = readTuple(r, DELETE_OLD);
+  r.end('DELETE');
+  return xid === undefined ? { tag: 'delete', relationId, oldKind, oldTuple } : { tag: 'delete', xid, relationId, oldKind, oldTuple };
+}
+
+function decodeTruncate(r: Reader, inStream: boolean): TruncateMessage {
+  const xid = inStream ? r.u32('TRUNCATE xid') : undefined;
+  const n = count(r, 'TRUNCATE relation count', 4);
+  const options = r.u8('TRUNCATE options');
+  r.need(n, RELID_BYTES, 'TRUNCATE relation ids');
+  const relationIds = new Array<number>(n);
+  for (let i = 0; i < n; i++) relationIds[i] = r.u32('TRUNCATE relation id');
+  r.end('TRUNCATE');
+  const cascade = (options & 1) !== 0;
+  const restartIdentity = (options & 2) !== 0;
+  return xid === undefined ? { tag: 'truncate', cascade, restartIdentity, relationIds } : { tag: 'truncate', xid, cascade, restartIdentity, relationIds };
+}
+
+function decodeLogicalMessage(r: Reader, inStream: boolean): LogicalMessage {
+  const xid = inStream ? r.u32('MESSAGE xid') : undefined;
+  const flags = r.u8('MESSAGE flags');
+  const lsn = r.lsn('MESSAGE lsn');
+  const prefix = r.cstring('MESSAGE prefix');
+  const len = length(r, 'MESSAGE content length');
+  const content = r.copy(len, 'MESSAGE content');
+  r.end('MESSAGE');
+  const transactional = (flags & 1) !== 0;
+  return xid === undefined ? { tag: 'message', transactional, lsn, prefix, content } : { tag: 'message', xid, transactional, lsn, prefix, content };
+}
+
+function decodeStreamStart(r: Reader): StreamStartMessage {
+  const xid = r.u32('STREAM START xid');
+  const firstSegment = r.u8('STREAM START first_segment') === 1;
+  r.end('STREAM START');
+  return { tag: 'streamStart', xid, firstSegment };
+}
+
+function decodeStreamStop(r: Reader): StreamStopMessage {
+  r.end('STREAM STOP');
+  return { tag: 'streamStop' };
+}
+
+function decodeStreamCommit(r: Reader): StreamCommitMessage {
+  const xid = r.u32('STREAM COMMIT xid');
+  const flags = zeroFlags(r, 'STREAM COMMIT flags');
+  const commitLsn = r.lsn('STREAM COMMIT commit_lsn');
+  const endLsn = r.lsn('STREAM COMMIT end_lsn');
+  const commitTime = r.i64('STREAM COMMIT commit_time');
+  r.end('STREAM COMMIT');
+  return { tag: 'streamCommit', xid, flags, commitLsn, endLsn, commitTime };
+}
+
+/** `withInfo`: protocol 4 with streaming = parallel, where the abort LSN and time follow. */
+function decodeStreamAbort(r: Reader, withInfo: boolean): StreamAbortMessage {
+  const xid = r.u32('STREAM ABORT xid');
+  const subXid = r.u32('STREAM ABORT subxid');
+  if (withInfo) {
+    const abortLsn = r.lsn('STREAM ABORT abort_lsn');
+    const abortTime = r.i64('STREAM ABORT abort_time');
+    r.end('STREAM ABORT');
+    return { tag: 'streamAbort', xid, subXid, abortLsn, abortTime };
+  }
+  r.end('STREAM ABORT');
+  return { tag: 'streamAbort', xid, subXid };
+}
+
+function decodeBeginPrepare(r: Reader): BeginPrepareMessage {
+  const prepareLsn = setLsn(r, 'BEGIN PREPARE prepare_lsn');
+  const endLsn = setLsn(r, 'BEGIN PREPARE end_lsn');
+  const prepareTime = r.i64('BEGIN PREPARE prepare_time');
+  const xid = r.u32('BEGIN PREPARE xid');
+  const gid = r.cstring('BEGIN PREPARE gid');
+  r.end('BEGIN PREPARE');
+  return { tag: 'beginPrepare', prepareLsn, endLsn, prepareTime, xid, gid };
+}
+
+/** proto.c: logicalrep_read_prepare_common, shared by PREPARE and STREAM PREPARE. */
+function decodePrepare(r: Reader, tag: 'prepare' | 'streamPrepare', l: PrepareLabels): PrepareMessage | StreamPrepareMessage {
+  const flags = zeroFlags(r, l.flags);
+  const prepareLsn = setLsn(r, l.prepareLsn);
+  const endLsn = setLsn(r, l.endLsn);
+  const prepareTime = r.i64(l.prepareTime);
+  const at = r.offset;
+  const xid = r.u32(l.xid);
+  if (xid === 0) badField(l.xid, 'invalid two-phase transaction id 0', at);
+  const gid = r.cstring(l.gid);
+  r.end(l.message);
+  return { tag, flags, prepareLsn, endLsn, prepareTime, xid, gid };
+}
+
+function decodeCommitPrepared(r: Reader): CommitPreparedMessage {
+  const flags = zeroFlags(r, 'COMMIT PREPARED flags');
+  const commitLsn = setLsn(r, 'COMMIT PREPARED commit_lsn');
+  const endLsn = setLsn(r, 'COMMIT PREPARED end_lsn');
+  const commitTime = r.i64('COMMIT PREPARED commit_time');
+  const xid = r.u32('COMMIT PREPARED xid');
+  const gid = r.cstring('COMMIT PREPARED gid');
+  r.end('COMMIT PREPARED');
+  return { tag: 'commitPrepared', flags, commitLsn, endLsn, commitTime, xid, gid };
+}
+
+function decodeRollbackPrepared(r: Reader): RollbackPreparedMessage {
+  const flags = zeroFlags(r, 'ROLLBACK PREPARED flags');
+  const prepareEndLsn = setLsn(r, 'ROLLBACK PREPARED prepare_end_lsn');
+  const rollbackEndLsn = setLsn(r, 'ROLLBACK PREPARED rollback_end_lsn');
+  const prepareTime = r.i64('ROLLBACK PREPARED prepare_time');
+  const rollbackTime = r.i64('ROLLBACK PREPARED rollback_time');
+  const xid = r.u32('ROLLBACK PREPARED xid');
+  const gid = r.cstring('ROLLBACK PREPARED gid');
+  r.end('ROLLBACK PREPARED');
+  return { tag: 'rollbackPrepared', flags, prepareEndLsn, rollbackEndLsn, prepareTime, rollbackTime, xid, gid };
 }
