@@ -736,7 +736,7 @@ async function main(): Promise<void> {
           modes: SELECTED_MODES,
           contestants: SELECTED_CONTESTANTS,
           sampleMs: SAMPLE_MS,
-          pgsubDefaults: 'queue_size 10000, max_in_flight 1000, binary false, synchronous_commit on',
+          pgsubDefaults: 'queue_size 2000, max_in_flight 4000, binary false, synchronous_commit on',
           native: 'binary false, synchronous_commit off (native default)',
         },
         goals,
