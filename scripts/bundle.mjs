@@ -50,6 +50,13 @@ await build({
   // Class names as written: a logged error's `type` is its class (log.ts), which esbuild
   // would otherwise rename where two modules use the same one (pg's DatabaseError → DatabaseError2).
   keepNames: true,
+  // Whitespace and syntax minified, identifiers kept (stack traces still name functions): V8
+  // reads and compiles every byte of the bundle at each start; 3.1 → 2.2 MB, and `pgsub
+  // --version` 420 → 372 ms (medians of 20, interleaved, 2-core VM). Lines stay short: on an
+  // uncaught error Node prints the throwing line, which must not be a whole module.
+  minifyWhitespace: true,
+  minifySyntax: true,
+  lineLimit: 120,
   // CommonJS dependencies (pg, pino…) call require(); give the bundle one.
   banner: { js: "import { createRequire as pgsubCreateRequire } from 'node:module'; const require = pgsubCreateRequire(import.meta.url);" },
 });

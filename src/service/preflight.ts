@@ -11,7 +11,7 @@
  *  - the roles' privileges: everything `pgsub run` needs on both sides before the first
  *    session (checkRunPrivileges, migrate/privileges.ts), the tables a session registered
  *    at its start (checkTablePrivileges), and that no row-level security of theirs applies
- *    to the applying role (checkRowSecurity, apply/sql/row-security.ts).
+ *    to the applying role (checkTableAccess does both; apply/sql/row-security.ts).
  * Backends this process opened are remembered (OwnConnections), so only its own stale
  * connections are ever terminated, never another pgsub's.
  */
@@ -20,7 +20,7 @@ import os from 'node:os';
 import type { Config } from '../config/config.js';
 import { AlreadyRunningError, SlotBusyError, SlotInUseError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { openTargetDb } from '../migrate/db.js';
+import { openTargetDb, type Db } from '../migrate/db.js';
 import { needOnRelations, privilegeError, sideOf } from '../migrate/grants.js';
 import type { ReplicationConnection, SlotInfo } from '../protocol/replication.js';
 import { runAlone, type WireConnection } from '../pgwire/connect.js';
@@ -179,30 +179,42 @@ export async function checkTablePrivileges(config: Config, tables: readonly { sc
   if (tables.length === 0) return;
   const db = await openTargetDb(config.target, `pgsub_${config.subscription}_check`);
   try {
-    const side = await sideOf(db);
-    await needOnRelations(side, 'table', tables, 'pgsub applies changes to it', { privileges: ['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE'] });
-    const err = privilegeError('run', [side]);
-    if (err) throw err;
+    await tablePrivileges(db, tables);
   } finally {
     await db.close();
   }
 }
 
+async function tablePrivileges(db: Db, tables: readonly { schema: string; table: string }[]): Promise<void> {
+  const side = await sideOf(db);
+  await needOnRelations(side, 'table', tables, 'pgsub applies changes to it', { privileges: ['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE'] });
+  const err = privilegeError('run', [side]);
+  if (err) throw err;
+}
+
 /**
- * The tables a session registered, under their target names: a RowSecurityError for the
- * first whose row-level security applies to the applying role (exit 2 at startup).
+ * A session's tables at its start: checkTablePrivileges, then that no row-level security
+ * applies to the applying role (a RowSecurityError for the first table, under its target
+ * name; exit 2). Both probes on one target session, side by side: a login less at a start.
+ * A missing privilege is named before row security.
  */
-export async function checkRowSecurity(config: Config, tables: readonly { schema: string; table: string }[]): Promise<void> {
+export async function checkTableAccess(config: Config, tables: readonly { schema: string; table: string }[]): Promise<void> {
   if (tables.length === 0) return;
+  const db = await openTargetDb(config.target, `pgsub_${config.subscription}_check`);
+  try {
+    const [privileges, security] = await Promise.allSettled([tablePrivileges(db, tables), rowSecurity(db, config, tables)]);
+    if (privileges.status === 'rejected') throw privileges.reason;
+    if (security.status === 'rejected') throw security.reason;
+  } finally {
+    await db.close();
+  }
+}
+
+async function rowSecurity(db: Db, config: Config, tables: readonly { schema: string; table: string }[]): Promise<void> {
   const targets = tables.map((t) => {
     const rule = ruleFor(config.mapping, t.schema, t.table);
     return rule ? { schema: rule.targetSchema, table: rule.targetTable } : t;
   });
-  const db = await openTargetDb(config.target, `pgsub_${config.subscription}_check`);
-  try {
-    const [applies] = await db.query<RowSecurityRow>(ROW_SECURITY_SQL, [tablesParam(targets)]);
-    if (applies) throw rowSecurityError(applies);
-  } finally {
-    await db.close();
-  }
+  const [applies] = await db.query<RowSecurityRow>(ROW_SECURITY_SQL, [tablesParam(targets)]);
+  if (applies) throw rowSecurityError(applies);
 }

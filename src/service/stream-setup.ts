@@ -22,7 +22,7 @@ import { SyncStates } from '../origin/sync-state.js';
 import { VerifyHold } from '../verify/hold.js';
 import { checkMappingsAtStartup } from '../mapping/plan.js';
 import { ProgressLog } from './progress-log.js';
-import { checkRowSecurity, checkTablePrivileges } from './preflight.js';
+import { checkTableAccess } from './preflight.js';
 import type { SessionHandle } from './session.js';
 import type { TargetControl } from './target-control.js';
 
@@ -171,7 +171,7 @@ export class StreamSetup {
     const register = !this.#launcherStarted && (await launcher.refreshDueAtStart());
     // At startup, before any copy: a role that cannot write the tables is a setup error, and
     // so is one whose row-level security would hide rows from the apply (row-security.ts).
-    const checks = () => settledInOrder([checkTablePrivileges(config, sync.all()), checkRowSecurity(config, sync.all())]);
+    const checks = () => checkTableAccess(config, sync.all());
     // A resume with no copy due keeps the tables just loaded: the checks run beside it.
     if (first && !register && sync.copying().length === 0) await settledInOrder([launcher.atSessionStart(false, publisher), checks()]);
     else {

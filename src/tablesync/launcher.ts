@@ -202,26 +202,29 @@ export class Launcher {
 
   private async doRefresh(register: boolean, publisher?: ReplicationConnection): Promise<void> {
     const replication = publisher ?? (await ReplicationConnection.open(this.config.source, `pgsub_${this.config.subscription}_refresh`));
-    let tables: PublishedTable[];
     let existing: string[];
     let seenAt: Lsn;
+    let tables: PublishedTable[] = [];
     let twoPhaseEnabled = false;
     try {
       const [wal] = await replication.sql<{ lsn: string }>('SELECT pg_catalog.pg_current_wal_lsn()::text AS lsn');
       seenAt = parseLsn(wal!.lsn);
       existing = await existingPublications(replication, this.config.publications);
-      tables = (await listPublishedTables(replication, this.config.publications)).map((t) => mapTable(t, ruleFor(this.config.mapping, t.schema, t.table)));
-      this.publisherVersion = replication.serverVersionNum;
-      if (this.config.twoPhase) twoPhaseEnabled = (await replication.getSlot(this.config.slotName))?.twoPhase ?? false;
+      // A resume lists the published tables only for copies due: the listing (sizes, column
+      // lists, row filters of every table) is a start's slowest publisher query, and a copy
+      // that becomes due later comes through here again and lists them then.
+      if (!register) await this.load();
+      if (register || this.states.copying().length > 0) {
+        tables = await this.listPublished(replication);
+        if (this.config.twoPhase) twoPhaseEnabled = (await replication.getSlot(this.config.slotName))?.twoPhase ?? false;
+      }
     } finally {
       if (replication !== publisher) await replication.close();
     }
     this.notePublications(existing, seenAt);
-    this.published.clear();
-    for (const t of tables) this.published.set(`${t.schema}.${t.table}`, t);
     // None exists (dropped, or not created yet): a setup problem, not a reason to drop every table.
     if (register && existing.length > 0) await this.register(tables);
-    await this.load();
+    if (register) await this.load();
     // Largest first: the last table to start should be a short one, not the one that
     // decides when the whole copy ends.
     const size = (t: TableSync) => this.published.get(`${t.schema}.${t.table}`)?.estimatedBytes ?? 0;
@@ -240,6 +243,15 @@ export class Launcher {
     const lanes = new LanePool(() => openLane(this.config, `pgsub_${this.config.subscription}_sync`), due.length);
     this.lanePools.add(lanes);
     for (const t of due.sort((a, b) => size(b) - size(a))) this.schedule(t, lanes);
+  }
+
+  /** What the publications publish now, mapped (the copies' sizes, columns and filters), kept for the copies. */
+  private async listPublished(replication: ReplicationConnection): Promise<PublishedTable[]> {
+    const tables = (await listPublishedTables(replication, this.config.publications)).map((t) => mapTable(t, ruleFor(this.config.mapping, t.schema, t.table)));
+    this.publisherVersion = replication.serverVersionNum;
+    this.published.clear();
+    for (const t of tables) this.published.set(`${t.schema}.${t.table}`, t);
+    return tables;
   }
 
   /**
