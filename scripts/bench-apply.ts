@@ -7,6 +7,7 @@
  *   npm run bench -- --scale 0.05 --repeat 1           # a quick look (every count × 0.05)
  *   npm run bench -- --pair 18-18,14-18 --cross-repeat 1   # another cross-version pair, once
  *   npm run bench -- --workloads W1,W4 --contestants pgsub --pair 18-18
+ *   npm run bench -- --workloads W3 --modes parallel          # one streaming mode of W3
  *   npm run bench -- --pgsub-env PGSUB_MAX_IN_FLIGHT=5000   # any pgsub setting, repeatable
  *   npm run bench -- --contestants pgsub,pgsub-lanes,native --lanes 2   # also pgsub with apply_workers = 2
  *   npm run bench -- --contestants pgsub,pgsub-metrics,native --workloads W1,W2   # the metrics endpoint's cost
@@ -150,6 +151,7 @@ const { values: opts } = parseArgs({
     repeat: { type: 'string', default: '3' },
     'cross-repeat': { type: 'string' },
     workloads: { type: 'string', default: WORKLOAD_IDS.join(',') },
+    modes: { type: 'string', default: '' },
     contestants: { type: 'string', default: 'pgsub,native' },
     lanes: { type: 'string', default: '2' },
     pair: { type: 'string', default: '18-18,16-18' },
@@ -174,6 +176,8 @@ const REPEAT = Number(opts.repeat);
 if (!Number.isInteger(REPEAT) || REPEAT < 1) throw new Error(`--repeat must be a positive integer, not ${opts.repeat}`);
 const CROSS_REPEAT = Number(opts['cross-repeat'] ?? opts.repeat);
 if (!Number.isInteger(CROSS_REPEAT) || CROSS_REPEAT < 1) throw new Error(`--cross-repeat must be a positive integer, not ${opts['cross-repeat']}`);
+/** --modes on,parallel: only these streaming modes of the workloads that have several (W3). */
+const MODES = opts.modes.split(',').map((m) => m.trim()).filter(Boolean) as Mode[];
 const SELECTED = opts.workloads.split(',').map((w) => w.trim().toUpperCase().replace(/M$/, 'm')) as WorkloadId[];
 for (const w of SELECTED) if (!WORKLOAD_IDS.includes(w)) throw new Error(`--workloads: unknown ${w} (known: ${WORKLOAD_IDS.join(', ')})`);
 const KINDS = opts.contestants.split(',').map((c) => c.trim()) as Kind[];
@@ -905,7 +909,7 @@ async function main(): Promise<void> {
       try {
         for (let rep = 1; rep <= pair.repeat; rep++) {
           for (const w of WORKLOADS) {
-            for (const mode of w.modes) {
+            for (const mode of w.modes.filter((m) => MODES.length === 0 || MODES.includes(m))) {
               const r = await runRound(s, w, mode, rep, builds);
               backlogs.push(r.backlog);
               runs.push(...r.runs);
