@@ -177,7 +177,11 @@ if (!Number.isInteger(REPEAT) || REPEAT < 1) throw new Error(`--repeat must be a
 const CROSS_REPEAT = Number(opts['cross-repeat'] ?? opts.repeat);
 if (!Number.isInteger(CROSS_REPEAT) || CROSS_REPEAT < 1) throw new Error(`--cross-repeat must be a positive integer, not ${opts['cross-repeat']}`);
 /** --modes on,parallel: only these streaming modes of the workloads that have several (W3). */
-const MODES = opts.modes.split(',').map((m) => m.trim()).filter(Boolean) as Mode[];
+const MODES = opts.modes
+  .split(',')
+  .map((m) => m.trim())
+  .filter(Boolean) as Mode[];
+for (const m of MODES) if (!['off', 'on', 'parallel'].includes(m)) throw new Error(`--modes: unknown ${m} (known: off, on, parallel)`);
 const SELECTED = opts.workloads.split(',').map((w) => w.trim().toUpperCase().replace(/M$/, 'm')) as WorkloadId[];
 for (const w of SELECTED) if (!WORKLOAD_IDS.includes(w)) throw new Error(`--workloads: unknown ${w} (known: ${WORKLOAD_IDS.join(', ')})`);
 const KINDS = opts.contestants.split(',').map((c) => c.trim()) as Kind[];
