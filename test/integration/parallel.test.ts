@@ -301,6 +301,35 @@ test('a batch of updates missing a row in the parallel transaction: it falls bac
   await assertEqual();
 });
 
+test('the target restarting while a large streamed transaction is applied in parallel, the loop yielding inside the stream: nothing lost, nothing duplicated', async () => {
+  const yieldsBefore = loopYields();
+  await withSource(async (c) => {
+    await c.query('BEGIN');
+    await c.query(`INSERT INTO app.items SELECT g, 'restarted', 1 FROM generate_series(500001, 530000) g`);
+    await waitFor(parallelHoldsItems, { timeoutMs: 30_000, intervalMs: 50, what: 'eager apply' });
+    // Immediate: the eager transaction's backend dies with its statements in flight.
+    await target.restart('immediate');
+    await c.query(`INSERT INTO app.items SELECT g, 'restarted', 2 FROM generate_series(530001, 535000) g`);
+    await c.query('COMMIT');
+  });
+  await caughtUp();
+  await assertEqual();
+  const [n] = await target.query(`SELECT count(*)::int AS n FROM app.items WHERE v = 'restarted'`, [], 'dst');
+  assert.equal(n.n, 35000);
+  // The session the restart ended reported its loop's turns: the stream was applied yielding.
+  await waitFor(() => loopYields() > yieldsBefore, { timeoutMs: 10_000, what: 'an apply loop report with yields' });
+});
+
+/** Turns the apply loops of this process gave the event loop inside streams, summed over their 'apply loop stopped' lines. */
+function loopYields(): number {
+  let sum = 0;
+  for (const l of child!.output().split('\n')) {
+    if (!l.includes('"msg":"apply loop stopped"')) continue;
+    sum += Number((JSON.parse(l) as { yields?: number }).yields ?? 0);
+  }
+  return sum;
+}
+
 test('a PG14 publisher is refused: streaming = parallel needs protocol 4', async () => {
   const old = await startCluster({ major: 14, name: 'par-pub14' });
   try {

@@ -26,6 +26,8 @@ export interface ApplierTimes {
   commitWaitMs: number;
   /** Items taken from the queue (messages, positions, ticks). */
   items: number;
+  /** Turns given to the event loop inside a streamed block (applier.ts, STREAM_YIELD_MS). */
+  yields: number;
 }
 
 export function newReceiverTimes(): ReceiverTimes {
@@ -33,7 +35,7 @@ export function newReceiverTimes(): ReceiverTimes {
 }
 
 export function newApplierTimes(): ApplierTimes {
-  return { queueWaitMs: 0, resultsWaitMs: 0, commitWaitMs: 0, items: 0 };
+  return { queueWaitMs: 0, resultsWaitMs: 0, commitWaitMs: 0, items: 0, yields: 0 };
 }
 
 /** The log line's fields: seconds, and this process's CPU seconds over the loop's life. */
@@ -43,6 +45,7 @@ export function loopTimesReport(wallMs: number, cpu: NodeJS.CpuUsage, r: Receive
     wallSeconds: s(wallMs),
     cpuSeconds: s((cpu.user + cpu.system) / 1000),
     items: a.items,
+    yields: a.yields,
     socketWaitSeconds: s(r.socketWaitMs),
     queueFullSeconds: s(r.queueFullMs),
     queueWaitSeconds: s(a.queueWaitMs),
