@@ -61,8 +61,9 @@ export interface ApplierParts {
  * could run for many milliseconds without the event loop reading a socket: the parallel
  * connection's answers wait (its statement window stays full, its backend idles) and the
  * walsender's socket fills. So it gives the event loop a turn every STREAM_YIELD_MS (looked
- * at every STREAM_YIELD_EVERY + 1 items). W3 parallel: 15.29 → 13.44 s (medians of 5);
- * outside streams (W2) it cost 6%, so it is not done there.
+ * at every STREAM_YIELD_EVERY + 1 items). W3 parallel, medians against the code without it:
+ * 15.20 → 14.32 s and 15.54 → 13.26 s (docs/benchmarks.md); outside streams (W2) yielding
+ * cost 6%, so it is not done there.
  */
 const STREAM_YIELD_MS = 2;
 const STREAM_YIELD_EVERY = 255;
