@@ -27,7 +27,7 @@ import { ReplicationConnection } from '../protocol/replication.js';
 import { enableSubscription, requestSkip } from '../conflict/control.js';
 import { migrateTarget } from '../origin/store.js';
 import { formatLsn, parseLsn, type Lsn } from '../protocol/lsn.js';
-import { packageVersion } from './version.js';
+import { bundleCodeCache, packageVersion } from './version.js';
 import { registerMigrationCommands } from './migrate-commands.js';
 import { registerVerifyCommand } from './verify-command.js';
 import { checkControlPrivileges } from '../migrate/privileges.js';
@@ -50,7 +50,7 @@ program
   .action(async (opts: { config?: string; logLevel?: string }) => {
     const config = loadConfig({ file: opts.config, overrides: { log_level: opts.logLevel } });
     const log = createLogger(config.logLevel);
-    log.info({ subscription: config.subscription, slot: config.slotName, state_dir: config.stateDir }, 'starting');
+    log.info({ subscription: config.subscription, slot: config.slotName, state_dir: config.stateDir, code_cache: bundleCodeCache() }, 'starting');
     const notifier = createNotifier(log);
     let supervisor: Supervisor | null = null;
     const runner = startRunner(config, log, { onStreaming: ({ startLsn }) => supervisor?.streaming(startLsn) });
@@ -284,18 +284,33 @@ process.stdout.on('error', (err: NodeJS.ErrnoException) => {
   if (err.code !== 'EPIPE') throw err;
 });
 
-try {
-  await program.parseAsync(process.argv);
-} catch (err) {
-  if (err instanceof CommanderError) {
-    // commander has printed the message and the usage on stderr; --help and --version
-    // end here too, with exit code 0. Anything else is a usage error: exit 2, like a
-    // configuration error.
-    process.exitCode = err.exitCode === 0 ? 0 : 2;
-  } else if (err instanceof PgsubError) {
-    process.stderr.write(`pgsub: ${err.code}: ${err.message}\n`);
-    process.exitCode = 2;
-  } else {
-    throw err;
+/** No top-level await: the bundle is a CommonJS script, for V8's code cache (scripts/bundle.mjs). */
+async function main(): Promise<void> {
+  try {
+    await program.parseAsync(process.argv);
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      // commander has printed the message and the usage on stderr; --help and --version
+      // end here too, with exit code 0. Anything else is a usage error: exit 2, like a
+      // configuration error.
+      process.exitCode = err.exitCode === 0 ? 0 : 2;
+    } else if (err instanceof PgsubError) {
+      process.stderr.write(`pgsub: ${err.code}: ${err.message}\n`);
+      process.exitCode = 2;
+    } else {
+      throw err;
+    }
   }
 }
+
+let finished = false;
+void main().finally(() => {
+  finished = true;
+});
+// As Node ends an unsettled top-level await (exit 13): the event loop emptied while a command
+// still waited for something. Not exit 0, which a service manager takes for a clean stop.
+process.on('exit', (code) => {
+  if (finished || code !== 0) return;
+  process.stderr.write('pgsub: the command ended without finishing (nothing left to wait for)\n');
+  process.exitCode = 13;
+});

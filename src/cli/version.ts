@@ -24,3 +24,13 @@ export function packageVersion(from: string = import.meta.url): string {
     dir = parent;
   }
 }
+
+/**
+ * How the bundle's loader compiled pgsub (scripts/bundle-loader.mjs): with the V8 code cache
+ * made at build time ('accepted'), or without it ('rejected' by this Node's V8, 'stale',
+ * 'none'); undefined when not run from the bundle (tsc's output, tsx).
+ */
+export function bundleCodeCache(): string | undefined {
+  const state = (globalThis as Record<symbol, unknown>)[Symbol.for('pgsub.codeCache')];
+  return typeof state === 'string' ? state : undefined;
+}

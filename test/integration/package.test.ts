@@ -10,6 +10,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFile, spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -19,7 +20,7 @@ import { compareTables, startCluster, waitFor, waitForCatchUp, type Cluster } fr
 
 const run = promisify(execFile);
 const REPO = path.resolve(import.meta.dirname, '..', '..');
-/** The installed package's size must stay near its 3 MB, far from the 46 MB with dependencies. */
+/** The installed package's size must stay near its 4 MB (1.5 MB of it the code cache), far from the 46 MB with dependencies. */
 const MAX_INSTALLED_BYTES = 6 * 1024 * 1024;
 let work: string;
 let publisher: Cluster;
@@ -73,6 +74,13 @@ after(async () => {
   fs.rmSync(work, { recursive: true, force: true });
 });
 
+/** The 'starting' log line of a run's output. */
+function startingLine(output: string): Record<string, unknown> {
+  const line = output.split('\n').find((l) => l.includes('"msg":"starting"'));
+  assert.ok(line, `no 'starting' line in\n${output.slice(0, 2000)}`);
+  return JSON.parse(line) as Record<string, unknown>;
+}
+
 /** Bytes of the files under dir (symlinks not followed). */
 function treeBytes(dir: string): number {
   let total = 0;
@@ -86,7 +94,8 @@ function treeBytes(dir: string): number {
 
 test('the tarball: the bundle without source maps, no dependencies; installed offline into a few MB with no node_modules', () => {
   const files = packed.files.map((f) => f.path);
-  assert.ok(files.includes('dist/bundle/main.js'), files.join('\n'));
+  // The loader, the bundle and the V8 code cache made when it was built (scripts/bundle.mjs).
+  for (const f of ['dist/bundle/main.js', 'dist/bundle/main.cjs', 'dist/bundle/main.cjs.cache']) assert.ok(files.includes(f), `${f} in\n${files.join('\n')}`);
   assert.ok(files.includes('packaging/systemd/pgsub@.service'));
   assert.ok(!files.some((f) => f.startsWith('src/') || f.startsWith('test/')), 'sources are not shipped');
   assert.deepEqual(
@@ -123,6 +132,8 @@ test('the installed pgsub prints its version, replicates from its bundle and sho
     await waitFor(async () => output.includes('"msg":"streaming started"'), { timeoutMs: 120_000, what: 'the installed pgsub streaming' }).catch((err) =>
       assert.fail(`${err}\n${output.slice(-3000)}`),
     );
+    // Compiled from the code cache the package was built with (the same Node here).
+    assert.equal(startingLine(output).code_cache, 'accepted', output.slice(0, 2000));
     await publisher.query(`INSERT INTO public.items VALUES (1001, 'streamed')`, [], 'src');
     await waitForCatchUp(publisher, 'src', 'packed', 120_000).catch((err) => assert.fail(`${err}\n${output.slice(-3000)}`));
     const cmp = await compareTables(publisher, 'src', target, 'dst', ['public.items']);
@@ -147,4 +158,48 @@ test('the installed pgsub demo exits 2 saying it runs from a checkout, without a
   assert.match(demo.stderr, /^pgsub: PGSUB_DEMO_NO_SERVERS: PostgreSQL 14 binaries not found: .*installed pgsub does not include.*npm ci && npm run demo\n$/);
   assert.doesNotMatch(output, /^\s+at /m, 'no stack trace');
   assert.equal(demo.stdout, '', 'said before anything was made or started');
+});
+
+test('a code cache that does not fit the bundle is not used: a stale one (another build) or one V8 refuses; pgsub runs all the same', { timeout: 300_000 }, async () => {
+  const bundleDir = path.join(prefix, 'lib', 'node_modules', 'pgsub', 'dist', 'bundle');
+  const cacheFile = path.join(bundleDir, 'main.cjs.cache');
+  const made = fs.readFileSync(cacheFile);
+  const digest = createHash('sha256')
+    .update(fs.readFileSync(path.join(bundleDir, 'main.cjs')))
+    .digest();
+  assert.deepEqual(made.subarray(0, 32), digest, 'the cache names the bundle it was made from');
+  const runEnv = {
+    ...env,
+    PGSUB_SOURCE: publisher.url('src'),
+    PGSUB_TARGET: target.url('dst'),
+    PGSUB_PUBLICATION: 'pub',
+    PGSUB_SUBSCRIPTION: 'packed',
+    PGSUB_STATE_DIR: path.join(work, 'state'),
+  };
+  const cases: [string, Buffer][] = [
+    // Made from another build: V8 alone would take it, as it compares only the source's length.
+    ['stale', Buffer.concat([createHash('sha256').update('another bundle').digest(), made.subarray(32)])],
+    ['rejected', Buffer.concat([digest, Buffer.alloc(4096, 0x5a)])],
+  ];
+  try {
+    for (const [expected, content] of cases) {
+      fs.writeFileSync(cacheFile, content);
+      const child = spawn(bin, ['run'], { env: runEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+      let output = '';
+      child.stdout.on('data', (b: Buffer) => (output += b));
+      child.stderr.on('data', (b: Buffer) => (output += b));
+      const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+      try {
+        await waitFor(async () => output.includes('"msg":"streaming started"'), { timeoutMs: 120_000, what: `pgsub streaming with a ${expected} cache` }).catch((err) =>
+          assert.fail(`${err}\n${output.slice(-3000)}`),
+        );
+        assert.equal(startingLine(output).code_cache, expected, output.slice(0, 2000));
+      } finally {
+        child.kill('SIGTERM');
+      }
+      assert.equal(await exited, 0, output.slice(-3000));
+    }
+  } finally {
+    fs.writeFileSync(cacheFile, made);
+  }
 });
