@@ -452,7 +452,7 @@ export function snapshotPgsub(live: boolean, options: { build?: boolean; commit?
   if (live && !options.commit) return { dir: REPO_ROOT, fingerprint: fingerprint(REPO_ROOT), ...info, mode: liveMode, buildErrors: 0, remove() {} };
   const dir = mkdtempSync(path.join(os.tmpdir(), 'pgsub-snapshot-'));
   snapshots.add(dir);
-  const items = ['bin', 'src', 'migrations', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'test/harness', 'scripts/bundle.mjs'];
+  const items = ['bin', 'src', 'migrations', 'package.json', 'tsconfig.json', 'tsconfig.build.json', 'test/harness', 'scripts/bundle.mjs', 'scripts/bundle-loader.mjs'];
   if (options.commit) {
     const present = items.filter((item) => git(['ls-tree', '--name-only', info.head, '--', item]) !== '');
     const tar = execFileSync('git', ['archive', '--format=tar', info.head, ...present], { cwd: REPO_ROOT, maxBuffer: 1 << 30 });
