@@ -74,6 +74,34 @@ after(async () => {
   fs.rmSync(work, { recursive: true, force: true });
 });
 
+/** The installed pgsub's `run` against the test servers, its output collected; resolves once it streams. */
+async function runInstalled(what: string): Promise<{ output: () => string; stop: () => Promise<number | null>; runEnv: Record<string, string> }> {
+  const runEnv = {
+    ...env,
+    PGSUB_SOURCE: publisher.url('src'),
+    PGSUB_TARGET: target.url('dst'),
+    PGSUB_PUBLICATION: 'pub',
+    PGSUB_SUBSCRIPTION: 'packed',
+    PGSUB_STATE_DIR: path.join(work, 'state'),
+  };
+  const child = spawn(bin, ['run'], { env: runEnv, stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  child.stdout.on('data', (b: Buffer) => (output += b));
+  child.stderr.on('data', (b: Buffer) => (output += b));
+  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  const stop = () => {
+    child.kill('SIGTERM');
+    return exited;
+  };
+  try {
+    await waitFor(async () => output.includes('"msg":"streaming started"'), { timeoutMs: 120_000, what });
+  } catch (err) {
+    await stop();
+    assert.fail(`${err}\n${output.slice(-3000)}`);
+  }
+  return { output: () => output, stop, runEnv };
+}
+
 /** The 'starting' log line of a run's output. */
 function startingLine(output: string): Record<string, unknown> {
   const line = output.split('\n').find((l) => l.includes('"msg":"starting"'));
@@ -115,37 +143,23 @@ test('the installed pgsub prints its version, replicates from its bundle and sho
   const version = await run(bin, ['--version'], { env });
   assert.equal(version.stdout.trim(), JSON.parse(fs.readFileSync(path.join(REPO, 'package.json'), 'utf8')).version);
 
-  const runEnv = {
-    ...env,
-    PGSUB_SOURCE: publisher.url('src'),
-    PGSUB_TARGET: target.url('dst'),
-    PGSUB_PUBLICATION: 'pub',
-    PGSUB_SUBSCRIPTION: 'packed',
-    PGSUB_STATE_DIR: path.join(work, 'state'),
-  };
-  const child = spawn(bin, ['run'], { env: runEnv, stdio: ['ignore', 'pipe', 'pipe'] });
-  let output = '';
-  child.stdout.on('data', (b: Buffer) => (output += b));
-  child.stderr.on('data', (b: Buffer) => (output += b));
-  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  const pgsub = await runInstalled('the installed pgsub streaming');
+  let exitCode: number | null = null;
   try {
-    await waitFor(async () => output.includes('"msg":"streaming started"'), { timeoutMs: 120_000, what: 'the installed pgsub streaming' }).catch((err) =>
-      assert.fail(`${err}\n${output.slice(-3000)}`),
-    );
     // Compiled from the code cache the package was built with (the same Node here).
-    assert.equal(startingLine(output).code_cache, 'accepted', output.slice(0, 2000));
+    assert.equal(startingLine(pgsub.output()).code_cache, 'accepted', pgsub.output().slice(0, 2000));
     await publisher.query(`INSERT INTO public.items VALUES (1001, 'streamed')`, [], 'src');
-    await waitForCatchUp(publisher, 'src', 'packed', 120_000).catch((err) => assert.fail(`${err}\n${output.slice(-3000)}`));
+    await waitForCatchUp(publisher, 'src', 'packed', 120_000).catch((err) => assert.fail(`${err}\n${pgsub.output().slice(-3000)}`));
     const cmp = await compareTables(publisher, 'src', target, 'dst', ['public.items']);
     assert.ok(cmp.equal, JSON.stringify(cmp));
-    const status = await run(bin, ['status', '--json'], { env: runEnv });
+    const status = await run(bin, ['status', '--json'], { env: pgsub.runEnv });
     const json = JSON.parse(status.stdout) as { subscription: string; slot_active: boolean | null };
     assert.equal(json.subscription, 'packed');
     assert.equal(json.slot_active, true, status.stdout);
   } finally {
-    child.kill('SIGTERM');
+    exitCode = await pgsub.stop();
   }
-  assert.equal(await exited, 0, output.slice(-3000));
+  assert.equal(exitCode, 0, pgsub.output().slice(-3000));
 });
 
 test('the installed pgsub demo exits 2 saying it runs from a checkout, without a stack trace', async () => {
@@ -168,14 +182,6 @@ test('a code cache that does not fit the bundle is not used: a stale one (anothe
     .update(fs.readFileSync(path.join(bundleDir, 'main.cjs')))
     .digest();
   assert.deepEqual(made.subarray(0, 32), digest, 'the cache names the bundle it was made from');
-  const runEnv = {
-    ...env,
-    PGSUB_SOURCE: publisher.url('src'),
-    PGSUB_TARGET: target.url('dst'),
-    PGSUB_PUBLICATION: 'pub',
-    PGSUB_SUBSCRIPTION: 'packed',
-    PGSUB_STATE_DIR: path.join(work, 'state'),
-  };
   const cases: [string, Buffer][] = [
     // Made from another build: V8 alone would take it, as it compares only the source's length.
     ['stale', Buffer.concat([createHash('sha256').update('another bundle').digest(), made.subarray(32)])],
@@ -184,20 +190,10 @@ test('a code cache that does not fit the bundle is not used: a stale one (anothe
   try {
     for (const [expected, content] of cases) {
       fs.writeFileSync(cacheFile, content);
-      const child = spawn(bin, ['run'], { env: runEnv, stdio: ['ignore', 'pipe', 'pipe'] });
-      let output = '';
-      child.stdout.on('data', (b: Buffer) => (output += b));
-      child.stderr.on('data', (b: Buffer) => (output += b));
-      const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
-      try {
-        await waitFor(async () => output.includes('"msg":"streaming started"'), { timeoutMs: 120_000, what: `pgsub streaming with a ${expected} cache` }).catch((err) =>
-          assert.fail(`${err}\n${output.slice(-3000)}`),
-        );
-        assert.equal(startingLine(output).code_cache, expected, output.slice(0, 2000));
-      } finally {
-        child.kill('SIGTERM');
-      }
-      assert.equal(await exited, 0, output.slice(-3000));
+      const pgsub = await runInstalled(`pgsub streaming with a ${expected} cache`);
+      const exitCode = await pgsub.stop();
+      assert.equal(startingLine(pgsub.output()).code_cache, expected, pgsub.output().slice(0, 2000));
+      assert.equal(exitCode, 0, pgsub.output().slice(-3000));
     }
   } finally {
     fs.writeFileSync(cacheFile, made);
