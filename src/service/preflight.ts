@@ -11,7 +11,7 @@
  *  - the roles' privileges: everything `pgsub run` needs on both sides before the first
  *    session (checkRunPrivileges, migrate/privileges.ts), the tables a session registered
  *    at its start (checkTablePrivileges), and that no row-level security of theirs applies
- *    to the applying role (TableAccessCheck does both; apply/sql/row-security.ts).
+ *    to the applying role (checkTableAccess does both; apply/sql/row-security.ts).
  * Backends this process opened are remembered (OwnConnections), so only its own stale
  * connections are ever terminated, never another pgsub's.
  */
@@ -21,7 +21,7 @@ import type { Config } from '../config/config.js';
 import { AlreadyRunningError, SlotBusyError, SlotInUseError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { openTargetDb, type Db } from '../migrate/db.js';
-import { needOnRelations, privilegeError, sideOf, type SideLacks } from '../migrate/grants.js';
+import { needOnRelations, privilegeError, sideOf } from '../migrate/grants.js';
 import type { ReplicationConnection, SlotInfo } from '../protocol/replication.js';
 import { runAlone, type WireConnection } from '../pgwire/connect.js';
 import { ruleFor } from '../mapping/rules.js';
@@ -185,8 +185,8 @@ export async function checkTablePrivileges(config: Config, tables: readonly { sc
   }
 }
 
-async function tablePrivileges(db: Db, tables: readonly { schema: string; table: string }[], role: Promise<SideLacks> = sideOf(db)): Promise<void> {
-  const side = await role;
+async function tablePrivileges(db: Db, tables: readonly { schema: string; table: string }[]): Promise<void> {
+  const side = await sideOf(db);
   await needOnRelations(side, 'table', tables, 'pgsub applies changes to it', { privileges: ['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE'] });
   const err = privilegeError('run', [side]);
   if (err) throw err;
@@ -195,33 +195,18 @@ async function tablePrivileges(db: Db, tables: readonly { schema: string; table:
 /**
  * A session's tables at its start: checkTablePrivileges, then that no row-level security
  * applies to the applying role (a RowSecurityError for the first table, under its target
- * name; exit 2). Both probes on one target session, side by side; a missing privilege is
- * named before row security. The session is opened, and the role read, as soon as this is
- * made — while the session start still loads the tables (stream-setup.ts) — so only the
- * table probes wait for them; close() ends it, run or not.
+ * name; exit 2). Both probes on one target session, side by side: a login less at a start.
+ * A missing privilege is named before row security.
  */
-export class TableAccessCheck {
-  readonly #db: Promise<Db>;
-  readonly #role: Promise<SideLacks>;
-
-  constructor(private readonly config: Config) {
-    this.#db = openTargetDb(config.target, `pgsub_${config.subscription}_check`);
-    this.#role = this.#db.then(sideOf);
-    // Awaited by run() (or dropped by close()): a failed login is reported there, once.
-    this.#role.catch(() => {});
-  }
-
-  async run(tables: readonly { schema: string; table: string }[]): Promise<void> {
-    if (tables.length === 0) return;
-    const db = await this.#db;
-    const [privileges, security] = await Promise.allSettled([tablePrivileges(db, tables, this.#role), rowSecurity(db, this.config, tables)]);
+export async function checkTableAccess(config: Config, tables: readonly { schema: string; table: string }[]): Promise<void> {
+  if (tables.length === 0) return;
+  const db = await openTargetDb(config.target, `pgsub_${config.subscription}_check`);
+  try {
+    const [privileges, security] = await Promise.allSettled([tablePrivileges(db, tables), rowSecurity(db, config, tables)]);
     if (privileges.status === 'rejected') throw privileges.reason;
     if (security.status === 'rejected') throw security.reason;
-  }
-
-  async close(): Promise<void> {
-    const db = await this.#db.catch(() => null);
-    await db?.close();
+  } finally {
+    await db.close();
   }
 }
 

@@ -22,7 +22,7 @@ import { SyncStates } from '../origin/sync-state.js';
 import { VerifyHold } from '../verify/hold.js';
 import { checkMappingsAtStartup } from '../mapping/plan.js';
 import { ProgressLog } from './progress-log.js';
-import { TableAccessCheck } from './preflight.js';
+import { checkTableAccess } from './preflight.js';
 import type { SessionHandle } from './session.js';
 import type { TargetControl } from './target-control.js';
 
@@ -60,8 +60,6 @@ export class StreamSetup {
   #publications: readonly string[] = [];
   /** The session a publication change will restart (one wait per session). */
   #restartPending: SessionHandle | null = null;
-  /** Opened at the run lock, until the first stream's start runs it (or the service ends). */
-  #accessCheck: TableAccessCheck | null = null;
 
   constructor(
     private readonly config: Config,
@@ -150,16 +148,9 @@ export class StreamSetup {
     void restart();
   }
 
-  /**
-   * A session took the run lock: the launcher's target session opens while the session checks
-   * the publisher and the slot, and so does the table access check's before the first stream.
-   */
+  /** A session took the run lock: the launcher's target session opens while the session checks the publisher and the slot. */
   onRunLock(): void {
     this.launcher.connect();
-    if (this.loop.streamedOnce()) return;
-    // One left by a session that failed before using it is replaced: it may be dead by now.
-    void this.#accessCheck?.close();
-    this.#accessCheck = new TableAccessCheck(this.config);
   }
 
   /** `publisher`: the session's replication connection, lent to the launcher until START_REPLICATION. */
@@ -173,15 +164,19 @@ export class StreamSetup {
     // (each a connection's round trips at a start), awaited before streaming.
     const holdStarting = this.#verifyStarted ? null : this.verifyHold.start();
     this.#verifyStarted = true;
+    // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
+    await settledInOrder([first ? checkMappingsAtStartup(config, this.log) : null, launcher.load()]);
+    // A refresh only where the publication list changed since the last one (or a new
+    // subscription); every other session start only resumes the copies due.
+    const register = !this.#launcherStarted && (await launcher.refreshDueAtStart());
     // At startup, before any copy: a role that cannot write the tables is a setup error, and
     // so is one whose row-level security would hide rows from the apply (row-security.ts).
-    // Its session logged in at the run lock (onRunLock), while the slot was checked.
-    const access = first ? (this.#accessCheck ?? new TableAccessCheck(config)) : null;
-    this.#accessCheck = null;
-    try {
-      await this.#tablesAtSessionStart(publisher, first, access);
-    } finally {
-      await access?.close();
+    const checks = () => checkTableAccess(config, sync.all());
+    // A resume with no copy due keeps the tables just loaded: the checks run beside it.
+    if (first && !register && sync.copying().length === 0) await settledInOrder([launcher.atSessionStart(false, publisher), checks()]);
+    else {
+      await launcher.atSessionStart(register, publisher);
+      if (first) await checks();
     }
     if (!this.#launcherStarted) {
       this.#launcherStarted = true;
@@ -196,22 +191,6 @@ export class StreamSetup {
     await holdStarting;
     this.#endIfStopped();
     this.#streaming = true;
-  }
-
-  /** The tables' states loaded, refreshed or resumed (launcher.ts); their access checked at the process's first session. */
-  async #tablesAtSessionStart(publisher: ReplicationConnection, first: boolean, access: TableAccessCheck | null): Promise<void> {
-    const { config, launcher, sync } = this;
-    // Before any copy or stream: a mapping that does not fit the publisher's tables or the target (mapping-plan.ts).
-    await settledInOrder([first ? checkMappingsAtStartup(config, this.log) : null, launcher.load()]);
-    // A refresh only where the publication list changed since the last one (or a new
-    // subscription); every other session start only resumes the copies due.
-    const register = !this.#launcherStarted && (await launcher.refreshDueAtStart());
-    // A resume with no copy due keeps the tables just loaded: the checks run beside it.
-    if (access && !register && sync.copying().length === 0) await settledInOrder([launcher.atSessionStart(false, publisher), access.run(sync.all())]);
-    else {
-      await launcher.atSessionStart(register, publisher);
-      await access?.run(sync.all());
-    }
   }
 
   async #waitForInitialCopy(): Promise<void> {
@@ -241,8 +220,6 @@ export class StreamSetup {
 
   /** Last at the service's end: the verify hold, then the table sync. */
   async close(): Promise<void> {
-    await this.#accessCheck?.close();
-    this.#accessCheck = null;
     await this.verifyHold.close();
     return this.launcher.stop();
   }

@@ -92,12 +92,7 @@ export class VerifyHold implements ApplyHold {
   /** Listen for requests, and take one already waiting. Failing to listen only disables verify. */
   async start(): Promise<void> {
     try {
-      // postgres.js gives LISTEN a connection of its own: the read's logs in meanwhile (a
-      // session start waits for both), but reads only once the LISTEN is on, so that no
-      // request can fall between the two.
-      const readSession = this.#sql`SELECT 1`.catch(() => {});
       await this.#sql.listen(verifyChannel(this.opts.subscription), () => this.#refresh());
-      await readSession;
       await this.#read();
     } catch (err) {
       this.opts.log.warn({ err }, 'cannot listen for verify requests; pgsub verify will not get an answer');
