@@ -27,11 +27,9 @@ setFlagsFromString('--no-allocation-site-pretenuring');
 
 const filename = fileURLToPath(new URL('./main.cjs', import.meta.url));
 const cacheFile = `${filename}.cache`;
-const source = readFileSync(filename);
-const digest = createHash('sha256').update(source).digest();
 
-/** The cache's V8 data when it was made from this very bundle, and what became of it. */
-function readCache() {
+/** The cache's V8 data when it was made from this very bundle (`digest`), and what became of it. */
+function readCache(digest) {
   let file;
   try {
     file = readFileSync(cacheFile);
@@ -42,15 +40,25 @@ function readCache() {
   return { cachedData: file.subarray(digest.length), state: 'accepted' };
 }
 
+/**
+ * The bundle compiled (`building`: without a cache, one written at exit). In a function so that
+ * the file's bytes and the cache's (3.8 MB) are not kept for the process's life.
+ */
+function compile(building) {
+  const source = readFileSync(filename);
+  const digest = createHash('sha256').update(source).digest();
+  const cache = building ? { cachedData: undefined, state: 'none' } : readCache(digest);
+  // CommonJS's wrapper, as Node's own loader gives a module.
+  const script = new Script(`(function (exports, require, module, __filename, __dirname) {${source.toString('utf8')}\n})`, { filename, cachedData: cache.cachedData });
+  globalThis[Symbol.for('pgsub.codeCache')] = cache.cachedData !== undefined && script.cachedDataRejected ? 'rejected' : cache.state;
+  // After the run, so that the functions it compiled are in the cache too.
+  if (building) process.once('exit', () => writeFileSync(cacheFile, Buffer.concat([digest, script.createCachedData()])));
+  return script;
+}
+
 // The build's own run (scripts/bundle.mjs): compile without a cache, write one at exit. Taken
 // out of the environment so that the configuration and pgsub's children never see it.
 const building = process.env.PGSUB_BUILD_CODE_CACHE === '1';
 delete process.env.PGSUB_BUILD_CODE_CACHE;
-const cache = building ? { cachedData: undefined, state: 'none' } : readCache();
-// CommonJS's wrapper, as Node's own loader gives a module.
-const script = new Script(`(function (exports, require, module, __filename, __dirname) {${source.toString('utf8')}\n})`, { filename, cachedData: cache.cachedData });
-globalThis[Symbol.for('pgsub.codeCache')] = cache.cachedData !== undefined && script.cachedDataRejected ? 'rejected' : cache.state;
-// After the run, so that the functions it compiled are in the cache too.
-if (building) process.once('exit', () => writeFileSync(cacheFile, Buffer.concat([digest, script.createCachedData()])));
 const module = { exports: {} };
-script.runInThisContext()(module.exports, createRequire(filename), module, filename, path.dirname(filename));
+compile(building).runInThisContext()(module.exports, createRequire(filename), module, filename, path.dirname(filename));
