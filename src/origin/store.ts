@@ -81,6 +81,21 @@ export async function migrateWith(sql: Sql): Promise<void> {
   }
 }
 
+/**
+ * The origin row as read may come from an asynchronous commit that is not on the target's
+ * disk yet (synchronous_commit = off, the session before this one in the same process), and
+ * a session starts out reporting it as durable (Progress). A synchronous commit with an xid
+ * flushes the target's WAL up to its own commit record, so past the row read before it: a
+ * target crash cannot then take back a position the publisher is told (native reads its
+ * origin's flushed progress only, origin.c).
+ */
+export async function flushTargetWal(sql: Sql): Promise<void> {
+  await sql.begin(async (tx) => {
+    await tx.unsafe('SET LOCAL synchronous_commit TO on');
+    await tx.unsafe('SELECT pg_catalog.txid_current()');
+  });
+}
+
 export async function loadOrigin(sql: Sql, subscription: string): Promise<OriginRow | null> {
   const rows = await drizzle(sql).select().from(origin).where(eq(origin.subscription, subscription));
   const row = rows[0];

@@ -10,7 +10,7 @@ import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { ReplicationConnection } from '../protocol/replication.js';
 import { existingPublications } from '../tablesync/catalog.js';
-import { createOrigin, loadOrigin } from '../origin/store.js';
+import { createOrigin, flushTargetWal, loadOrigin } from '../origin/store.js';
 import { runAlone, type Sql, type WireConnection } from '../pgwire/connect.js';
 import { claimSlot, type OwnConnections } from './preflight.js';
 
@@ -53,6 +53,8 @@ export async function reconcileSlot(config: Config, replication: ReplicationConn
       { slot: config.slotName, slotLsn: formatLsn(slotLsn), originLsn: formatLsn(origin.remoteLsn) },
     );
   }
+  // The session reports this position as durable from its start: it must be on the target's disk.
+  await flushTargetWal(sql);
   return origin.remoteLsn;
 }
 
