@@ -81,18 +81,22 @@ export async function migrateWith(sql: Sql): Promise<void> {
   }
 }
 
+// The flush barrier's statements (flushBarrierStatements says why they flush).
+const FLUSH_BARRIER_SETTING = 'SET LOCAL synchronous_commit = local';
+const FLUSH_BARRIER_LOCK = 'SELECT 1 FROM "pgsub"."origin" WHERE "subscription" = $1 FOR KEY SHARE';
+
 /**
  * The origin row as read may come from an asynchronous commit that is not on the target's
  * disk yet (synchronous_commit = off, the session before this one in the same process), and
- * a session starts out reporting it as durable (Progress). A synchronous commit with an xid
- * flushes the target's WAL up to its own commit record, so past the row read before it: a
- * target crash cannot then take back a position the publisher is told (native reads its
- * origin's flushed progress only, origin.c).
+ * a session starts out reporting it as durable (Progress). The flush barrier's synchronous
+ * commit flushes the target's WAL past the row read before it: a target crash cannot then
+ * take back a position the publisher is told (native reads its origin's flushed progress
+ * only, origin.c).
  */
-export async function flushTargetWal(sql: Sql): Promise<void> {
+export async function flushTargetWal(sql: Sql, subscription: string): Promise<void> {
   await sql.begin(async (tx) => {
-    await tx.unsafe('SET LOCAL synchronous_commit TO on');
-    await tx.unsafe('SELECT pg_catalog.txid_current()');
+    await tx.unsafe(FLUSH_BARRIER_SETTING);
+    await tx.unsafe(FLUSH_BARRIER_LOCK, [subscription]);
   });
 }
 
@@ -146,15 +150,17 @@ export function idleProgressStatement(subscription: string, lsn: Lsn): Statement
 
 /**
  * A transaction whose synchronous commit flushes the target's WAL up to it, and so every
- * asynchronous commit before it (apply/run/flush-tracker.ts, when idle). It must assign an xid and write WAL
- * to flush at all: a KEY SHARE lock of the origin row does both, and does not conflict with
- * the applier's updates of that row, which never change its key.
+ * asynchronous commit before it (apply/run/flush-tracker.ts when idle, flushTargetWal at a
+ * session's start). It must write WAL before its commit, or the commit is not flushed at
+ * all (an xid alone is not enough, RecordTransactionCommit): a KEY SHARE lock of the origin
+ * row writes a lock record, and does not conflict with the applier's updates of that row,
+ * which never change its key.
  */
 export function flushBarrierStatements(subscription: string): Statement[] {
   return [
     { text: 'BEGIN', params: [] },
-    { text: 'SET LOCAL synchronous_commit = local', params: [] },
-    { text: 'SELECT 1 FROM "pgsub"."origin" WHERE "subscription" = $1 FOR KEY SHARE', params: [subscription] },
+    { text: FLUSH_BARRIER_SETTING, params: [] },
+    { text: FLUSH_BARRIER_LOCK, params: [subscription] },
     { text: 'COMMIT', params: [] },
   ];
 }

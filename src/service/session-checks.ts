@@ -54,7 +54,7 @@ export async function reconcileSlot(config: Config, replication: ReplicationConn
     );
   }
   // The session reports this position as durable from its start: it must be on the target's disk.
-  await flushTargetWal(sql);
+  await flushTargetWal(sql, config.subscription);
   return origin.remoteLsn;
 }
 
