@@ -12,6 +12,7 @@
  *   npm run bench -- --contestants pgsub,pgsub-lanes,native --lanes 2   # also pgsub with apply_workers = 2
  *   npm run bench -- --contestants pgsub,pgsub-metrics,native --workloads W1,W2   # the metrics endpoint's cost
  *   npm run bench -- --baseline bac382c --workloads W1,W2,W4 --scale 0.1   # also an earlier commit, as pgsub-base
+ *   npm run bench -- --contestants pgsub,native,floor    # also the decoding floor of each round's backlog
  *
  * Workloads (scripts/bench-apply-workloads.ts): W1 1,000,000 rows inserted in
  * transactions of 10,000; W2 pgbench's TPC-B-like transaction, 100,000 from 4 clients;
@@ -36,8 +37,9 @@
  *      binary = true, streaming = <mode>), synchronous_commit left at its default (off).
  *   3. CHECKPOINT; the backlog runs on the publisher while nobody consumes the slots;
  *      then one marker row is inserted (a table in every publication) and
- *      pg_current_wal_lsn() is the end LSN (a logical message written after it makes
- *      sure the walsenders have something to decode beyond it).
+ *      pg_current_wal_lsn() is the end LSN (a logical message written after it, in the
+ *      source database, makes sure the walsenders have something to decode beyond it,
+ *      and ends the floor's read).
  *   4. The contestants, one after the other (the order alternates between repetitions,
  *      so that neither always finds the WAL in the page cache): after waiting up to
  *      --quiet-seconds for a quiet machine, the subscriber is started (pgsub: spawn;
@@ -90,7 +92,11 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import type pg from 'pg';
 import { installedMajors, startCluster, stopAllClusters, tableChecksum, type Cluster, type TableChecksum } from '../test/harness/index.js';
+import { parseConninfo } from '../src/config/conninfo.js';
 import { replicationOriginName } from '../src/origin/replorigin.js';
+import { ZERO_LSN } from '../src/protocol/lsn.js';
+import { protoVersionFor } from '../src/protocol/proto-version.js';
+import { ReplicationConnection } from '../src/protocol/replication.js';
 import { WORKLOAD_IDS, runBacklog, workloads, type Mode, type Workload, type WorkloadId } from './bench-apply-workloads.js';
 import {
   benchClient,
@@ -122,13 +128,22 @@ const SOURCE_DB = 'bench';
 /**
  * pgsub-lanes: pgsub with apply_workers = --lanes; pgsub-metrics: pgsub with the metrics
  * endpoint on, scraped every second while it applies (both opt-in: --contestants …).
+ * floor: the decoding floor in the same round (scripts/bench-floor.ts's reader): a slot
+ * of its own read from START_REPLICATION to the end of the backlog, every message dropped.
  */
-const CONTESTANTS = ['pgsub', 'native', 'pgsub-lanes', 'pgsub-metrics', 'pgsub-base'] as const;
+const CONTESTANTS = ['pgsub', 'native', 'pgsub-lanes', 'pgsub-metrics', 'pgsub-base', 'floor'] as const;
 const SCRAPE_EVERY_MS = 1000;
 type Kind = (typeof CONTESTANTS)[number];
-const isPgsub = (kind: Kind) => kind !== 'native';
-/** The issue's goals: pgsub's speedup over native (time ratio, best mode each) and its peak RSS. */
-const SPEEDUP_GOALS: Partial<Record<WorkloadId, number>> = { W1: 1.2, W2: 1.2, W3: 1.5, W4: 2.0 };
+const isPgsub = (kind: Kind) => kind.startsWith('pgsub');
+/**
+ * Issue 27's goals: pgsub's speedup over native (time ratio; best mode against best mode,
+ * W3 with streaming = parallel on both sides), the walsender ≥ 90% busy under pgsub (W1,
+ * W2, W4), pgsub within 1.1× the decoding floor (contestant floor), and its peak RSS.
+ */
+const SPEEDUP_GOALS: Partial<Record<WorkloadId, number>> = { W1: 1.3, W2: 1.3, W3: 1.3, W4: 1.3 };
+const SPEEDUP_MODE: Partial<Record<WorkloadId, Mode>> = { W3: 'parallel' };
+const WALSENDER_BUSY_GOAL = 0.9;
+const FLOOR_GOAL = 1.1;
 /** A mapped variant (W1m, W2m) against its base workload, pgsub's median time: goal within 10%. */
 const MAPPED_GOAL = 1.1;
 const RSS_GOAL_MB = 200;
@@ -143,6 +158,8 @@ const POLL_MS = 20;
  * with streaming = on before it has applied it.
  */
 const MARKER_TABLE = 'public.bench_marker';
+/** pgoutput's logical decoding message ('M'): the end of the backlog for the floor's reader. */
+const LOGICAL_MESSAGE_TAG = 0x4d;
 const MARKER_DDL = `CREATE TABLE ${MARKER_TABLE} (round integer PRIMARY KEY)`;
 
 const { values: opts } = parseArgs({
@@ -435,6 +452,64 @@ async function prepareNative(s: Servers, w: Workload, mode: Mode, name: string):
   };
 }
 
+/** The floor's slot, created before the backlog like the subscribers'. */
+async function prepareFloor(s: Servers, slot: string): Promise<Entrant> {
+  await s.pub.query(`SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')`, [slot], SOURCE_DB);
+  const none = async () => {
+    throw new Error('the floor is measured by measureFloor');
+  };
+  return { kind: 'floor', db: '', slot, start: none, check: none, cleanup: () => dropSlot(s, slot) };
+}
+
+/**
+ * The decoding floor of this round's backlog: its slot read from START_REPLICATION until the
+ * logical message written after the backlog, with the options pgsub streams with (binary,
+ * this round's streaming mode), every message dropped (scripts/bench-floor.ts).
+ */
+async function measureFloor(s: Servers, w: Workload, mode: Mode, slot: string): Promise<Omit<RunResult, 'pair' | 'workload' | 'mode' | 'contestant' | 'rep'>> {
+  const quiet = QUIET_MS > 0 ? await waitForQuiet(0.3, 2000, QUIET_MS) : { waitedSeconds: 0 };
+  const replication = await ReplicationConnection.open(parseConninfo(s.pub.url(SOURCE_DB), 'source'), 'bench_floor');
+  const cpu = new CpuSampler({ publisher: postmasterPid(s.pub.dataDir) });
+  try {
+    cpu.start();
+    const t0 = performance.now();
+    const stream = replication.startReplication({
+      slotName: slot,
+      startLsn: ZERO_LSN,
+      protoVersion: protoVersionFor(replication.serverVersionNum),
+      publications: [w.publication],
+      binary: true,
+      messages: true,
+      streaming: mode,
+    });
+    let walsender = false;
+    for await (const batch of stream.batches()) {
+      if (!walsender) {
+        const st = await slotState(s.pubMonitor, slot);
+        if (st?.activePid) {
+          cpu.addProcess('walsender', st.activePid, true);
+          walsender = true;
+        }
+      }
+      if (batch.items.some((m) => Buffer.isBuffer(m) && m[0] === LOGICAL_MESSAGE_TAG)) break;
+    }
+    const seconds = (performance.now() - t0) / 1000;
+    const report = cpu.stop();
+    const walsenderCpu = report.groups.walsender;
+    return {
+      seconds: round(seconds),
+      rowsPerSecond: Math.round(w.rowChanges / seconds),
+      ...(walsenderCpu !== undefined ? { walsenderCpu, walsenderBusy: round(walsenderCpu / seconds, 3) } : {}),
+      ...(report.runDelay.walsender !== undefined ? { walsenderCoreWait: report.runDelay.walsender } : {}),
+      publisherCpu: report.groups.publisher,
+      quietWaitSeconds: quiet.waitedSeconds,
+      foreignCores: foreignCores(report),
+    };
+  } finally {
+    await replication.close();
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // One round: backlog once, then each contestant works it off
 
@@ -514,8 +589,15 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, builds
   const runs: RunResult[] = [];
   try {
     const name = (kind: Kind) => `bench_${n}_${kind.replace('-', '_')}`;
-    await Promise.all(order.map((kind) => createTargetDb(s, w, name(kind))));
-    for (const kind of order) entrants.push(isPgsub(kind) ? await preparePgsub(s, w, mode, name(kind), builds, kind) : await prepareNative(s, w, mode, name(kind)));
+    await Promise.all(order.filter((kind) => kind !== 'floor').map((kind) => createTargetDb(s, w, name(kind))));
+    for (const kind of order)
+      entrants.push(
+        kind === 'floor'
+          ? await prepareFloor(s, name(kind))
+          : isPgsub(kind)
+            ? await preparePgsub(s, w, mode, name(kind), builds, kind)
+            : await prepareNative(s, w, mode, name(kind)),
+      );
     // 3. The backlog, nobody consuming.
     await Promise.all([s.pub.query('CHECKPOINT'), s.tgt.query('CHECKPOINT')]);
     const startLsn = await currentLsn(s.pubMonitor);
@@ -525,7 +607,7 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, builds
     await work!.query(`INSERT INTO ${MARKER_TABLE} VALUES (${n})`);
     const endLsnText = (await s.pubMonitor.query<{ lsn: string }>('SELECT pg_current_wal_lsn()::text AS lsn')).rows[0]!.lsn;
     const endLsn = lsnValue(endLsnText);
-    await s.pubMonitor.query(`SELECT pg_catalog.pg_logical_emit_message(false, 'bench', 'end of backlog')`);
+    await work!.query(`SELECT pg_catalog.pg_logical_emit_message(false, 'bench', 'end of backlog')`);
     const backlog: Backlog = { pair: s.pair.name, workload: w.id, mode, rep, seconds, walBytes: Number(endLsn - startLsn), endLsn: endLsnText };
     log(`${s.pair.name} ${w.id} ${mode} rep ${rep}: backlog of ${(backlog.walBytes / 1e6).toFixed(0)} MB WAL generated in ${seconds} s`);
     const source = await Promise.all(w.tables.map((t) => tableChecksum(s.pub, SOURCE_DB, t)));
@@ -538,6 +620,14 @@ async function runRound(s: Servers, w: Workload, mode: Mode, rep: number, builds
         continue;
       }
       try {
+        if (e.kind === 'floor') {
+          const r = await measureFloor(s, w, mode, e.slot);
+          runs.push({ ...base, ...r });
+          log(`  floor: ${r.seconds} s, walsender CPU ${r.walsenderCpu} s (${pct(r.walsenderBusy)} busy, ${r.walsenderCoreWait ?? '-'} s waiting for a core)`);
+          cleaned.add(e);
+          await e.cleanup();
+          continue;
+        }
         const r = await measure(s, w, e, n, endLsn, source);
         runs.push({ ...base, ...r });
         log(
@@ -779,7 +869,6 @@ function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
       const of = (kind: Kind) => summaries.filter((x) => x.pair === pair.name && x.workload === w.id && x.contestant === kind && x.medianSeconds);
       const best = (xs: Summary[]) => xs.reduce<Summary | null>((a, b) => (a === null || b.medianSeconds! < a.medianSeconds! ? b : a), null);
       const p = best(of('pgsub'));
-      const nat = best(of('native'));
       if (w.mapped) {
         const base = summaries.find((x) => x.pair === pair.name && x.workload === w.mapped!.base && x.contestant === 'pgsub' && x.mode === p?.mode && x.medianSeconds);
         if (p && base) {
@@ -792,13 +881,31 @@ function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
         continue;
       }
       const goal = SPEEDUP_GOALS[w.id]!;
-      if (p && nat) {
-        const ratio = round(nat.medianSeconds! / p.medianSeconds!);
+      const goalMode = SPEEDUP_MODE[w.id];
+      const inMode = (xs: Summary[]) => (goalMode ? xs.filter((x) => x.mode === goalMode) : xs);
+      const [pg, nm] = [best(inMode(of('pgsub'))), best(inMode(of('native')))];
+      const modeNote = goalMode ? `, streaming = ${goalMode}` : '';
+      if (pg && nm) {
+        const ratio = round(nm.medianSeconds! / pg.medianSeconds!);
         lines.push({
           met: ratio >= goal,
-          text: `${pair.name} ${w.id}: native ${nat.medianSeconds} s (${nat.mode}) / pgsub ${p.medianSeconds} s (${p.mode}) = ${ratio.toFixed(2)}× (goal ≥ ${goal}×)`,
+          text: `${pair.name} ${w.id}: native ${nm.medianSeconds} s (${nm.mode}) / pgsub ${pg.medianSeconds} s (${pg.mode}) = ${ratio.toFixed(2)}× (goal ≥ ${goal}×${modeNote})`,
         });
-      } else lines.push({ met: null, text: `${pair.name} ${w.id}: speedup not measured (goal ≥ ${goal}×)` });
+      } else lines.push({ met: null, text: `${pair.name} ${w.id}: speedup not measured (goal ≥ ${goal}×${modeNote})` });
+      if (pg && pg.walsenderBusy !== undefined && w.id !== 'W3') {
+        lines.push({
+          met: pg.walsenderBusy >= WALSENDER_BUSY_GOAL,
+          text: `${pair.name} ${w.id}: walsender ${pct(pg.walsenderBusy)} busy under pgsub (goal ≥ ${pct(WALSENDER_BUSY_GOAL)})`,
+        });
+      }
+      const floor = best(of('floor').filter((x) => x.mode === pg?.mode));
+      if (pg && floor) {
+        const ratio = round(pg.medianSeconds! / floor.medianSeconds!);
+        lines.push({
+          met: ratio <= FLOOR_GOAL,
+          text: `${pair.name} ${w.id}: pgsub ${pg.medianSeconds} s / floor ${floor.medianSeconds} s = ${ratio.toFixed(2)}× (goal ≤ ${FLOOR_GOAL}×)`,
+        });
+      } else if (pg) lines.push({ met: null, text: `${pair.name} ${w.id}: against the floor not measured (--contestants …,floor; goal ≤ ${FLOOR_GOAL}×)` });
       const b = best(of('pgsub-base'));
       if (p && b) {
         lines.push({

@@ -3,7 +3,8 @@
  * the publisher's walsender delivers the backlog to a consumer that does nothing with it
  * (pgsub's own replication connection and CopyBoth reader, every batch dropped). No
  * subscriber can confirm a backlog sooner than this, so it is the yardstick for the apply
- * benchmark's goals: W4's 2× native, for example, is below the floor plus pgsub's start.
+ * benchmark's goals (issue 27: within 1.1× the floor). `npm run bench -- --contestants
+ * …,floor` measures the same floor inside the apply benchmark's rounds, on their backlogs.
  *
  *   npm run bench:floor                       # W1-W4, PostgreSQL 18, 3 reads of each backlog
  *   npm run bench:floor -- --workloads W4 --reads 5 --major 16
