@@ -7,9 +7,11 @@
  *   npm run bench:sync -- --rows 200000 --reps 1     # a quick look
  *   npm run bench:sync -- --datasets single --contestants pgsub-w2,native-binary
  *   npm run bench:sync -- --pgsub-env PGSUB_SYNC_RANGE_MIN_MB=1000   # any pgsub setting, repeatable
+ *   npm run bench:sync -- --publisher 14             # a PostgreSQL 14 publisher (the target stays 18)
+ *   npm run bench:sync -- --baseline 1464e81         # also an earlier commit's pgsub, as pgsub-base-w2
  *
- * Servers: one PostgreSQL 18 publisher and one PostgreSQL 18 target (throw-away clusters
- * from test/harness, identical settings), on this machine. Datasets, seeded once on the
+ * Servers: one PostgreSQL 18 publisher (--publisher: another major) and one PostgreSQL 18
+ * target (throw-away clusters from test/harness, identical settings), on this machine. Datasets, seeded once on the
  * publisher: `single`, one table of --rows rows (~250 MB of heap at 2,000,000), and `set`,
  * 20 tables of geometric sizes and three column layouts with --rows rows in total.
  * Every measurement gets a fresh target database with the same DDL (primary keys
@@ -23,6 +25,8 @@
  *                  pgsub-w2-keep-indexes (defer_indexes off), pgsub-w2-no-freeze
  *                  (copy_freeze off), pgsub-w2-whole / pgsub-w2-split (every table
  *                  copied whole / split into ranges wherever possible).
+ *                  pgsub-base-w2: --baseline's pgsub (a git archive of that commit,
+ *                  built the same way), as pgsub-w2, in the same repetitions.
  *   native-binary  CREATE SUBSCRIPTION … WITH (copy_data = true, binary = true), from the
  *   native-text    statement until no pg_subscription_rel row is not 'r'; server defaults
  *                  (max_sync_workers_per_subscription = 2: one worker per table).
@@ -45,7 +49,8 @@
  * exists. --nice -5 gives the servers, pgsub and the pipe the same higher priority.
  *
  * Results: a table on stdout and bench-results/sync-<timestamp>.json. Nothing is asserted
- * about speed; the goals are printed as met / not met.
+ * about speed; issue 27's goals (binary: 1.3× native-binary, 1.2× pipe-binary) are
+ * printed as met / not met.
  *
  * Only when named (scripts/bench-scale.ts runs it): `--datasets mixed`, --mixed-tables
  * (200) tables of mixed sizes — five of 1,000,000 rows, one wide table of 20,000 rows whose
@@ -62,7 +67,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import pg from 'pg';
-import { startCluster, stopAllClusters, type Cluster } from '../test/harness/index.js';
+import { installedMajors, startCluster, stopAllClusters, type Cluster } from '../test/harness/index.js';
 import {
   ActivitySampler,
   copyPipe,
@@ -113,6 +118,8 @@ const { values: opts } = parseArgs({
     'mixed-scale': { type: 'string', default: '1' },
     'pgsub-dir': { type: 'string' },
     'quiet-seconds': { type: 'string', default: '30' },
+    publisher: { type: 'string', default: '18' },
+    baseline: { type: 'string' },
     help: { type: 'boolean', default: false },
   },
 });
@@ -138,6 +145,10 @@ const BUDGET_MS = Number(opts['budget-minutes']) * 60_000;
 const NICE = Number(opts.nice);
 /** Before each measurement, wait at most this long for the machine to be idle. */
 const QUIET_WAIT_MS = Number(opts['quiet-seconds']) * 1000;
+/** --publisher 14: the publisher's major (the target is PostgreSQL 18). */
+const PUBLISHER_MAJOR = Number(opts.publisher);
+if (!installedMajors().includes(PUBLISHER_MAJOR))
+  throw new Error(`--publisher ${opts.publisher}: PostgreSQL ${opts.publisher} is not installed (installed: ${installedMajors().join(', ')})`);
 /** --pgsub-env: settings for every pgsub contestant (after the contestant's own). */
 const PGSUB_EXTRA_ENV = parsePgsubEnv(opts['pgsub-env']);
 
@@ -271,9 +282,15 @@ async function seed(pub: Cluster, all: Dataset[]): Promise<Record<string, Datase
 // ---------------------------------------------------------------------------------------
 // Contestants
 
+/** The working tree's pgsub, and --baseline's (contestant pgsub-base-w2). */
+interface Builds {
+  current: PgsubBuild;
+  base: PgsubBuild | null;
+}
+
 /** `extra`: only when named in --contestants (diagnostics). */
 type Contestant = { id: string; extra?: boolean } & (
-  | { kind: 'pgsub'; workers: number; binary: boolean; env?: Record<string, string> }
+  | { kind: 'pgsub'; workers: number; binary: boolean; env?: Record<string, string>; baseline?: true }
   | { kind: 'native'; binary: boolean }
   | { kind: 'pipe'; lanes: number }
 );
@@ -287,6 +304,7 @@ const CONTESTANTS: Contestant[] = [
   { id: 'pgsub-w2-whole', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_SYNC_RANGE_MIN_MB: '1000000' } },
   { id: 'pgsub-w2-split', kind: 'pgsub', workers: 2, binary: true, extra: true, env: { PGSUB_SYNC_RANGE_MIN_MB: '0' } },
   { id: 'pgsub-w4', kind: 'pgsub', workers: 4, binary: true },
+  { id: 'pgsub-base-w2', kind: 'pgsub', workers: 2, binary: true, extra: true, baseline: true },
   { id: 'native-binary', kind: 'native', binary: true },
   { id: 'native-text', kind: 'native', binary: false },
   { id: 'pipe-binary', kind: 'pipe', lanes: 1 },
@@ -295,6 +313,7 @@ const CONTESTANTS: Contestant[] = [
 
 function contestantsFor(d: Dataset): Contestant[] {
   const chosen = opts.contestants ? opts.contestants.split(',') : null;
+  if (chosen && opts.baseline && !chosen.includes('pgsub-base-w2')) chosen.push('pgsub-base-w2');
   return CONTESTANTS.filter((c) => (chosen ? chosen.includes(c.id) : !c.extra) && !(c.kind === 'pipe' && c.lanes > 1 && d.tables.length === 1));
 }
 
@@ -331,7 +350,7 @@ interface Servers {
 type Measured = Omit<RunResult, 'dataset' | 'contestant' | 'rep' | 'cpu' | 'activity' | 'foreignCores' | 'disturbed' | 'quietWaitSeconds'>;
 let runCounter = 0;
 
-async function measure(s: Servers, d: Dataset, info: DatasetInfo, c: Contestant, rep: number, build: PgsubBuild): Promise<RunResult> {
+async function measure(s: Servers, d: Dataset, info: DatasetInfo, c: Contestant, rep: number, builds: Builds): Promise<RunResult> {
   const n = ++runCounter;
   const db = `run_${n}_${d.name}_${c.id.replace(/-/g, '_')}`;
   const sub = `sub_${n}`;
@@ -357,7 +376,7 @@ async function measure(s: Servers, d: Dataset, info: DatasetInfo, c: Contestant,
   try {
     cpu.start();
     activity.start();
-    if (c.kind === 'pgsub') result = await runPgsub(s, d, c, db, sub, poller, cpu, build, cleanups);
+    if (c.kind === 'pgsub') result = await runPgsub(s, d, c, db, sub, poller, cpu, c.baseline ? builds.base! : builds.current, cleanups);
     else if (c.kind === 'native') result = await runNative(s, d, c, sub, poller, cleanups);
     else {
       const t0 = performance.now();
@@ -657,13 +676,17 @@ function printReport(summaries: Summary[], infos: Record<string, DatasetInfo>): 
     if (value === null || value === undefined) return;
     goals.push(`${value >= goal ? 'met    ' : 'NOT met'}  ${what}: ${value.toFixed(2)}× (goal ≥ ${goal}×)`);
   };
+  // Issue 27: binary copies at 1.3× native's binary copy and 1.2× a plain binary COPY pipe.
   for (const c of CONTESTANTS.filter((c) => c.kind === 'pgsub' && !c.extra)) {
     check(`${c.id} vs native-binary, single table`, get('single', c.id)?.vsNative, 1.3);
-    check(`${c.id} vs native-binary, table set`, get('set', c.id)?.vsNative, 1.0);
-    check(`${c.id} vs native-text (native's default), single table`, get('single', c.id)?.vsNativeText, 1.3);
-    check(`${c.id} vs native-text (native's default), table set`, get('set', c.id)?.vsNativeText, 1.0);
-    check(`${c.id} vs pipe-binary, single table`, get('single', c.id)?.vsPipe, 0.9);
-    check(`${c.id} vs pipe-binary, table set`, get('set', c.id)?.vsPipe, 0.9);
+    check(`${c.id} vs native-binary, table set`, get('set', c.id)?.vsNative, 1.3);
+    check(`${c.id} vs pipe-binary, single table`, get('single', c.id)?.vsPipe, 1.2);
+    check(`${c.id} vs pipe-binary, table set`, get('set', c.id)?.vsPipe, 1.2);
+  }
+  for (const dataset of ['single', 'set']) {
+    const [now, then] = [get(dataset, 'pgsub-w2'), get(dataset, 'pgsub-base-w2')];
+    if (now?.medianSeconds && then?.medianSeconds)
+      goals.push(`info     pgsub-w2 against --baseline, ${dataset}: ${(then.medianSeconds / now.medianSeconds).toFixed(2)}× (pgsub-base-w2 ${then.medianSeconds.toFixed(2)} s)`);
   }
   if (goals.length) {
     out('\ngoals (medians):');
@@ -689,14 +712,17 @@ async function main(): Promise<void> {
   const started = Date.now();
   const all = datasets();
   const build = opts['pgsub-dir'] ? preparedPgsub(opts['pgsub-dir']) : snapshotPgsub(opts.live, { build: !opts.tsx });
+  const base = opts.baseline ? snapshotPgsub(false, { build: !opts.tsx, commit: opts.baseline }) : null;
+  if (base) log(`pgsub-base-w2: ${opts.baseline} (${base.head.slice(0, 12)}) copied to ${base.dir}, run as ${base.mode}`);
+  const builds: Builds = { current: build, base };
   let servers: Servers | undefined;
   const results: RunResult[] = [];
   try {
     log(
-      `pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`}, run via ${build.mode}${build.buildErrors ? ` (tsc reported ${build.buildErrors} type errors)` : ''}, src fingerprint ${build.fingerprint}; starting PostgreSQL 18 publisher and target`,
+      `pgsub ${opts.live ? 'working tree' : `copied to ${build.dir}`}, run via ${build.mode}${build.buildErrors ? ` (tsc reported ${build.buildErrors} type errors)` : ''}, src fingerprint ${build.fingerprint}; starting a PostgreSQL ${PUBLISHER_MAJOR} publisher and a PostgreSQL 18 target`,
     );
     const [pub, tgt] = await Promise.all([
-      startCluster({ major: 18, name: 'bench-sync-pub', settings: SERVER_SETTINGS }),
+      startCluster({ major: PUBLISHER_MAJOR, name: 'bench-sync-pub', settings: SERVER_SETTINGS }),
       startCluster({ major: 18, name: 'bench-sync-tgt', settings: SERVER_SETTINGS }),
     ]);
     if (NICE) {
@@ -718,7 +744,7 @@ async function main(): Promise<void> {
         const rotated = list.map((_, i) => list[(i + rep - 1) % list.length]!);
         for (const c of rotated) {
           for (let attempt = 1; ; attempt++) {
-            const r = await measure(servers, d, infos[d.name]!, c, rep, build);
+            const r = await measure(servers, d, infos[d.name]!, c, rep, builds);
             results.push(r);
             log(
               `rep ${rep} ${d.name} ${c.id}: ${r.seconds.toFixed(2)} s (copied ${r.copiedSeconds.toFixed(2)} s)` +
@@ -741,6 +767,8 @@ async function main(): Promise<void> {
       { server: version },
       {
         pgsub: { head: build.head, dirty: build.dirty, srcFingerprint: build.fingerprint, copiedTree: !opts.live, mode: build.mode, buildTypeErrors: build.buildErrors },
+        ...(base ? { baseline: { commit: base.head, srcFingerprint: base.fingerprint, runAs: base.mode } } : {}),
+        publisherMajor: PUBLISHER_MAJOR,
         settings: { server: SERVER_SETTINGS, rows: ROWS, reps: REPS, pgsubEnv: PGSUB_EXTRA_ENV, nativeDefaults: 'max_sync_workers_per_subscription = 2 (default)' },
         datasets: Object.fromEntries(all.map((d) => [d.name, { ...infos[d.name], tables: d.tables }])),
         summaries,
@@ -754,6 +782,7 @@ async function main(): Promise<void> {
     await servers?.tgtMonitor.end().catch(() => {});
     await stopAllClusters();
     build.remove();
+    base?.remove();
   }
 }
 
