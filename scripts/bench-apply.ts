@@ -92,11 +92,8 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import type pg from 'pg';
 import { installedMajors, startCluster, stopAllClusters, tableChecksum, type Cluster, type TableChecksum } from '../test/harness/index.js';
-import { parseConninfo } from '../src/config/conninfo.js';
 import { replicationOriginName } from '../src/origin/replorigin.js';
-import { ZERO_LSN } from '../src/protocol/lsn.js';
-import { protoVersionFor } from '../src/protocol/proto-version.js';
-import { ReplicationConnection } from '../src/protocol/replication.js';
+import { readToEndMessage } from './bench-floor-read.js';
 import { WORKLOAD_IDS, runBacklog, workloads, type Mode, type Workload, type WorkloadId } from './bench-apply-workloads.js';
 import {
   benchClient,
@@ -158,8 +155,6 @@ const POLL_MS = 20;
  * with streaming = on before it has applied it.
  */
 const MARKER_TABLE = 'public.bench_marker';
-/** pgoutput's logical decoding message ('M'): the end of the backlog for the floor's reader. */
-const LOGICAL_MESSAGE_TAG = 0x4d;
 const MARKER_DDL = `CREATE TABLE ${MARKER_TABLE} (round integer PRIMARY KEY)`;
 
 const { values: opts } = parseArgs({
@@ -468,46 +463,27 @@ async function prepareFloor(s: Servers, slot: string): Promise<Entrant> {
  */
 async function measureFloor(s: Servers, w: Workload, mode: Mode, slot: string): Promise<Omit<RunResult, 'pair' | 'workload' | 'mode' | 'contestant' | 'rep'>> {
   const quiet = QUIET_MS > 0 ? await waitForQuiet(0.3, 2000, QUIET_MS) : { waitedSeconds: 0 };
-  const replication = await ReplicationConnection.open(parseConninfo(s.pub.url(SOURCE_DB), 'source'), 'bench_floor');
   const cpu = new CpuSampler({ publisher: postmasterPid(s.pub.dataDir) });
-  try {
-    cpu.start();
-    const t0 = performance.now();
-    const stream = replication.startReplication({
-      slotName: slot,
-      startLsn: ZERO_LSN,
-      protoVersion: protoVersionFor(replication.serverVersionNum),
-      publications: [w.publication],
-      binary: true,
-      messages: true,
-      streaming: mode,
-    });
-    let walsender = false;
-    for await (const batch of stream.batches()) {
-      if (!walsender) {
-        const st = await slotState(s.pubMonitor, slot);
-        if (st?.activePid) {
-          cpu.addProcess('walsender', st.activePid, true);
-          walsender = true;
-        }
-      }
-      if (batch.items.some((m) => Buffer.isBuffer(m) && m[0] === LOGICAL_MESSAGE_TAG)) break;
-    }
-    const seconds = (performance.now() - t0) / 1000;
-    const report = cpu.stop();
-    const walsenderCpu = report.groups.walsender;
-    return {
-      seconds: round(seconds),
-      rowsPerSecond: Math.round(w.rowChanges / seconds),
-      ...(walsenderCpu !== undefined ? { walsenderCpu, walsenderBusy: round(walsenderCpu / seconds, 3) } : {}),
-      ...(report.runDelay.walsender !== undefined ? { walsenderCoreWait: report.runDelay.walsender } : {}),
-      publisherCpu: report.groups.publisher,
-      quietWaitSeconds: quiet.waitedSeconds,
-      foreignCores: foreignCores(report),
-    };
-  } finally {
-    await replication.close();
-  }
+  cpu.start();
+  const { seconds } = await readToEndMessage(
+    s.pub.url(SOURCE_DB),
+    slot,
+    w.publication,
+    mode,
+    async () => (await slotState(s.pubMonitor, slot))?.activePid ?? null,
+    (pid) => cpu.addProcess('walsender', pid, true),
+  );
+  const report = cpu.stop();
+  const walsenderCpu = report.groups.walsender;
+  return {
+    seconds: round(seconds),
+    rowsPerSecond: Math.round(w.rowChanges / seconds),
+    ...(walsenderCpu !== undefined ? { walsenderCpu, walsenderBusy: round(walsenderCpu / seconds, 3) } : {}),
+    ...(report.runDelay.walsender !== undefined ? { walsenderCoreWait: report.runDelay.walsender } : {}),
+    publisherCpu: report.groups.publisher,
+    quietWaitSeconds: quiet.waitedSeconds,
+    foreignCores: foreignCores(report),
+  };
 }
 
 // ---------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@
  *   npm run bench:floor                       # W1-W4, PostgreSQL 18, 3 reads of each backlog
  *   npm run bench:floor -- --workloads W4 --reads 5 --major 16
  *
- * One publisher (the apply benchmark's settings). Per workload: starting rows, one slot
+ * One publisher (the apply benchmark's settings); the reader is scripts/bench-floor-read.ts. Per workload: starting rows, one slot
  * per read (created before the backlog), the backlog, then each slot is read from start
  * to a logical message written after the backlog, with the options pgsub streams with
  * (binary; streaming on for W3, whose one transaction is streamed). Measured per read:
@@ -19,12 +19,9 @@
  */
 import { parseArgs } from 'node:util';
 import type pg from 'pg';
-import { parseConninfo } from '../src/config/conninfo.js';
-import { protoVersionFor } from '../src/protocol/proto-version.js';
-import { ReplicationConnection } from '../src/protocol/replication.js';
-import { ZERO_LSN } from '../src/protocol/lsn.js';
 import { startCluster, stopAllClusters } from '../test/harness/index.js';
 import { WORKLOAD_IDS, runBacklog, workloads, type WorkloadId } from './bench-apply-workloads.js';
+import { readToEndMessage } from './bench-floor-read.js';
 import { benchClient, CpuSampler, formatTable, headerText, median, min, pollUntil, postmasterPid, round, writeBenchResult } from './bench-lib.js';
 
 const { values: opts } = parseArgs({
@@ -43,9 +40,6 @@ const READS = Number(opts.reads);
 const MAJOR = Number(opts.major);
 const IDS = opts.workloads.split(',') as WorkloadId[];
 for (const id of IDS) if (!WORKLOAD_IDS.includes(id)) throw new Error(`--workloads: unknown ${id}`);
-
-/** pgoutput's logical decoding message ('M'). */
-const MESSAGE_TAG = 0x4d;
 
 const log = (line: string) => process.stderr.write(`[floor ${new Date().toISOString().slice(11, 19)}] ${line}\n`);
 const out = (line = '') => process.stdout.write(`${line}\n`);
@@ -83,37 +77,22 @@ try {
     await c.query(`SELECT pg_catalog.pg_logical_emit_message(false, 'floor', 'end')`);
     log(`${w.id}: backlog generated in ${round((performance.now() - t) / 1000)} s`);
     for (const [i, slot] of slots.entries()) {
-      const replication = await ReplicationConnection.open(parseConninfo(pub.url('src'), 'source'), 'floor');
       const cpu = new CpuSampler({ publisher: postmasterPid(pub.dataDir) });
       cpu.start();
-      const t0 = performance.now();
-      const stream = replication.startReplication({
-        slotName: slot,
-        startLsn: ZERO_LSN,
-        protoVersion: protoVersionFor(replication.serverVersionNum),
-        publications: [w.publication],
-        binary: true,
-        messages: true,
-        streaming: w.modes.includes('on') ? 'on' : 'off',
-      });
-      let batches = 0;
-      let messages = 0;
-      let walsender = false;
-      for await (const batch of stream.batches()) {
-        batches++;
-        messages += batch.items.length;
-        if (!walsender) {
-          const pid = (await c.query<{ pid: number | null }>('SELECT active_pid AS pid FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]?.pid;
-          if (pid) {
-            cpu.addProcess('walsender', pid, true);
-            walsender = true;
-          }
-        }
-        if (batch.items.some((m) => Buffer.isBuffer(m) && m[0] === MESSAGE_TAG)) break;
-      }
-      const seconds = round((performance.now() - t0) / 1000);
+      const {
+        seconds: elapsed,
+        batches,
+        messages,
+      } = await readToEndMessage(
+        pub.url('src'),
+        slot,
+        w.publication,
+        w.modes.includes('on') ? 'on' : 'off',
+        async () => (await c.query<{ pid: number | null }>('SELECT active_pid AS pid FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]?.pid ?? null,
+        (pid) => cpu.addProcess('walsender', pid, true),
+      );
+      const seconds = round(elapsed);
       const report = cpu.stop();
-      await replication.close();
       await pollUntil(
         async () => !(await c.query<{ active: boolean }>('SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1', [slot])).rows[0]!.active,
         10_000,
