@@ -125,7 +125,7 @@ const SOURCE_DB = 'bench';
 /**
  * pgsub-lanes: pgsub with apply_workers = --lanes; pgsub-metrics: pgsub with the metrics
  * endpoint on, scraped every second while it applies (both opt-in: --contestants …).
- * floor: the decoding floor in the same round (scripts/bench-floor.ts's reader): a slot
+ * floor: the decoding floor in the same round (scripts/bench-floor-read.ts's reader): a slot
  * of its own read from START_REPLICATION to the end of the backlog, every message dropped.
  */
 const CONTESTANTS = ['pgsub', 'native', 'pgsub-lanes', 'pgsub-metrics', 'pgsub-base', 'floor'] as const;
@@ -459,7 +459,7 @@ async function prepareFloor(s: Servers, slot: string): Promise<Entrant> {
 /**
  * The decoding floor of this round's backlog: its slot read from START_REPLICATION until the
  * logical message written after the backlog, with the options pgsub streams with (binary,
- * this round's streaming mode), every message dropped (scripts/bench-floor.ts).
+ * this round's streaming mode), every message dropped (scripts/bench-floor-read.ts).
  */
 async function measureFloor(s: Servers, w: Workload, mode: Mode, slot: string): Promise<Omit<RunResult, 'pair' | 'workload' | 'mode' | 'contestant' | 'rep'>> {
   const quiet = QUIET_MS > 0 ? await waitForQuiet(0.3, 2000, QUIET_MS) : { waitedSeconds: 0 };
@@ -859,29 +859,29 @@ function goals(summaries: Summary[]): { text: string; met: boolean | null }[] {
       const goal = SPEEDUP_GOALS[w.id]!;
       const goalMode = SPEEDUP_MODE[w.id];
       const inMode = (xs: Summary[]) => (goalMode ? xs.filter((x) => x.mode === goalMode) : xs);
-      const [pg, nm] = [best(inMode(of('pgsub'))), best(inMode(of('native')))];
+      const [mine, nm] = [best(inMode(of('pgsub'))), best(inMode(of('native')))];
       const modeNote = goalMode ? `, streaming = ${goalMode}` : '';
-      if (pg && nm) {
-        const ratio = round(nm.medianSeconds! / pg.medianSeconds!);
+      if (mine && nm) {
+        const ratio = round(nm.medianSeconds! / mine.medianSeconds!);
         lines.push({
           met: ratio >= goal,
-          text: `${pair.name} ${w.id}: native ${nm.medianSeconds} s (${nm.mode}) / pgsub ${pg.medianSeconds} s (${pg.mode}) = ${ratio.toFixed(2)}× (goal ≥ ${goal}×${modeNote})`,
+          text: `${pair.name} ${w.id}: native ${nm.medianSeconds} s (${nm.mode}) / pgsub ${mine.medianSeconds} s (${mine.mode}) = ${ratio.toFixed(2)}× (goal ≥ ${goal}×${modeNote})`,
         });
       } else lines.push({ met: null, text: `${pair.name} ${w.id}: speedup not measured (goal ≥ ${goal}×${modeNote})` });
-      if (pg && pg.walsenderBusy !== undefined && w.id !== 'W3') {
+      if (mine && mine.walsenderBusy !== undefined && w.id !== 'W3') {
         lines.push({
-          met: pg.walsenderBusy >= WALSENDER_BUSY_GOAL,
-          text: `${pair.name} ${w.id}: walsender ${pct(pg.walsenderBusy)} busy under pgsub (goal ≥ ${pct(WALSENDER_BUSY_GOAL)})`,
+          met: mine.walsenderBusy >= WALSENDER_BUSY_GOAL,
+          text: `${pair.name} ${w.id}: walsender ${pct(mine.walsenderBusy)} busy under pgsub (goal ≥ ${pct(WALSENDER_BUSY_GOAL)})`,
         });
       }
-      const floor = best(of('floor').filter((x) => x.mode === pg?.mode));
-      if (pg && floor) {
-        const ratio = round(pg.medianSeconds! / floor.medianSeconds!);
+      const floor = best(of('floor').filter((x) => x.mode === mine?.mode));
+      if (mine && floor) {
+        const ratio = round(mine.medianSeconds! / floor.medianSeconds!);
         lines.push({
           met: ratio <= FLOOR_GOAL,
-          text: `${pair.name} ${w.id}: pgsub ${pg.medianSeconds} s / floor ${floor.medianSeconds} s = ${ratio.toFixed(2)}× (goal ≤ ${FLOOR_GOAL}×)`,
+          text: `${pair.name} ${w.id}: pgsub ${mine.medianSeconds} s / floor ${floor.medianSeconds} s = ${ratio.toFixed(2)}× (goal ≤ ${FLOOR_GOAL}×)`,
         });
-      } else if (pg) lines.push({ met: null, text: `${pair.name} ${w.id}: against the floor not measured (--contestants …,floor; goal ≤ ${FLOOR_GOAL}×)` });
+      } else if (mine) lines.push({ met: null, text: `${pair.name} ${w.id}: against the floor not measured (--contestants …,floor; goal ≤ ${FLOOR_GOAL}×)` });
       const b = best(of('pgsub-base'));
       if (p && b) {
         lines.push({

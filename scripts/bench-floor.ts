@@ -9,9 +9,10 @@
  *   npm run bench:floor                       # W1-W4, PostgreSQL 18, 3 reads of each backlog
  *   npm run bench:floor -- --workloads W4 --reads 5 --major 16
  *
- * One publisher (the apply benchmark's settings); the reader is scripts/bench-floor-read.ts. Per workload: starting rows, one slot
- * per read (created before the backlog), the backlog, then each slot is read from start
- * to a logical message written after the backlog, with the options pgsub streams with
+ * One publisher (the apply benchmark's settings); the reader is scripts/bench-floor-read.ts.
+ * Per workload: starting rows, one slot per read (created before the backlog), the
+ * backlog, then each slot is read from start to a logical message written after the
+ * backlog, with the options pgsub streams with
  * (binary; streaming on for W3, whose one transaction is streamed). Measured per read:
  * seconds from START_REPLICATION until that message arrived, and the walsender's CPU
  * seconds.

@@ -50,8 +50,8 @@
  * every 200 ms — V8 heap used / total, external and array buffers next to the RSS — and
  * keeps those samples in the JSON; --pgsub-env PGSUB_QUEUE_SIZE=1000 (repeatable) sets
  * more of pgsub's settings for an experiment. Results: a table on stdout and
- * bench-results/stream-<timestamp>.json. Nothing is asserted about speed; the memory goal (issue 27: peak RSS at most 200 MB) is printed as
- * met / not met.
+ * bench-results/stream-<timestamp>.json. Nothing is asserted about speed; the memory goal
+ * (issue 27: peak RSS at most 200 MB) is printed as met / not met.
  */
 import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';

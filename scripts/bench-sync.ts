@@ -11,8 +11,8 @@
  *   npm run bench:sync -- --baseline 1464e81         # also an earlier commit's pgsub, as pgsub-base-w2
  *
  * Servers: one PostgreSQL 18 publisher (--publisher: another major) and one PostgreSQL 18
- * target (throw-away clusters from test/harness, identical settings), on this machine. Datasets, seeded once on the
- * publisher: `single`, one table of --rows rows (~250 MB of heap at 2,000,000), and `set`,
+ * target (throw-away clusters from test/harness, identical settings), on this machine.
+ * Datasets, seeded once on the publisher: `single`, one table of --rows rows (~250 MB of heap at 2,000,000), and `set`,
  * 20 tables of geometric sizes and three column layouts with --rows rows in total.
  * Every measurement gets a fresh target database with the same DDL (primary keys
  * included, all tables logged) and starts after a CHECKPOINT on both servers.
@@ -149,6 +149,7 @@ const QUIET_WAIT_MS = Number(opts['quiet-seconds']) * 1000;
 const PUBLISHER_MAJOR = Number(opts.publisher);
 if (!installedMajors().includes(PUBLISHER_MAJOR))
   throw new Error(`--publisher ${opts.publisher}: PostgreSQL ${opts.publisher} is not installed (installed: ${installedMajors().join(', ')})`);
+if (opts.contestants.split(',').includes('pgsub-base-w2') && !opts.baseline) throw new Error('--contestants pgsub-base-w2 needs --baseline <commit>');
 /** --pgsub-env: settings for every pgsub contestant (after the contestant's own). */
 const PGSUB_EXTRA_ENV = parsePgsubEnv(opts['pgsub-env']);
 
@@ -313,8 +314,9 @@ const CONTESTANTS: Contestant[] = [
 
 function contestantsFor(d: Dataset): Contestant[] {
   const chosen = opts.contestants ? opts.contestants.split(',') : null;
-  if (chosen && opts.baseline && !chosen.includes('pgsub-base-w2')) chosen.push('pgsub-base-w2');
-  return CONTESTANTS.filter((c) => (chosen ? chosen.includes(c.id) : !c.extra) && !(c.kind === 'pipe' && c.lanes > 1 && d.tables.length === 1));
+  // --baseline adds its contestant to the chosen ones and to the default set alike.
+  const wanted = (c: Contestant) => (chosen ? chosen.includes(c.id) : !c.extra) || (c.kind === 'pgsub' && c.baseline === true && opts.baseline !== undefined);
+  return CONTESTANTS.filter((c) => wanted(c) && !(c.kind === 'pipe' && c.lanes > 1 && d.tables.length === 1));
 }
 
 interface RunResult {
