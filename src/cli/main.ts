@@ -15,7 +15,7 @@ import { createLogger } from '../log.js';
 import { startRunner, type Runner } from '../service/runner.js';
 import { createNotifier } from '../service/notify.js';
 import { superviseService, type Supervisor } from '../service/supervise.js';
-import { startMetricsServer, type MetricsSource } from '../service/metrics.js';
+import type { MetricsSource } from '../service/metrics.js';
 import { installStopSignals } from '../service/signals.js';
 import { printStatus } from './status.js';
 import { printPlan } from './plan.js';
@@ -72,7 +72,7 @@ program
     ]);
     const metrics =
       config.metricsListen && going
-        ? await startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log).catch((err: unknown) => {
+        ? await (await import('../service/metrics.js')).startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log).catch((err: unknown) => {
             // Asked for and not possible (the port is taken by something else): say so, and stop.
             runner.stop();
             throw new ConfigError(`metrics_listen ${config.metricsListen}: ${(err as Error).message}`, { key: 'metrics_listen' });

@@ -64,14 +64,18 @@ export async function openPgClient(info: ConnInfo, applicationName: string, side
 /** A maintenance session to the target (postgres.js); the first query connects. */
 export async function openTargetDb(info: ConnInfo, applicationName: string): Promise<Db> {
   const sql: Sql = openMaintenance(info, applicationName);
-  const query = <T extends Row>(text: string, params?: unknown[]) => sql.unsafe<T[]>(text, (params ?? []) as never[]) as unknown as Promise<T[]>;
-  let v: { num: string; version: string } | undefined;
   try {
-    [v] = await query<{ num: string; version: string }>(`SELECT pg_catalog.current_setting('server_version_num') AS num, pg_catalog.current_setting('server_version') AS version`);
+    return await targetDbOver(sql, info, () => sql.end({ timeout: 5 }));
   } catch (err) {
     await sql.end({ timeout: 1 }).catch(() => {});
     throw connectFailure('target', info, err, 'apply', 'a connection');
   }
+}
+
+/** A Db over a target session the caller holds; `end` is what close() does (nothing: the session stays the caller's). */
+export async function targetDbOver(sql: Sql, info: ConnInfo, end: () => Promise<void> = async () => {}): Promise<Db> {
+  const query = <T extends Row>(text: string, params?: unknown[]) => sql.unsafe<T[]>(text, (params ?? []) as never[]) as unknown as Promise<T[]>;
+  const [v] = await query<{ num: string; version: string }>(`SELECT pg_catalog.current_setting('server_version_num') AS num, pg_catalog.current_setting('server_version') AS version`);
   return {
     side: 'target',
     info,
@@ -79,7 +83,7 @@ export async function openTargetDb(info: ConnInfo, applicationName: string): Pro
     version: String(v!.version).split(' ')[0]!,
     query,
     close: async () => {
-      await sql.end({ timeout: 5 }).catch(() => {});
+      await end().catch(() => {});
     },
   };
 }

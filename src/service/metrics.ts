@@ -38,6 +38,7 @@ import http from 'node:http';
 import { collectDefaultMetrics, Counter, Gauge, Registry } from 'prom-client';
 import type { Logger } from '../log.js';
 import { pgTimeToEpochMs, type Progress } from '../origin/positions.js';
+import { lagSeconds } from './lag.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { CONFLICT_TYPES, counterColumn } from '../conflict/types.js';
 import { STATE_NAMES, type SyncStates } from '../origin/sync-state.js';
@@ -310,15 +311,6 @@ function setCounter(counter: Counter, value: number): void {
   // prom-client counters only go up: set by resetting then adding the process's total.
   counter.reset();
   counter.inc(value);
-}
-
-export function lagSeconds(source: Pick<MetricsSource, 'progress' | 'counters'>): number | null {
-  const p = source.progress();
-  if (!p) return null;
-  if (p.received <= p.flushed) return 0;
-  const t = source.counters.lastCommitTime;
-  if (t === null) return null;
-  return Math.max(0, (Date.now() - pgTimeToEpochMs(t) - (p.clockOffsetMs ?? 0)) / 1000);
 }
 
 /** `listen`: host:port (port 0 picks one). */

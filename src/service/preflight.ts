@@ -20,10 +20,11 @@ import os from 'node:os';
 import type { Config } from '../config/config.js';
 import { AlreadyRunningError, SlotBusyError, SlotInUseError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { openTargetDb, type Db } from '../migrate/db.js';
+import { openTargetDb, targetDbOver, type Db } from '../migrate/db.js';
+import { connectFailure } from '../connect-failure.js';
 import { needOnRelations, privilegeError, sideOf } from '../migrate/grants.js';
 import type { ReplicationConnection, SlotInfo } from '../protocol/replication.js';
-import { runAlone, type WireConnection } from '../pgwire/connect.js';
+import { runAlone, type Sql, type WireConnection } from '../pgwire/connect.js';
 import { ruleFor } from '../mapping/rules.js';
 import { ROW_SECURITY_SQL, rowSecurityError, tablesParam, type RowSecurityRow } from '../apply/sql/row-security.js';
 
@@ -195,12 +196,14 @@ async function tablePrivileges(db: Db, tables: readonly { schema: string; table:
 /**
  * A session's tables at its start: checkTablePrivileges, then that no row-level security
  * applies to the applying role (a RowSecurityError for the first table, under its target
- * name; exit 2). Both probes on one target session, side by side: a login less at a start.
- * A missing privilege is named before row security.
+ * name; exit 2). Both probes side by side on `target`, the session start's own target session
+ * (no login of their own at a start). A missing privilege is named before row security.
  */
-export async function checkTableAccess(config: Config, tables: readonly { schema: string; table: string }[]): Promise<void> {
+export async function checkTableAccess(config: Config, tables: readonly { schema: string; table: string }[], target: Sql): Promise<void> {
   if (tables.length === 0) return;
-  const db = await openTargetDb(config.target, `pgsub_${config.subscription}_check`);
+  const db = await targetDbOver(target, config.target).catch((err: unknown) => {
+    throw connectFailure('target', config.target, err, 'apply', 'a connection');
+  });
   try {
     const [privileges, security] = await Promise.allSettled([tablePrivileges(db, tables), rowSecurity(db, config, tables)]);
     if (privileges.status === 'rejected') throw privileges.reason;

@@ -7,12 +7,12 @@
  * Lag in bytes is what the process already knows: the publisher's WAL end as its last
  * message carried it (`received`) minus the position flushed in the target. Lag in seconds
  * is now minus the source commit time of the last transaction applied, corrected by the
- * clock offset between the hosts, as the metrics compute it (metrics.ts lagSeconds): no
+ * clock offset between the hosts, as the metrics compute it (lag.ts): no
  * query. With nothing left to apply it is 0, not the age of the last commit.
  */
 import type { Logger } from '../log.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
-import { lagSeconds } from './metrics.js';
+import { lagSeconds } from './lag.js';
 import { formatLsn } from '../protocol/lsn.js';
 import type { TableProgress } from '../tablesync/job.js';
 import type { SyncStates } from '../origin/sync-state.js';

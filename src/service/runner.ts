@@ -153,7 +153,7 @@ class ServiceRunner {
       hold: this.setup.verifyHold,
       own,
       sync: this.setup.sync,
-      beforeStreaming: (publisher) => this.setup.beforeStreaming(publisher),
+      beforeStreaming: (publisher, target) => this.setup.beforeStreaming(publisher, target),
       publications: () => this.setup.publications(),
       onUnknownTable: (schema, table) => this.setup.onUnknownTable(schema, table),
       carefulLsn: null,

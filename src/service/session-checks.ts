@@ -14,10 +14,23 @@ import { createOrigin, flushTargetWal, loadOrigin } from '../origin/store.js';
 import { runAlone, type Sql, type WireConnection } from '../pgwire/connect.js';
 import { claimSlot, type OwnConnections } from './preflight.js';
 
+/**
+ * The stream's start: `originLsn`, and `durable`, settled once the target's WAL is flushed
+ * past the origin row read (flushTargetWal): a session reports originLsn as durable from its
+ * start, so it sends START_REPLICATION only after that; the caller runs its next steps
+ * meanwhile. A failed flush rejects `durable` only, never unobserved.
+ */
+export interface Reconciled {
+  originLsn: Lsn;
+  durable: Promise<void>;
+}
+
+const ON_DISK: Promise<void> = Promise.resolve();
+
 /** Where to start streaming: the origin recorded in the target, checked against the slot. */
-export async function reconcileSlot(config: Config, replication: ReplicationConnection, sql: Sql, log: Logger, streamingName: string, own: OwnConnections): Promise<Lsn> {
-  const origin = await loadOrigin(sql, config.subscription);
-  const slot = await replication.getSlot(config.slotName);
+export async function reconcileSlot(config: Config, replication: ReplicationConnection, sql: Sql, log: Logger, streamingName: string, own: OwnConnections): Promise<Reconciled> {
+  // Two servers: both reads at once.
+  const [origin, slot] = await Promise.all([loadOrigin(sql, config.subscription), replication.getSlot(config.slotName)]);
   if (slot) await claimSlot(replication, slot, config, streamingName, own, log);
   if (slot && (slot.slotType !== 'logical' || slot.plugin !== 'pgoutput')) {
     throw new SourceSetupError(`replication slot "${config.slotName}" exists but is a ${slot.slotType} slot with plugin ${slot.plugin ?? 'none'}, not a logical pgoutput slot`, {
@@ -34,15 +47,16 @@ export async function reconcileSlot(config: Config, replication: ReplicationConn
     if (!config.createSlot) throw new SourceSetupError(`replication slot "${config.slotName}" does not exist and create_slot is false`, { slot: config.slotName });
     const created = await replication.createSlot(config.slotName);
     log.info({ slot: config.slotName, lsn: formatLsn(created.consistentPoint) }, 'replication slot created');
+    // The slot's own position, which the publisher already has: nothing to flush for it.
     await createOrigin(sql, config.subscription, config.slotName, created.consistentPoint);
-    return created.consistentPoint;
+    return { originLsn: created.consistentPoint, durable: ON_DISK };
   }
   const slotLsn = slot.confirmedFlushLsn;
   if (!origin) {
     if (slotLsn === null) throw new SourceSetupError(`replication slot "${config.slotName}" has no confirmed position yet`, { slot: config.slotName });
     log.warn({ slot: config.slotName, lsn: formatLsn(slotLsn) }, 'using an existing slot with no progress recorded in the target; streaming from the slot position');
     await createOrigin(sql, config.subscription, config.slotName, slotLsn);
-    return slotLsn;
+    return { originLsn: slotLsn, durable: ON_DISK };
   }
   if (origin.slotName !== config.slotName) {
     throw new SourceSetupError(`subscription "${config.subscription}" was recorded with slot "${origin.slotName}", config says "${config.slotName}"`, { slot: config.slotName });
@@ -54,8 +68,9 @@ export async function reconcileSlot(config: Config, replication: ReplicationConn
     );
   }
   // The session reports this position as durable from its start: it must be on the target's disk.
-  await flushTargetWal(sql, config.subscription);
-  return origin.remoteLsn;
+  const durable = flushTargetWal(sql, config.subscription);
+  durable.catch(() => {});
+  return { originLsn: origin.remoteLsn, durable };
 }
 
 /** Options the publisher's protocol cannot carry are startup errors, never silent downgrades. */

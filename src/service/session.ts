@@ -21,7 +21,7 @@ import { ReplicationConnection, type ReplicationStream, type SystemIdentity } fr
 import { protoVersionFor } from '../protocol/proto-version.js';
 import { Progress } from '../origin/positions.js';
 import { replicationOriginName, setupSessionOrigin } from '../origin/replorigin.js';
-import { migrateWith } from '../origin/store.js';
+import { migrateWith, schemaIsCurrent } from '../origin/store.js';
 import { startApplyLoop, type ApplyHealth, type ApplyLoop } from '../apply/run/loop.js';
 import type { ApplyHold } from '../apply/run/hold.js';
 import { RelationMap } from '../apply/sql/relmap.js';
@@ -62,8 +62,8 @@ export interface SessionEvents {
 
 export interface SessionDeps {
   sync: SyncStates;
-  /** After the slot and origin exist, before streaming: register tables, run the initial copy. */
-  beforeStreaming(publisher: ReplicationConnection): Promise<void>;
+  /** After the slot and origin exist, before streaming: register tables, run the initial copy; `target`: the session's target session, lent. */
+  beforeStreaming(publisher: ReplicationConnection, target: Sql): Promise<void>;
   /** The configured publications that exist, as the launcher last found them (at beforeStreaming at the latest). */
   publications(): readonly string[];
   onUnknownTable(schema: string, table: string): void;
@@ -98,12 +98,11 @@ export async function startSession(
   privilegesChecked?: Promise<void>,
 ): Promise<SessionHandle> {
   const session = new Session(config, counters, log, deps, events);
-  // The connections are opened while the privileges are checked and the migrations run: a
-  // restart costs one round of connection setup, not one per connection (startup is part
-  // of every catch-up). Nothing is created before `privilegesChecked` resolves.
+  // The connections are opened while the privileges are checked: a restart costs one round
+  // of connection setup, not one per connection (startup is part of every catch-up).
+  // Nothing is created before `privilegesChecked` resolves.
   session.open();
-  await session.afterPrivileges(privilegesChecked);
-  const control = await session.prepareTarget();
+  const control = await session.prepareTarget(privilegesChecked);
   return session.start(control);
 }
 
@@ -174,24 +173,22 @@ class Session {
     this.#opened = Promise.allSettled([applyOpening, replicationOpening, trackerOpening]);
   }
 
-  /** Waits for the privilege check; closes what open() opened if it failed. */
-  async afterPrivileges(checked: Promise<void> | undefined): Promise<void> {
-    try {
-      await checked;
-    } catch (err) {
-      await this.#closeOpened();
-      throw err;
-    }
-  }
-
-  /** Migrates pgsub's schema in the target and reads the subscription's control; closes what open() opened if that fails. */
-  async prepareTarget(): Promise<Control> {
+  /**
+   * Migrates pgsub's schema in the target and reads the subscription's control; closes what
+   * open() opened if that fails. Whether the schema is current is read while the privileges
+   * are checked (`privilegesChecked`): nothing is written before they passed, and their
+   * refusal is the one reported.
+   */
+  async prepareTarget(privilegesChecked: Promise<void> | undefined): Promise<Control> {
     const { config } = this;
     try {
       // Disabled (disable_on_error) until `pgsub enable`; the skip LSN is re-read at every start.
       const sql = this.#openMaintenance();
+      const [checked, current] = await Promise.allSettled([privilegesChecked, schemaIsCurrent(sql)]);
+      if (checked.status === 'rejected') throw checked.reason;
       const control = await (async () => {
-        await migrateWith(sql);
+        if (current.status === 'rejected') throw current.reason;
+        await migrateWith(sql, current.value);
         // A failure recorded for a transaction applied since is no longer pending.
         await clearPassedError(sql, config.subscription);
         // The control row first: the cutover records its end and disables the subscription in
@@ -285,11 +282,16 @@ class Session {
     const { config, deps } = this;
     const maintenance = this.#openMaintenance();
     try {
-      const originLsn = await reconcileSlot(config, replication, maintenance, this.log, this.#streamingName, deps.own);
-      await deps.beforeStreaming(replication);
+      const { originLsn, durable } = await reconcileSlot(config, replication, maintenance, this.log, this.#streamingName, deps.own);
+      // The target's flush runs beside the tables' steps; the stream starts after both.
+      const steps = await Promise.allSettled([durable, deps.beforeStreaming(replication, maintenance)]);
+      for (const step of steps) if (step.status === 'rejected') throw step.reason;
       // Finished copies are now caught up by this stream, which starts at or before them.
-      await maintenance.unsafe(`UPDATE "pgsub"."subscription_rel" SET state = 's', updated_at = now() WHERE subscription = $1 AND state = 'f'`, [config.subscription]);
-      for (const t of deps.sync.all()) if (t.state === 'f') deps.sync.set({ ...t, state: 's' });
+      const finished = deps.sync.all().filter((t) => t.state === 'f');
+      if (finished.length > 0) {
+        await maintenance.unsafe(`UPDATE "pgsub"."subscription_rel" SET state = 's', updated_at = now() WHERE subscription = $1 AND state = 'f'`, [config.subscription]);
+        for (const t of finished) deps.sync.set({ ...t, state: 's' });
+      }
       return originLsn;
     } finally {
       await this.#endMaintenance();

@@ -17,6 +17,7 @@ import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { ApplyCounters } from '../apply/txn/apply-state.js';
 import { Launcher } from '../tablesync/launcher.js';
 import type { ReplicationConnection } from '../protocol/replication.js';
+import type { Sql } from '../pgwire/connect.js';
 import { ProgressReporter } from '../tablesync/copy-report.js';
 import { SyncStates } from '../origin/sync-state.js';
 import { VerifyHold } from '../verify/hold.js';
@@ -153,8 +154,12 @@ export class StreamSetup {
     this.launcher.connect();
   }
 
-  /** `publisher`: the session's replication connection, lent to the launcher until START_REPLICATION. */
-  async beforeStreaming(publisher: ReplicationConnection): Promise<void> {
+  /**
+   * `publisher`: the session's replication connection, lent to the launcher until
+   * START_REPLICATION; `target`: the session's target session for the steps before streaming,
+   * lent for the table checks.
+   */
+  async beforeStreaming(publisher: ReplicationConnection, target: Sql): Promise<void> {
     this.#streaming = false;
     // A start abandoned by stop() goes no further: its session closes what it opened.
     this.#endIfStopped();
@@ -171,7 +176,7 @@ export class StreamSetup {
     const register = !this.#launcherStarted && (await launcher.refreshDueAtStart());
     // At startup, before any copy: a role that cannot write the tables is a setup error, and
     // so is one whose row-level security would hide rows from the apply (row-security.ts).
-    const checks = () => checkTableAccess(config, sync.all());
+    const checks = () => checkTableAccess(config, sync.all(), target);
     // A resume with no copy due keeps the tables just loaded: the checks run beside it.
     if (first && !register && sync.copying().length === 0) await settledInOrder([launcher.atSessionStart(false, publisher), checks()]);
     else {

@@ -15,7 +15,7 @@ import type { Logger } from '../log.js';
 import { formatLsn, type Lsn } from '../protocol/lsn.js';
 import type { Notifier } from './notify.js';
 import type { Runner } from './runner.js';
-import { lagSeconds } from './metrics.js';
+import { lagSeconds } from './lag.js';
 
 export interface Supervisor {
   /** A session streams (SessionEvents.onStreaming): READY=1 the first time. */

@@ -92,7 +92,11 @@ export class VerifyHold implements ApplyHold {
   /** Listen for requests, and take one already waiting. Failing to listen only disables verify. */
   async start(): Promise<void> {
     try {
+      // LISTEN gets a connection of its own: the reads' one logs in beside it (a session
+      // start waits for this), and the read still comes after LISTEN, so no request is missed.
+      const reading = this.#sql.unsafe('SELECT 1').catch(() => {});
       await this.#sql.listen(verifyChannel(this.opts.subscription), () => this.#refresh());
+      await reading;
       await this.#read();
     } catch (err) {
       this.opts.log.warn({ err }, 'cannot listen for verify requests; pgsub verify will not get an answer');
