@@ -72,11 +72,13 @@ program
     ]);
     const metrics =
       config.metricsListen && going
-        ? await (await import('../service/metrics.js')).startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log).catch((err: unknown) => {
-            // Asked for and not possible (the port is taken by something else): say so, and stop.
-            runner.stop();
-            throw new ConfigError(`metrics_listen ${config.metricsListen}: ${(err as Error).message}`, { key: 'metrics_listen' });
-          })
+        ? await (await import('../service/metrics.js'))
+            .startMetricsServer(config.metricsListen, metricsSource(runner, config), config.readyMaxLagBytes, log)
+            .catch((err: unknown) => {
+              // Asked for and not possible (the port is taken by something else): say so, and stop.
+              runner.stop();
+              throw new ConfigError(`metrics_listen ${config.metricsListen}: ${(err as Error).message}`, { key: 'metrics_listen' });
+            })
         : null;
     try {
       await runner.done;

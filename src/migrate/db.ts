@@ -75,7 +75,9 @@ export async function openTargetDb(info: ConnInfo, applicationName: string): Pro
 /** A Db over a target session the caller holds; `end` is what close() does (nothing: the session stays the caller's). */
 export async function targetDbOver(sql: Sql, info: ConnInfo, end: () => Promise<void> = async () => {}): Promise<Db> {
   const query = <T extends Row>(text: string, params?: unknown[]) => sql.unsafe<T[]>(text, (params ?? []) as never[]) as unknown as Promise<T[]>;
-  const [v] = await query<{ num: string; version: string }>(`SELECT pg_catalog.current_setting('server_version_num') AS num, pg_catalog.current_setting('server_version') AS version`);
+  const [v] = await query<{ num: string; version: string }>(
+    `SELECT pg_catalog.current_setting('server_version_num') AS num, pg_catalog.current_setting('server_version') AS version`,
+  );
   return {
     side: 'target',
     info,
