@@ -18,7 +18,8 @@ import { claimSlot, type OwnConnections } from './preflight.js';
  * The stream's start: `originLsn`, and `durable`, settled once the target's WAL is flushed
  * past the origin row read (flushTargetWal): a session reports originLsn as durable from its
  * start, so it sends START_REPLICATION only after that; the caller runs its next steps
- * meanwhile. A failed flush rejects `durable` only, never unobserved.
+ * meanwhile. A failed flush rejects `durable` (observed here, so Node never reports it as
+ * unhandled while the caller is busy with those steps).
  */
 export interface Reconciled {
   originLsn: Lsn;
