@@ -15,21 +15,20 @@ import { runAlone, type Sql, type WireConnection } from '../pgwire/connect.js';
 import { claimSlot, type OwnConnections } from './preflight.js';
 
 /**
- * The stream's start: `originLsn`, and `durable`, settled once the target's WAL is flushed
- * past the origin row read (flushTargetWal): a session reports originLsn as durable from its
- * start, so it sends START_REPLICATION only after that; the caller runs its next steps
- * meanwhile. A failed flush rejects `durable` (observed here, so Node never reports it as
- * unhandled while the caller is busy with those steps).
+ * Where to start streaming: the origin recorded in the target, checked against the slot.
+ * Returns once the target's WAL is flushed past the origin row read (flushTargetWal; a
+ * session reports that position as durable from its start) and `whileFlushing` (the start's
+ * next steps, run beside that flush) is done; the first failure of either is thrown.
  */
-export interface Reconciled {
-  originLsn: Lsn;
-  durable: Promise<void>;
-}
-
-const ON_DISK: Promise<void> = Promise.resolve();
-
-/** Where to start streaming: the origin recorded in the target, checked against the slot. */
-export async function reconcileSlot(config: Config, replication: ReplicationConnection, sql: Sql, log: Logger, streamingName: string, own: OwnConnections): Promise<Reconciled> {
+export async function reconcileSlot(
+  config: Config,
+  replication: ReplicationConnection,
+  sql: Sql,
+  log: Logger,
+  streamingName: string,
+  own: OwnConnections,
+  whileFlushing: () => Promise<void> = async () => {},
+): Promise<Lsn> {
   // Two servers: both reads at once.
   const [origin, slot] = await Promise.all([loadOrigin(sql, config.subscription), replication.getSlot(config.slotName)]);
   if (slot) await claimSlot(replication, slot, config, streamingName, own, log);
@@ -50,14 +49,16 @@ export async function reconcileSlot(config: Config, replication: ReplicationConn
     log.info({ slot: config.slotName, lsn: formatLsn(created.consistentPoint) }, 'replication slot created');
     // The slot's own position, which the publisher already has: nothing to flush for it.
     await createOrigin(sql, config.subscription, config.slotName, created.consistentPoint);
-    return { originLsn: created.consistentPoint, durable: ON_DISK };
+    await whileFlushing();
+    return created.consistentPoint;
   }
   const slotLsn = slot.confirmedFlushLsn;
   if (!origin) {
     if (slotLsn === null) throw new SourceSetupError(`replication slot "${config.slotName}" has no confirmed position yet`, { slot: config.slotName });
     log.warn({ slot: config.slotName, lsn: formatLsn(slotLsn) }, 'using an existing slot with no progress recorded in the target; streaming from the slot position');
     await createOrigin(sql, config.subscription, config.slotName, slotLsn);
-    return { originLsn: slotLsn, durable: ON_DISK };
+    await whileFlushing();
+    return slotLsn;
   }
   if (origin.slotName !== config.slotName) {
     throw new SourceSetupError(`subscription "${config.subscription}" was recorded with slot "${origin.slotName}", config says "${config.slotName}"`, { slot: config.slotName });
@@ -69,9 +70,9 @@ export async function reconcileSlot(config: Config, replication: ReplicationConn
     );
   }
   // The session reports this position as durable from its start: it must be on the target's disk.
-  const durable = flushTargetWal(sql, config.subscription);
-  durable.catch(() => {});
-  return { originLsn: origin.remoteLsn, durable };
+  const steps = await Promise.allSettled([flushTargetWal(sql, config.subscription), whileFlushing()]);
+  for (const step of steps) if (step.status === 'rejected') throw step.reason;
+  return origin.remoteLsn;
 }
 
 /** Options the publisher's protocol cannot carry are startup errors, never silent downgrades. */

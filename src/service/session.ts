@@ -282,10 +282,8 @@ class Session {
     const { config, deps } = this;
     const maintenance = this.#openMaintenance();
     try {
-      const { originLsn, durable } = await reconcileSlot(config, replication, maintenance, this.log, this.#streamingName, deps.own);
-      // The target's flush runs beside the tables' steps; the stream starts after both.
-      const steps = await Promise.allSettled([durable, deps.beforeStreaming(replication, maintenance)]);
-      for (const step of steps) if (step.status === 'rejected') throw step.reason;
+      // The tables' steps run while the target flushes the origin read; the stream starts after both.
+      const originLsn = await reconcileSlot(config, replication, maintenance, this.log, this.#streamingName, deps.own, () => deps.beforeStreaming(replication, maintenance));
       // Finished copies are now caught up by this stream, which starts at or before them.
       const finished = deps.sync.all().filter((t) => t.state === 'f');
       if (finished.length > 0) {

@@ -75,8 +75,7 @@ test('idle after an asynchronous commit: pgsub flushes the target WAL itself, an
 // (origin/positions.ts Progress). A session restarted in the same process may find the
 // origin row as the session before it left it: committed asynchronously, still in the
 // target's WAL buffers (seen once as PGSUB_SLOT_AHEAD after a target crash, sync-durable
-// test). reconcileSlot's `durable` (which the session awaits before START_REPLICATION)
-// must settle only once it is on disk.
+// test). reconcileSlot must return it only once it is on disk.
 test('a session resumes only from an origin position that is on the target disk', async () => {
   runner?.stop();
   await runner?.done;
@@ -104,9 +103,8 @@ test('a session resumes only from an origin position that is on the target disk'
   const sql = openMaintenance(config.target, 'pgsub_flushb_test');
   try {
     const [origin] = await target.query<{ lsn: string }>(`SELECT remote_lsn::text AS lsn FROM pgsub.origin WHERE subscription = 'flushb'`, [], 'db');
-    const { originLsn: resumeAt, durable } = await reconcileSlot(config, replication, sql, createLogger('warn'), 'pgsub_flushb_test', new OwnConnections());
+    const resumeAt = await reconcileSlot(config, replication, sql, createLogger('warn'), 'pgsub_flushb_test', new OwnConnections());
     assert.equal(resumeAt, lsnToBigint(origin!.lsn));
-    await durable;
     assert.ok((await flushed()) >= written, 'the origin row a session resumes from is flushed before the session reports it');
   } finally {
     await Promise.all([replication.close(), sql.end()]);
