@@ -15,6 +15,11 @@ export function peekRelationId(raw: Buffer): number {
   return raw.readUInt32BE(1);
 }
 
+/** The (sub)transaction xid of an Insert, Update or Delete inside a stream block (after the tag); -1 if cut short. */
+export function peekStreamXid(raw: Buffer): number {
+  return raw.length >= 5 ? raw.readUInt32BE(1) : -1;
+}
+
 /** A Begin message's final LSN (the commit's LSN), right after the tag. */
 export function peekBeginFinalLsn(raw: Buffer): Lsn {
   return raw.readBigUInt64BE(1) as Lsn;

@@ -6,8 +6,11 @@
  * commit carries the replication origin; when the leader would wait on the parallel
  * transaction's lock it falls back to the spool; a second concurrent streamed transaction
  * is spooled; SIGKILL with a parallel transaction open loses and duplicates nothing;
- * STREAM PREPARE of a parallel transaction prepares it under its gid. A PG14 publisher is
- * refused with a clear error.
+ * STREAM PREPARE of a parallel transaction prepares it under its gid. The eager
+ * connection reads the spool behind the leader: while it waits on a lock the spool keeps
+ * growing, and a COMMIT that fails, a statement that fails and a target restart with
+ * megabytes spooled ahead of it each end with every row applied exactly once. A PG14
+ * publisher is refused with a clear error.
  */
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -329,6 +332,142 @@ function loopYields(): number {
   }
   return sum;
 }
+
+/** The parallel connection waits on a lock (held by a test session). */
+async function eagerWaitsOnLock(): Promise<boolean> {
+  const rows = await target.query(`SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, [`pgsub_${SUB}_parallel`], 'dst');
+  return rows.length > 0;
+}
+
+/** Bytes in the spool's files now. */
+function spoolBytes(): number {
+  const dir = path.join(stateDir, 'spool');
+  return fs.readdirSync(dir).reduce((n, f) => n + (fs.statSync(path.join(dir, f), { throwIfNoEntry: false })?.size ?? 0), 0);
+}
+
+/**
+ * The read-ahead behind the leader: a target session locks app.items, so the eager
+ * connection stops at its first statement; the source transaction goes on, and the spool
+ * must keep growing while the eager connection waits (the leader does not wait for the
+ * eager apply; before the read-ahead it stopped within max_in_flight rows plus the receive
+ * queue, some 300 kB here). Then `fault` runs with the read-ahead megabytes behind.
+ */
+async function withReadAheadBehind(from: number, lastRow: string, fault: (c: pg.Client) => Promise<void>): Promise<void> {
+  const locker = await connect(target, 'dst');
+  // A restart of the target ends this session: its error is expected.
+  locker.on('error', () => {});
+  try {
+    await locker.query('BEGIN');
+    await locker.query('LOCK TABLE app.items IN SHARE MODE');
+    await withSource(async (c) => {
+      await c.query('BEGIN');
+      await c.query(`INSERT INTO app.items SELECT g, 'ahead', 10 FROM generate_series(${from}, ${from + 2999}) g`);
+      await waitFor(eagerWaitsOnLock, { timeoutMs: 30_000, intervalMs: 50, what: 'the parallel connection to wait on the lock' });
+      const spooled = spoolBytes();
+      await c.query(`INSERT INTO app.items SELECT g, 'ahead', 10 FROM generate_series(${from + 3000}, ${from + 59999}) g`);
+      await c.query(`INSERT INTO app.items VALUES ${lastRow}`);
+      await waitFor(() => spoolBytes() > spooled + 2_000_000, { timeoutMs: 30_000, intervalMs: 20, what: 'the spool to grow while the eager connection waits' });
+      assert.ok(await eagerWaitsOnLock(), 'the eager connection still waits: the spool grew ahead of it');
+      await fault(c);
+      await locker.query('COMMIT').catch(() => {});
+    });
+  } finally {
+    await locker.end().catch(() => {});
+  }
+}
+
+/** A target-only trigger on app.items that raises for rows with n = `n` while app.fault says so. */
+async function installFault(n: number, deferred: boolean): Promise<void> {
+  const trigger = deferred ? `CONSTRAINT TRIGGER fault_check AFTER INSERT ON app.items DEFERRABLE INITIALLY DEFERRED` : `TRIGGER fault_check BEFORE INSERT ON app.items`;
+  await target.query(
+    `CREATE TABLE app.fault (fail boolean NOT NULL); INSERT INTO app.fault VALUES (true);
+     CREATE FUNCTION app.fault_check() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN
+       IF NEW.n = ${n} AND (SELECT fail FROM app.fault) THEN RAISE EXCEPTION 'fault row %', NEW.id; END IF;
+       RETURN NEW;
+     END $$;
+     CREATE ${trigger} FOR EACH ROW EXECUTE FUNCTION app.fault_check();
+     ALTER TABLE app.items ENABLE ALWAYS TRIGGER fault_check;`,
+    [],
+    'dst',
+  );
+}
+
+async function removeFault(): Promise<void> {
+  await target.query(`DROP TRIGGER IF EXISTS fault_check ON app.items; DROP FUNCTION IF EXISTS app.fault_check(); DROP TABLE IF EXISTS app.fault;`, [], 'dst');
+}
+
+async function countAhead(): Promise<number> {
+  const [n] = await target.query(`SELECT count(*)::int AS n FROM app.items WHERE v = 'ahead'`, [], 'dst');
+  return n.n;
+}
+
+test('the read-ahead behind the leader: the eager COMMIT failing on the target (deferred trigger) is retried; nothing before the fix, exactly once after', async () => {
+  // From here in binary mode: binary values are views into the read-ahead's buffers
+  // (decoder.ts), whose lifetime is tested too. A window of statements larger than the
+  // test's transaction: the eager connection never waits for an answer while the test holds
+  // its lock, so the watchdog's 5 s limit on lock waits cannot end it on a slow machine.
+  child!.kill('SIGTERM');
+  await child!.exited;
+  start({ PGSUB_BINARY: 'true', PGSUB_MAX_IN_FLIGHT: '100000' });
+  await child!.waitForLog('streaming started');
+  await installFault(-1, true);
+  const fallbacks = logCount('parallel apply fell back to the spool');
+  const finished = logCount('parallel transaction finished');
+  try {
+    await withReadAheadBehind(600001, `(660001, 'ahead', -1)`, (c) => c.query('COMMIT').then(() => {}));
+    // The eager connection applies all of it, and its COMMIT fails: the session ends and streams it again.
+    await waitFor(() => child!.output().includes('fault row 660001'), { timeoutMs: 30_000, what: 'the failing COMMIT' });
+    assert.equal(await countAhead(), 0, 'nothing of the failed transaction is visible');
+    assert.equal(logCount('parallel transaction finished'), finished);
+    await target.query(`UPDATE app.fault SET fail = false`, [], 'dst');
+    await caughtUp();
+    await assertEqual();
+    assert.equal(await countAhead(), 60001);
+    // Committed eagerly once the trigger let it pass, without falling back.
+    assert.equal(logCount('parallel apply fell back to the spool'), fallbacks, child!.output().slice(-3000));
+    assert.ok(logCount('parallel transaction finished') > finished);
+  } finally {
+    await removeFault();
+    await publisher.query(`DELETE FROM app.items WHERE v = 'ahead'`, [], 'src');
+    await caughtUp();
+  }
+});
+
+test('the read-ahead behind the leader: a statement failing on the eager connection falls back to the spool, whose replay fails the same way until fixed; exactly once', async () => {
+  await installFault(-2, false);
+  const fallbacks = logCount('parallel apply fell back to the spool');
+  try {
+    await withReadAheadBehind(700001, `(760001, 'ahead', -2)`, (c) => c.query('COMMIT').then(() => {}));
+    await waitFor(() => logCount('parallel apply fell back to the spool') > fallbacks, { timeoutMs: 30_000, what: 'the fallback' });
+    assert.match(child!.output(), /fault row 760001/);
+    assert.equal(await countAhead(), 0);
+    await target.query(`UPDATE app.fault SET fail = false`, [], 'dst');
+    await caughtUp();
+    await assertEqual();
+    assert.equal(await countAhead(), 60001);
+  } finally {
+    await removeFault();
+    await publisher.query(`DELETE FROM app.items WHERE v = 'ahead'`, [], 'src');
+    await caughtUp();
+  }
+});
+
+test('the read-ahead behind the leader: the target restarting (immediate) with megabytes spooled and not applied; exactly once', async () => {
+  try {
+    await withReadAheadBehind(800001, `(860001, 'ahead', 11)`, async (c) => {
+      await target.restart('immediate');
+      await c.query(`INSERT INTO app.items SELECT g, 'ahead', 12 FROM generate_series(860002, 861000) g`);
+      await c.query('COMMIT');
+    });
+    await caughtUp();
+    await assertEqual();
+    assert.equal(await countAhead(), 61000);
+  } finally {
+    await publisher.query(`DELETE FROM app.items WHERE v = 'ahead'`, [], 'src');
+    await caughtUp();
+  }
+});
 
 test('a PG14 publisher is refused: streaming = parallel needs protocol 4', async () => {
   const old = await startCluster({ major: 14, name: 'par-pub14' });

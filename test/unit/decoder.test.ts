@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { ProtocolError, type ProtocolErrorCode } from '../../src/errors.js';
 import { decode } from '../../src/protocol/decoder.js';
 import { parseLsn } from '../../src/protocol/lsn.js';
+import { peekStreamXid } from '../../src/protocol/peek.js';
 import type { DecodeContext, MessageTag, PgOutputMessage } from '../../src/protocol/messages.js';
 
 const FIXTURE_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../fixtures/pgoutput');
@@ -121,6 +122,16 @@ describe('decode: captured messages', () => {
       assert.deepStrictEqual(decode(bytes(f), f.ctx), f.expected);
     });
   }
+});
+
+describe('peekStreamXid: the xid the leader spools a stream block\'s row change under, without decoding it', () => {
+  const rowChanges = fixtures.filter((f) => f.ctx.inStream && (f.expected.tag === 'insert' || f.expected.tag === 'update' || f.expected.tag === 'delete'));
+  // Captured ones are inserts; Update and Delete carry the xid at the same place (after the tag).
+  test('there are streamed row changes of both versions, top-level and in subtransactions', () => assert.ok(rowChanges.length >= 6, rowChanges.map((f) => f.name).join(', ')));
+  for (const f of rowChanges) {
+    test(f.name, () => assert.equal(peekStreamXid(bytes(f)), (f.expected as { xid?: number }).xid));
+  }
+  test('cut short: -1', () => assert.equal(peekStreamXid(Buffer.from([0x49, 0, 0, 2])), -1));
 });
 
 describe('decode: binary values are views into the input; other output does not alias it', () => {

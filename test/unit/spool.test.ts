@@ -132,3 +132,53 @@ test('a later segment for a transaction with no file is a protocol error', () =>
     (e: Error & { code?: string }) => e.code === 'PGSUB_PROTOCOL_OUT_OF_ORDER',
   );
 });
+
+test('readFrom: whole records as far as they reached the file, from an offset, across a cut and a record longer than a read', () => {
+  const spool = new StreamSpool(tmp(), 'sub');
+  spool.prepare();
+  spool.start(9, true);
+  const read: string[] = [];
+  let offset = 0;
+  const readAll = () => {
+    for (;;) {
+      const { records, next } = spool.readFrom(9, offset);
+      if (records.length === 0) return;
+      for (const r of records) read.push(r.toString());
+      offset = next;
+    }
+  };
+  // Buffered, not yet in the file: nothing to read; append reports a flush only when the file grows.
+  assert.equal(spool.append(9, 9, Buffer.from('a0')), false);
+  readAll();
+  assert.deepEqual(read, []);
+  spool.stop(9);
+  readAll();
+  assert.deepEqual(read, ['a0']);
+  // Enough to flush the write buffer several times: append says so, readFrom sees the flushed part.
+  const many = Array.from({ length: 3000 }, (_, i) => `b${i} ${'z'.repeat(200)}`);
+  let flushes = 0;
+  for (const m of many) if (spool.append(9, 9, Buffer.from(m))) flushes++;
+  assert.ok(flushes >= 2, `flushes: ${flushes}`);
+  readAll();
+  assert.ok(read.length > 1 && read.length < 3001, `read ${read.length} before STREAM STOP`);
+  assert.equal(offset, spool.writtenOf(9));
+  spool.stop(9);
+  readAll();
+  assert.deepEqual(read, ['a0', ...many]);
+  // A subtransaction cut: the reader moves to the cut, and reads what follows it.
+  spool.append(9, 10, Buffer.from('sub 10'));
+  spool.stop(9);
+  const cut = spool.abortOffset(9, 10)!;
+  assert.equal(cut, offset);
+  spool.abort(9, 10);
+  spool.append(9, 9, Buffer.from('after cut'));
+  // Longer than one read (1 MB): returned whole.
+  const big = `big ${'q'.repeat(1.5 * 1024 * 1024)}`;
+  spool.append(9, 9, Buffer.from(big));
+  spool.stop(9);
+  readAll();
+  assert.deepEqual(read.slice(-2), ['after cut', big]);
+  assert.equal(offset, spool.writtenOf(9));
+  assert.equal(spool.abortOffset(9, 10), undefined);
+  spool.close();
+});

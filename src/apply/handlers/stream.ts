@@ -1,13 +1,15 @@
 /**
  * Streamed (in-progress) transactions, streaming = on (protocol 2+): worker.c's
  * apply_handle_stream_start/stop/abort/commit. Changes of a streamed block go to the spool
- * (spool.ts) through dispatch's diversion; STREAM ABORT takes back a subtransaction or the
+ * (spool.ts) through dispatch's diversion, row changes as bytes without being decoded
+ * (spoolRowChange, called by the applier); STREAM ABORT takes back a subtransaction or the
  * whole transaction; STREAM COMMIT replays the spooled messages through the same handlers
  * into one target transaction that also records the origin, then deletes the file.
  */
 import { ProtocolError } from '../../errors.js';
 import { decode } from '../../protocol/decoder.js';
 import { formatLsn, type Lsn } from '../../protocol/lsn.js';
+import { peekStreamXid } from '../../protocol/peek.js';
 import type { PgOutputMessage, StreamAbortMessage, StreamCommitMessage, StreamPrepareMessage, StreamStartMessage, StreamStopMessage } from '../../protocol/messages.js';
 import { finishTransaction, settleTarget } from '../txn/commit.js';
 import type { RemoteTransaction } from '../txn/apply-state.js';
@@ -27,26 +29,46 @@ export async function onStreamStart(state: ApplyState, m: StreamStartMessage): P
 }
 
 export function onStreamStop(state: ApplyState, _m: StreamStopMessage): void {
-  if (state.mode.streamXid === null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', 'STREAM STOP without STREAM START');
-  state.session.spool.stop(state.mode.streamXid);
+  const xid = state.mode.streamXid;
+  if (xid === null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', 'STREAM STOP without STREAM START');
+  state.session.spool.stop(xid);
   state.mode.streamXid = null;
+  state.parallel?.spooled(xid);
 }
 
 /**
- * Spooled always; with streaming = parallel also applied at once when the transaction is
- * the eager one. Runs once per row: no promise unless the eager apply has to wait.
+ * Spooled, never waited for: with streaming = parallel the eager connection reads the
+ * spool behind the leader (run/parallel.ts), told when records reach the file.
  */
-export function spoolMessage(state: ApplyState, message: PgOutputMessage, raw: Buffer): Promise<void> | void {
+export function spoolMessage(state: ApplyState, message: PgOutputMessage, raw: Buffer): void {
   const xid = state.mode.streamXid!;
   const subXid = 'xid' in message && message.xid !== undefined ? message.xid : xid;
-  state.session.spool.append(xid, subXid, raw);
-  if (state.parallel?.isEager(xid)) return state.parallel.onChange(xid, subXid, message, raw);
+  if (state.session.spool.append(xid, subXid, raw)) state.parallel?.spooled(xid);
+}
+
+/**
+ * A row change (Insert, Update, Delete) of a stream block, spooled as its bytes without
+ * being decoded: only its (sub)transaction's xid is read, as native's leader does. It is
+ * decoded once, where it is applied (the eager connection's read-ahead, or the replay).
+ */
+export function spoolRowChange(state: ApplyState, raw: Buffer): void {
+  const xid = state.mode.streamXid;
+  if (xid === null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', 'a streamed row change outside a stream block');
+  const subXid = peekStreamXid(raw);
+  if (subXid < 0) throw new ProtocolError('PGSUB_PROTOCOL_TRUNCATED', `a streamed row change of xid ${xid} is ${raw.length} bytes long`, { remoteXid: xid });
+  if (state.session.spool.append(xid, subXid, raw)) state.parallel?.spooled(xid);
 }
 
 export async function onStreamAbort(state: ApplyState, m: StreamAbortMessage): Promise<void> {
   if (state.mode.streamXid !== null) throw new ProtocolError('PGSUB_PROTOCOL_OUT_OF_ORDER', `STREAM ABORT of xid ${m.xid} inside a stream block`);
-  state.session.spool.abort(m.xid, m.subXid);
+  if (m.subXid !== m.xid && state.parallel?.isEager(m.xid)) {
+    // The eager connection applies what was spooled before the rollback to the savepoint;
+    // it may need a lock the leader's open group holds.
+    await settleTarget(state);
+  }
+  // Before the spool cuts the records: the eager apply reads up to them first.
   await state.parallel?.onStreamAbort(m.xid, m.subXid);
+  state.session.spool.abort(m.xid, m.subXid);
   state.session.log.debug({ xid: m.xid, subXid: m.subXid }, m.xid === m.subXid ? 'streamed transaction aborted' : 'streamed subtransaction aborted');
 }
 

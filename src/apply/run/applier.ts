@@ -31,6 +31,7 @@ import { runAlone } from '../../pgwire/connect.js';
 import { PipelineAbortedError } from '../../pgwire/wire.js';
 import { dispatch } from '../handlers/dispatch.js';
 import { insertAsSent } from '../handlers/changes.js';
+import { spoolRowChange } from '../handlers/stream.js';
 import type { ApplyState } from '../txn/apply-state.js';
 import { commitGroup, pipelinedCommitSucceeded, PLAIN_COMMIT, settleTarget } from '../txn/commit.js';
 import { ConflictReplay, RESOLVED } from './conflict-replay.js';
@@ -182,8 +183,10 @@ export class Applier {
   #decodeAndApply(raw: Buffer, outside: boolean): boolean | Promise<boolean> {
     const tag = raw[0];
     // Decoded here, once: an insert that may join a COPY as sent is never decoded (its
-    // failures come as the batch's); the lanes and the handlers get this message.
-    const message = tag === TAG.INSERT && !this.#decodeContext.inStream ? null : decode(raw, this.#decodeContext);
+    // failures come as the batch's), nor a stream block's row change, which is spooled as
+    // bytes and decoded where it is applied; the lanes and the handlers get this message.
+    const inStream = this.#decodeContext.inStream;
+    const message = (inStream ? tag === TAG.INSERT || tag === TAG.UPDATE || tag === TAG.DELETE : tag === TAG.INSERT) ? null : decode(raw, this.#decodeContext);
     if (this.p.lanes !== null && outside) return this.#route(raw, message).then((routed) => routed || this.#apply(raw, message, tag));
     return this.#apply(raw, message, tag);
   }
@@ -206,6 +209,10 @@ export class Applier {
   #dispatchOnce(raw: Buffer, message: PgOutputMessage | null): Promise<void> | DispatchFailed | undefined {
     const { state } = this.p;
     try {
+      if (message === null && this.#decodeContext.inStream) {
+        spoolRowChange(state, raw);
+        return undefined;
+      }
       let pending = message === null ? insertAsSent(state, raw) : false;
       if (pending === false) pending = dispatch(state, message ?? decode(raw, this.#decodeContext), raw);
       return pending || undefined;

@@ -235,12 +235,15 @@ export type Dispatch = (state: ApplyState, message: PgOutputMessage, raw: Buffer
 
 /**
  * streaming = parallel, as the stream handlers see it (run/parallel.ts implements it):
- * one streamed transaction applied eagerly on a connection of its own while it arrives.
+ * one streamed transaction applied eagerly on a connection of its own while it arrives,
+ * read from the spool behind the leader.
  */
 export interface ParallelPort {
   isEager(xid: number): boolean;
   onStreamStart(xid: number, firstSegment: boolean): Promise<void>;
-  onChange(xid: number, subXid: number, message: PgOutputMessage, raw: Buffer): Promise<void> | void;
+  /** Records of `xid` reached the spool's file (the eager connection reads them from there). */
+  spooled(xid: number): void;
+  /** Before the spool cuts a subtransaction: the eager connection applies what was spooled, then rolls back to its savepoint. */
   onStreamAbort(xid: number, subXid: number): Promise<void>;
   /** STREAM COMMIT of the eager transaction; false: not eager, replay the spool. */
   commit(m: StreamCommitMessage): Promise<boolean>;

@@ -8,8 +8,10 @@
  * whole transaction deletes the file; STREAM COMMIT replays the records in order.
  * Memory stays bounded: records go to disk through one write buffer per file (each
  * message copied into it once, no allocation per message) and come back through a
- * bounded read stream. Files left by a crash are removed at startup — the
- * publisher streams every uncommitted transaction again from its first change. A full
+ * bounded read stream. With streaming = parallel the eager connection also reads the
+ * file while it grows (readFrom, up to what has been written). Files left by a crash are
+ * removed at startup — the publisher streams every uncommitted transaction again from its
+ * first change. A full
  * file system (ENOSPC, EDQUOT) is a SpoolFullError naming the directory: the session ends,
  * closes (deletes) its files and retries with backoff.
  */
@@ -18,6 +20,8 @@ import path from 'node:path';
 import { ProtocolError, SpoolFullError } from '../../errors.js';
 
 const WRITE_BUFFER_BYTES = 256 * 1024;
+/** How much parallel apply's read-ahead reads at a time (readFrom). */
+const READ_AHEAD_BYTES = 256 * 1024;
 
 interface SpoolFile {
   path: string;
@@ -81,7 +85,8 @@ export class StreamSpool {
     const file = path.join(this.dir, `${this.subscription}-${xid}.changes`);
     let fd: number;
     try {
-      fd = fs.openSync(file, 'w', 0o600);
+      // Read as well as written: parallel apply reads it behind the receiver (readFrom).
+      fd = fs.openSync(file, 'w+', 0o600);
     } catch (err) {
       throw isOutOfSpace(err) ? new SpoolFullError(this.dir, xid, 0, err) : err;
     }
@@ -96,12 +101,16 @@ export class StreamSpool {
     });
   }
 
-  /** Append one message of transaction `xid`, made by (sub)transaction `subXid`. */
-  append(xid: number, subXid: number, message: Buffer): void {
+  /**
+   * Append one message of transaction `xid`, made by (sub)transaction `subXid`. True when
+   * records reached the file (what readFrom can see grew).
+   */
+  append(xid: number, subXid: number, message: Buffer): boolean {
     const f = this.fileFor(xid, 'a streamed change');
     if (subXid !== xid && !f.subxacts.has(subXid)) f.subxacts.set(subXid, f.size);
     const length = 4 + message.length;
-    if (f.bufferedBytes + length > f.buffer.length) this.flush(f, xid);
+    const flushing = f.bufferedBytes + length > f.buffer.length;
+    if (flushing) this.flush(f, xid);
     f.size += length;
     if (length > f.buffer.length) {
       // Larger than the buffer: written on its own, right away.
@@ -110,12 +119,64 @@ export class StreamSpool {
       this.write(f, xid, header, 4, f.written);
       this.write(f, xid, message, message.length, f.written + 4);
       f.written += length;
-      return;
+      return true;
     }
     // Copied: the message may be a view into a frame buffer that is reused.
     f.buffer.writeUInt32BE(message.length, f.bufferedBytes);
     message.copy(f.buffer, f.bufferedBytes + 4);
     f.bufferedBytes += length;
+    return flushing;
+  }
+
+  /**
+   * Whole records of `xid` from file offset `from` on, as far as they reached the file,
+   * about READ_AHEAD_BYTES at a time (a longer record whole): parallel apply's read-ahead
+   * (run/parallel.ts). `next` is the offset after the last record returned. Read
+   * synchronously: the pages were just written and sit in the page cache. Each read gets a
+   * buffer of its own: decoded binary values are views into it (decoder.ts) and live until
+   * their batch is sent, after the next read.
+   */
+  readFrom(xid: number, from: number): { records: Buffer[]; next: number } {
+    const f = this.fileFor(xid, 'a read-ahead');
+    const available = f.written - from;
+    if (available < 4) return { records: [], next: from };
+    let buf = Buffer.allocUnsafe(Math.min(available, READ_AHEAD_BYTES));
+    this.readAll(f, buf, from);
+    const first = buf.readUInt32BE(0);
+    if (4 + first > buf.length) {
+      // One record longer than a read: read whole, if all of it is written.
+      if (4 + first > available) return { records: [], next: from };
+      buf = Buffer.allocUnsafe(4 + first);
+      this.readAll(f, buf, from);
+    }
+    const records: Buffer[] = [];
+    let pos = 0;
+    while (buf.length - pos >= 4) {
+      const len = buf.readUInt32BE(pos);
+      if (buf.length - pos - 4 < len) break;
+      records.push(buf.subarray(pos + 4, pos + 4 + len));
+      pos += 4 + len;
+    }
+    return { records, next: from + pos };
+  }
+
+  /** Bytes of `xid`'s records in the file (what readFrom can reach); 0 without a file. */
+  writtenOf(xid: number): number {
+    return this.files.get(xid)?.written ?? 0;
+  }
+
+  /** Where STREAM ABORT of `subXid` will cut `xid`'s file (undefined: it has no record there). */
+  abortOffset(xid: number, subXid: number): number | undefined {
+    return this.files.get(xid)?.subxacts.get(subXid);
+  }
+
+  private readAll(f: SpoolFile, into: Buffer, position: number): void {
+    let at = 0;
+    while (at < into.length) {
+      const n = fs.readSync(f.fd, into, at, into.length - at, position + at);
+      if (n === 0) throw new ProtocolError('PGSUB_PROTOCOL_TRUNCATED', `spool file ${f.path} ends before ${position + into.length}`);
+      at += n;
+    }
   }
 
   private write(f: SpoolFile, xid: number, data: Buffer, length: number, position: number): void {
@@ -132,7 +193,7 @@ export class StreamSpool {
     f.bufferedBytes = 0;
   }
 
-  /** STREAM STOP: the segment is complete; its records reach the file. */
+  /** STREAM STOP: the segment is complete; its records reach the file (readFrom sees them). */
   stop(xid: number): void {
     this.flush(this.fileFor(xid, 'STREAM STOP'), xid);
   }
