@@ -124,7 +124,7 @@ describe('decode: captured messages', () => {
   }
 });
 
-describe('peekStreamXid: the xid the leader spools a stream block\'s row change under, without decoding it', () => {
+describe("peekStreamXid: the xid the leader spools a stream block's row change under, without decoding it", () => {
   const rowChanges = fixtures.filter((f) => f.ctx.inStream && (f.expected.tag === 'insert' || f.expected.tag === 'update' || f.expected.tag === 'delete'));
   // Captured ones are inserts; Update and Delete carry the xid at the same place (after the tag).
   test('there are streamed row changes of both versions, top-level and in subtransactions', () => assert.ok(rowChanges.length >= 6, rowChanges.map((f) => f.name).join(', ')));
