@@ -4,8 +4,8 @@
  * transaction resolving the conflict. Both commit with the change and the origin row or
  * vanish with them, so a transaction re-applied after a crash logs and counts once.
  * Tuples are JSON built on the client from what the publisher sent (column name → text
- * form, binary values as \x hex, unchanged TOAST values as null with the column listed
- * in `detail`); the local row is the target's own to_jsonb of it. Errors under the
+ * form; with binary = true the common built-in types are turned into theirs here, others
+ * stay \x hex; unchanged TOAST values as null with the column listed in `detail`); the local row is the target's own to_jsonb of it. Errors under the
  * `error` policy are recorded on the maintenance connection instead (control.ts),
  * because their apply transaction never commits.
  */
@@ -47,9 +47,49 @@ export function tupleJson(rel: ConflictRelation, tuple: Tuple | undefined, index
     const name = rel.remote.columns[i]?.name ?? `#${i}`;
     if (!v || v.kind === 'null' || v.kind === 'unchanged') out[name] = null;
     else if (v.kind === 'text') out[name] = v.value;
-    else out[name] = `\\x${v.value.toString('hex')}`;
+    else out[name] = binaryValueText(rel.remote.columns[i]?.typeOid, v.value);
   }
   return out;
+}
+
+/**
+ * The text PostgreSQL prints for a binary-format value (binary = true) of a built-in type
+ * that keys are mostly made of, so the log reads as in text mode; any other type, or a
+ * value of an unexpected length, as `\x` and its bytes in hex. Built-in OIDs are the same
+ * on every server.
+ */
+export function binaryValueText(typeOid: number | undefined, value: Buffer): string {
+  const n = value.length;
+  switch (typeOid) {
+    case 16: // bool
+      if (n === 1) return value[0] ? 't' : 'f';
+      break;
+    case 21: // int2
+      if (n === 2) return String(value.readInt16BE(0));
+      break;
+    case 23: // int4
+      if (n === 4) return String(value.readInt32BE(0));
+      break;
+    case 20: // int8
+      if (n === 8) return value.readBigInt64BE(0).toString();
+      break;
+    case 26: // oid
+      if (n === 4) return String(value.readUInt32BE(0));
+      break;
+    case 19: // name
+    case 25: // text
+    case 1042: // bpchar
+    case 1043: // varchar
+      // Sent in the replication connection's client encoding, UTF8.
+      return value.toString('utf8');
+    case 2950: // uuid
+      if (n === 16) {
+        const h = value.toString('hex');
+        return `${h.slice(0, 8)}-${h.slice(8, 12)}-${h.slice(12, 16)}-${h.slice(16, 20)}-${h.slice(20)}`;
+      }
+      break;
+  }
+  return `\\x${value.toString('hex')}`;
 }
 
 export function unchangedColumns(rel: ConflictRelation, tuple: Tuple | undefined): string[] {

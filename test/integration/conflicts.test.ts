@@ -17,6 +17,7 @@ import { after, before, describe, test } from 'node:test';
 import { loadConfig } from '../../src/config/config.js';
 import { createLogger } from '../../src/log.js';
 import { startRunner, type Runner } from '../../src/service/runner.js';
+import { binaryValueText } from '../../src/conflict/report.js';
 import { currentWalLsn, slotConfirmedLsn, spawnPgsub, startCluster, stopAllClusters, waitFor, withTimeout, type Cluster } from '../harness/index.js';
 
 const TABLE_NAME = 'Cønflict "t"';
@@ -350,4 +351,29 @@ describe('conflicts against PostgreSQL 18', () => {
     assert.equal(runner.counters.carefulReplays, replays);
     assert.deepEqual(await rows('apply_remote'), await publisherRows());
   });
+});
+
+test('binary = true: conflict log values of common built-in types read as PostgreSQL prints them, others as \\x hex', async () => {
+  // Each value's binary form (typsend) and its text (the type's output function), from the server itself.
+  const values = await pub.query<{ oid: number; send: Buffer; text: string }>(
+    `SELECT oid::int AS oid, send, text FROM (VALUES
+       (16::oid, boolsend(true), format('%s', true)), (16, boolsend(false), format('%s', false)),
+       (21, int2send((-32768)::int2), format('%s', (-32768)::int2)),
+       (23, int4send(404999), format('%s', 404999)), (23, int4send(-1), format('%s', -1)),
+       (20, int8send(-9223372036854775808), format('%s', -9223372036854775808)),
+       (26, oidsend(4294967295::oid), format('%s', 4294967295::oid)),
+       (25, textsend('Cønflict "t" ✓'), format('%s', 'Cønflict "t" ✓'::text)),
+       (1043, varcharsend('v'::varchar), format('%s', 'v'::varchar)),
+       (1042, bpcharsend('ab'::char(4)), format('%s', 'ab'::char(4))),
+       (19, namesend('nm'::name), format('%s', 'nm'::name)),
+       (2950, uuid_send('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'), format('%s', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid)),
+       (1700, numeric_send(1.5), '\\x' || encode(numeric_send(1.5), 'hex'))
+     ) v(oid, send, text)`,
+    [],
+    'postgres',
+  );
+  assert.equal(values.length, 13);
+  for (const v of values) assert.equal(binaryValueText(v.oid, v.send), v.text, `type ${v.oid}`);
+  // A value of the wrong length for its type is not misread.
+  assert.equal(binaryValueText(23, Buffer.from([1, 2])), '\\x0102');
 });

@@ -469,6 +469,23 @@ test('the read-ahead behind the leader: the target restarting (immediate) with m
   }
 });
 
+test('binary = true (this child since the read-ahead tests): a conflict logs its key and values as text', async () => {
+  await publisher.query(`INSERT INTO app.items VALUES (900001, 'key', 1)`, [], 'src');
+  await caughtUp();
+  await target.query(`DELETE FROM app.items WHERE id = 900001`, [], 'dst');
+  await publisher.query(`UPDATE app.items SET n = 2 WHERE id = 900001`, [], 'src');
+  await caughtUp();
+  const [row] = await target.query(
+    `SELECT key::text AS key, remote_tuple::text AS remote FROM pgsub.conflict_log WHERE conflict_type = 'update_missing' ORDER BY id DESC LIMIT 1`,
+    [],
+    'dst',
+  );
+  assert.equal(row.key, '{"id": "900001"}');
+  assert.equal(row.remote, '{"n": "2", "v": "key", "id": "900001"}');
+  await target.query(`INSERT INTO app.items VALUES (900001, 'key', 2)`, [], 'dst');
+  await assertEqual();
+});
+
 test('a PG14 publisher is refused: streaming = parallel needs protocol 4', async () => {
   const old = await startCluster({ major: 14, name: 'par-pub14' });
   try {
