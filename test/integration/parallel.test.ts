@@ -8,8 +8,8 @@
  * is spooled; SIGKILL with a parallel transaction open loses and duplicates nothing;
  * STREAM PREPARE of a parallel transaction prepares it under its gid. The eager
  * connection reads the spool behind the leader: while it waits on a lock the spool keeps
- * growing, and a COMMIT that fails, a statement that fails and a target restart with
- * megabytes spooled ahead of it each end with every row applied exactly once. A PG14
+ * growing, and a COMMIT that fails, a statement that fails, a target restart and a SIGTERM
+ * with megabytes spooled ahead of it each end with every row applied exactly once. A PG14
  * publisher is refused with a clear error.
  */
 import assert from 'node:assert/strict';
@@ -464,6 +464,30 @@ test('the read-ahead behind the leader: the target restarting (immediate) with m
     await assertEqual();
     assert.equal(await countAhead(), 61000);
   } finally {
+    await publisher.query(`DELETE FROM app.items WHERE v = 'ahead'`, [], 'src');
+    await caughtUp();
+  }
+});
+
+test('the read-ahead behind the leader: SIGTERM with megabytes spooled and not applied stops cleanly; the next run applies the transaction exactly once', async () => {
+  const opts = { PGSUB_BINARY: 'true', PGSUB_MAX_IN_FLIGHT: '100000' };
+  let running = true;
+  try {
+    await withReadAheadBehind(870001, `(930001, 'ahead', 13)`, async (c) => {
+      child!.kill('SIGTERM');
+      running = false;
+      assert.equal(await child!.exited, 0, child!.output().slice(-3000));
+      await c.query('COMMIT');
+    });
+    assert.equal(await countAhead(), 0, 'nothing of the open transaction was committed by the stop');
+    assert.deepEqual(fs.readdirSync(path.join(stateDir, 'spool')), [], 'the stop removed its spool files');
+    start(opts);
+    running = true;
+    await caughtUp();
+    await assertEqual();
+    assert.equal(await countAhead(), 60001);
+  } finally {
+    if (!running) start(opts);
     await publisher.query(`DELETE FROM app.items WHERE v = 'ahead'`, [], 'src');
     await caughtUp();
   }

@@ -60,11 +60,11 @@ export interface ApplierParts {
 /**
  * Inside a streamed block the queue stays full and most items need no promise, so the loop
  * could run for many milliseconds without the event loop reading a socket: the parallel
- * connection's answers wait (its statement window stays full, its backend idles) and the
- * walsender's socket fills. So it gives the event loop a turn every STREAM_YIELD_MS (looked
- * at every STREAM_YIELD_EVERY + 1 items). W3 parallel, medians against the code without it:
- * 15.20 → 14.32 s and 15.54 → 13.26 s (docs/benchmarks.md); outside streams (W2) yielding
- * cost 6%, so it is not done there.
+ * connection's read-ahead and its answers wait (its backend idles) and the walsender's
+ * socket fills. So it gives the event loop a turn every STREAM_YIELD_MS (looked at every
+ * STREAM_YIELD_EVERY + 1 items). Measured when the leader still fed the parallel connection
+ * itself (W3 parallel, medians against the code without it: 15.20 → 14.32 s and 15.54 →
+ * 13.26 s, docs/benchmarks.md); outside streams (W2) yielding cost 6%, so it is not done there.
  */
 const STREAM_YIELD_MS = 2;
 const STREAM_YIELD_EVERY = 255;
